@@ -1,0 +1,1 @@
+"""Prefect flows and the ``pileworks`` command line. Nothing imports this package."""

@@ -1,0 +1,239 @@
+"""The document schema and the part-file contract every stage shares.
+
+A *part* is one unit of work: ``part-NNNNN.parquet`` (the records), then ``part-NNNNN.stats.json`` (its
+counted stats), then ``part-NNNNN.done`` (the completion marker, written last). A stage folder gets
+``_SUCCESS`` once every part is done. A rerun redoes only the parts without a marker and never reads a
+part whose marker is missing. Quarantined records (bad input, with the reason) go to
+``quarantine/part-NNNNN.parquet`` beside the stage's parts.
+
+This module is the only place that spells the schema; stages build ``Record`` objects and call
+``write_part`` / ``read_part``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.storage import ObjectStore
+
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("meta", pa.string(), nullable=False),
+    ]
+)
+QUARANTINE_SCHEMA = pa.schema(
+    [
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("location", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("detail", pa.string(), nullable=False),
+        pa.field("sample", pa.binary(), nullable=False),
+    ]
+)
+QUARANTINE_SAMPLE_BYTES = 4096
+
+
+@dataclass(slots=True)
+class Record:
+    """One document. ``id`` is stable (source URI + position); ``meta`` is a JSON object string."""
+
+    id: str
+    text: str
+    source: str
+    meta: str = "{}"
+
+    def meta_dict(self) -> dict[str, Any]:
+        value = json.loads(self.meta) if self.meta else {}
+        return value if isinstance(value, dict) else {"value": value}
+
+
+@dataclass(slots=True)
+class Quarantined:
+    """A record or a whole file that could not be used, kept with the reason and where it came from."""
+
+    source: str
+    location: str
+    reason: str
+    detail: str = ""
+    sample: bytes = b""
+
+
+@dataclass
+class StageStats:
+    """Counted outcome of one stage over one or more parts. Every drop has a reason."""
+
+    stage: str
+    docs_in: int = 0
+    docs_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] += n
+
+    def merge(self, other: StageStats) -> StageStats:
+        """Add ``other`` into self (numeric ``extra`` values are summed, others kept from the first)."""
+        self.docs_in += other.docs_in
+        self.docs_out += other.docs_out
+        self.bytes_in += other.bytes_in
+        self.bytes_out += other.bytes_out
+        self.dropped.update(other.dropped)
+        for key, value in other.extra.items():
+            mine = self.extra.get(key)
+            if isinstance(value, (int, float)) and isinstance(mine, (int, float)):
+                self.extra[key] = mine + value
+            elif key not in self.extra:
+                self.extra[key] = value
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "docs_in": self.docs_in,
+            "docs_out": self.docs_out,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "dropped": dict(sorted(self.dropped.items())),
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StageStats:
+        return cls(
+            stage=data["stage"],
+            docs_in=int(data["docs_in"]),
+            docs_out=int(data["docs_out"]),
+            bytes_in=int(data["bytes_in"]),
+            bytes_out=int(data["bytes_out"]),
+            dropped=Counter(data.get("dropped", {})),
+            extra=dict(data.get("extra", {})),
+        )
+
+
+def text_bytes(records: Iterable[Record]) -> int:
+    return sum(len(r.text.encode("utf-8", "surrogatepass")) for r in records)
+
+
+def part_name(index: int) -> str:
+    if index < 0:
+        raise ValueError(f"part index must be >= 0, got {index}")
+    return f"part-{index:05d}"
+
+
+# ---------------------------------------------------------------- part files
+
+
+def records_to_table(records: Iterable[Record]) -> pa.Table:
+    ids, texts, sources, metas = [], [], [], []
+    for r in records:
+        ids.append(r.id)
+        texts.append(r.text)
+        sources.append(r.source)
+        metas.append(r.meta)
+    return pa.table({"id": ids, "text": texts, "source": sources, "meta": metas}, schema=SCHEMA)
+
+
+def table_to_records(table: pa.Table) -> list[Record]:
+    cols = [table.column(name).to_pylist() for name in ("id", "text", "source", "meta")]
+    return [Record(i, t, s, m) for i, t, s, m in zip(*cols, strict=True)]
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd", row_group_size=4096)
+    return sink.getvalue()
+
+
+def write_part(
+    store: ObjectStore,
+    folder: str,
+    index: int,
+    records: list[Record],
+    stats: StageStats,
+    quarantined: list[Quarantined] | None = None,
+) -> None:
+    """Write one unit: records, quarantine (if any), stats, then the ``.done`` marker, in that order."""
+    name = part_name(index)
+    store.put_bytes(f"{folder}/{name}.parquet", _parquet_bytes(records_to_table(records)))
+    if quarantined:
+        qtable = pa.table(
+            {
+                "source": [q.source for q in quarantined],
+                "location": [q.location for q in quarantined],
+                "reason": [q.reason for q in quarantined],
+                "detail": [q.detail for q in quarantined],
+                "sample": [q.sample[:QUARANTINE_SAMPLE_BYTES] for q in quarantined],
+            },
+            schema=QUARANTINE_SCHEMA,
+        )
+        store.put_bytes(f"{folder}/quarantine/{name}.parquet", _parquet_bytes(qtable))
+    store.put_bytes(f"{folder}/{name}.stats.json", json.dumps(stats.to_json(), indent=1).encode())
+    store.put_bytes(f"{folder}/{name}.done", b"")
+
+
+def part_done(store: ObjectStore, folder: str, index: int) -> bool:
+    return store.exists(f"{folder}/{part_name(index)}.done")
+
+
+def read_part(store: ObjectStore, folder: str, index: int) -> list[Record]:
+    """Read a completed part; refuses a part whose completion marker is missing."""
+    if not part_done(store, folder, index):
+        raise FileNotFoundError(f"{folder}/{part_name(index)} has no .done marker (incomplete or missing)")
+    data = store.get_bytes(f"{folder}/{part_name(index)}.parquet")
+    return table_to_records(pq.read_table(io.BytesIO(data)))
+
+
+def iter_part_batches(store: ObjectStore, folder: str, index: int, batch_size: int = 2048) -> Iterator[list[Record]]:
+    """Stream a completed part in record batches (bounded memory for large parts)."""
+    if not part_done(store, folder, index):
+        raise FileNotFoundError(f"{folder}/{part_name(index)} has no .done marker (incomplete or missing)")
+    data = store.get_bytes(f"{folder}/{part_name(index)}.parquet")
+    pf = pq.ParquetFile(io.BytesIO(data))
+    for batch in pf.iter_batches(batch_size=batch_size):
+        yield table_to_records(pa.Table.from_batches([batch]))
+
+
+def read_part_stats(store: ObjectStore, folder: str, index: int) -> StageStats:
+    return StageStats.from_json(json.loads(store.get_bytes(f"{folder}/{part_name(index)}.stats.json")))
+
+
+def read_quarantine(store: ObjectStore, folder: str) -> list[Quarantined]:
+    out: list[Quarantined] = []
+    for info in store.list(f"{folder}/quarantine/"):
+        if not info.key.endswith(".parquet"):
+            continue
+        table = pq.read_table(io.BytesIO(store.get_bytes(info.key)))
+        for row in table.to_pylist():
+            out.append(Quarantined(**row))
+    return out
+
+
+def mark_stage_success(store: ObjectStore, folder: str, num_parts: int) -> None:
+    missing = [i for i in range(num_parts) if not part_done(store, folder, i)]
+    if missing:
+        raise RuntimeError(f"{folder}: parts {missing[:10]} are not done; refusing to write _SUCCESS")
+    store.put_bytes(f"{folder}/_SUCCESS", json.dumps({"parts": num_parts}).encode())
+
+
+def stage_succeeded(store: ObjectStore, folder: str) -> bool:
+    return store.exists(f"{folder}/_SUCCESS")
+
+
+def merged_stats(store: ObjectStore, folder: str, num_parts: int, stage: str) -> StageStats:
+    total = StageStats(stage=stage)
+    for i in range(num_parts):
+        total.merge(read_part_stats(store, folder, i))
+    return total

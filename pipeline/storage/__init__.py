@@ -1,0 +1,57 @@
+"""One object-store interface for ``file://`` (the embedded default) and ``s3://`` (boto3).
+
+Keys are relative to the store's root (a local folder or an S3 bucket+prefix), use ``/`` separators and are
+checked by :func:`normalize_key`: no ``..``, no leading ``/``, no NUL, nothing outside the root. Nothing outside
+this package touches boto3.
+"""
+
+from __future__ import annotations
+
+from pipeline.storage.base import (
+    AlreadyExistsError,
+    ObjectInfo,
+    ObjectStore,
+    StorageError,
+    join_key,
+    normalize_key,
+    sha256_bytes,
+    sha256_file,
+)
+from pipeline.storage.local import FileStore
+from pipeline.storage.options import S3Options
+
+
+def open_store(uri: str, *, s3: S3Options | None = None) -> ObjectStore:
+    """Open the store rooted at ``uri``: a local path, ``file:///abs/path`` or ``s3://bucket/prefix``."""
+    if uri.startswith("s3://"):
+        from pipeline.storage.s3 import S3Store
+
+        return S3Store.from_uri(uri, options=s3 or S3Options())
+    if "://" in uri and not uri.startswith("file://"):
+        raise ValueError(f"unsupported store URI {uri!r}: use a local path, file:// or s3://")
+    return FileStore.from_uri(uri)
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """Split ``<root>/<key>`` where key is the last path component: ``(root_uri, key)``."""
+    uri = uri.rstrip("/")
+    head, sep, tail = uri.rpartition("/")
+    if not sep or not tail:
+        raise ValueError(f"{uri!r} has no object name")
+    return head, tail
+
+
+__all__ = [
+    "AlreadyExistsError",
+    "FileStore",
+    "ObjectInfo",
+    "ObjectStore",
+    "S3Options",
+    "StorageError",
+    "join_key",
+    "normalize_key",
+    "open_store",
+    "sha256_bytes",
+    "sha256_file",
+    "split_uri",
+]

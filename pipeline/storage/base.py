@@ -1,0 +1,130 @@
+"""The store interface and the key rules every backend shares."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+
+class StorageError(RuntimeError):
+    """An object-store operation failed (after retries); the message names the URI."""
+
+
+class AlreadyExistsError(StorageError):
+    """A create-only write found the object already there (a racing publisher won)."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    etag: str  # S3 ETag, or "<mtime_ns>-<size>" for local files
+    mtime: float
+
+
+def normalize_key(key: str) -> str:
+    """Return the canonical form of a relative key, or raise ValueError for keys that could escape the root."""
+    if not isinstance(key, str) or not key:
+        raise ValueError("object key must be a non-empty string")
+    if "\x00" in key:
+        raise ValueError(f"object key contains NUL: {key!r}")
+    if key.startswith("/") or key.startswith("\\"):
+        raise ValueError(f"object key must be relative (no leading '/'): {key!r}")
+    parts = key.replace("\\", "/").split("/")
+    if any(p == ".." for p in parts):
+        raise ValueError(f"object key must not contain '..': {key!r}")
+    trailing = key.endswith("/")
+    norm = posixpath.normpath("/".join(p for p in parts if p not in ("", ".")))
+    if norm in (".", ""):
+        raise ValueError(f"object key is empty after normalisation: {key!r}")
+    return norm + ("/" if trailing else "")
+
+
+def join_key(*parts: str) -> str:
+    return normalize_key("/".join(p.strip("/") for p in parts if p and p.strip("/")))
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+class ObjectStore(ABC):
+    """A flat key space under a root URI. All keys go through :func:`normalize_key`."""
+
+    uri: str
+
+    @abstractmethod
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Write atomically: readers see the old object or the whole new one, never a part."""
+
+    @abstractmethod
+    def put_file(self, key: str, path: str | Path) -> None:
+        """Upload a local file atomically (multipart on S3 for large files, aborted on failure)."""
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        """Create-only write; raises AlreadyExistsError when the key exists (exactly one racer wins)."""
+
+    @abstractmethod
+    def get_bytes(self, key: str) -> bytes: ...
+
+    @abstractmethod
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Bytes ``[start, start+length)`` of the object (shorter at the end of the object)."""
+
+    @abstractmethod
+    def get_file(self, key: str, path: str | Path) -> None:
+        """Download to ``path`` via a temp name and an atomic rename."""
+
+    @abstractmethod
+    def open_read(self, key: str) -> BinaryIO:
+        """A streaming, file-like reader (for large raw inputs)."""
+
+    @abstractmethod
+    def stat(self, key: str) -> ObjectInfo:
+        """Size/etag/mtime; raises FileNotFoundError when missing."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, sorted by key (paginated on S3)."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete if present (no error when missing)."""
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.stat(key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def child(self, prefix: str) -> ObjectStore:
+        """A store rooted at ``prefix`` below this one."""
+        raise NotImplementedError(f"{type(self).__name__} does not support child stores")
+
+    def uri_of(self, key: str) -> str:
+        return self.uri.rstrip("/") + "/" + normalize_key(key)
+
+    def abort_stale_uploads(self, older_than_s: float = 3600.0) -> int:
+        """Abort multipart uploads left behind by killed processes; returns how many. Local: temp files."""
+        return 0
+
+    def verify_sha256(self, key: str, expected: str) -> None:
+        """Re-read the object and check its sha256 (our own check: S3-compatible servers differ)."""
+        got = sha256_bytes(self.get_bytes(key))
+        if got != expected:
+            raise StorageError(f"{self.uri_of(key)}: sha256 {got} != expected {expected}")

@@ -1,0 +1,170 @@
+"""``file://`` backend: a folder. Writes go to a temp name, are fsynced, then renamed into place."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from pipeline.storage.base import AlreadyExistsError, ObjectInfo, ObjectStore, normalize_key
+
+TMP_PREFIX = ".pw-tmp-"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class FileStore(ObjectStore):
+    def __init__(self, root: str | Path):
+        self.root = Path(root).expanduser().resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.uri = "file://" + str(self.root)
+
+    @classmethod
+    def from_uri(cls, uri: str) -> FileStore:
+        path = uri[len("file://") :] if uri.startswith("file://") else uri
+        if not path:
+            raise ValueError(f"file URI has no path: {uri!r}")
+        return cls(path)
+
+    def child(self, prefix: str) -> FileStore:
+        return FileStore(self._path(normalize_key(prefix).rstrip("/")))
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / normalize_key(key)).resolve()
+        if path != self.root and self.root not in path.parents:
+            raise ValueError(f"key {key!r} resolves outside the store root {self.root}")
+        return path
+
+    def _write_atomic(self, path: Path, writer, exclusive: bool = False) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                writer(f)
+                f.flush()
+                os.fsync(f.fileno())
+            if exclusive:
+                # link() fails if the target exists: an atomic create-only publish on POSIX.
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    raise AlreadyExistsError(f"{self.uri}/{path.relative_to(self.root)} already exists") from None
+                os.unlink(tmp)
+            else:
+                os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._write_atomic(self._path(key), lambda f: f.write(data))
+
+    def put_file(self, key: str, path: str | Path) -> None:
+        def copy(f: BinaryIO) -> None:
+            with open(path, "rb") as src:
+                shutil.copyfileobj(src, f, 1 << 20)
+
+        self._write_atomic(self._path(key), copy)
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        self._write_atomic(self._path(key), lambda f: f.write(data), exclusive=True)
+
+    def get_bytes(self, key: str) -> bytes:
+        return self._path(key).read_bytes()
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        if start < 0 or length < 0:
+            raise ValueError(f"bad range start={start} length={length}")
+        with open(self._path(key), "rb") as f:
+            f.seek(start)
+            return f.read(length)
+
+    def get_file(self, key: str, path: str | Path) -> None:
+        src = self._path(key)
+        dest = Path(path)
+
+        def copy(f: BinaryIO) -> None:
+            with open(src, "rb") as s:
+                shutil.copyfileobj(s, f, 1 << 20)
+
+        self._write_atomic_outside(dest, copy)
+
+    def _write_atomic_outside(self, dest: Path, writer) -> None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                writer(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, dest)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def open_read(self, key: str) -> BinaryIO:
+        return open(self._path(key), "rb")
+
+    def stat(self, key: str) -> ObjectInfo:
+        path = self._path(key)
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.uri}/{normalize_key(key)}")
+        st = path.stat()
+        return ObjectInfo(key=normalize_key(key), size=st.st_size, etag=f"{st.st_mtime_ns}-{st.st_size}", mtime=st.st_mtime)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        norm = normalize_key(prefix) if prefix else ""
+        # Walk only the deepest folder the prefix names, then filter by the full prefix.
+        base_dir = self.root / norm.rsplit("/", 1)[0] if "/" in norm else self.root
+        if not base_dir.is_dir():
+            return
+        found = []
+        for dirpath, dirnames, filenames in os.walk(base_dir):
+            dirnames.sort()
+            for name in filenames:
+                if name.startswith(TMP_PREFIX):
+                    continue
+                full = Path(dirpath) / name
+                key = full.relative_to(self.root).as_posix()
+                if key.startswith(norm):
+                    found.append(key)
+        for key in sorted(found):
+            st = (self.root / key).stat()
+            yield ObjectInfo(key=key, size=st.st_size, etag=f"{st.st_mtime_ns}-{st.st_size}", mtime=st.st_mtime)
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path(key).unlink()
+
+    def abort_stale_uploads(self, older_than_s: float = 3600.0) -> int:
+        """Remove temp files left by killed writers (the local analogue of dangling multipart uploads)."""
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for dirpath, _dirs, filenames in os.walk(self.root):
+            for name in filenames:
+                if name.startswith(TMP_PREFIX):
+                    full = Path(dirpath) / name
+                    with contextlib.suppress(FileNotFoundError):
+                        if full.stat().st_mtime < cutoff:
+                            full.unlink()
+                            removed += 1
+        return removed
