@@ -35,12 +35,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # A loaded 2-core machine can take longer than the 20 s default to start the ephemeral server.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for noisy in ("httpx", "httpcore", "botocore", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -125,6 +125,10 @@ class ObjectStore(ABC):
 
     def verify_sha256(self, key: str, expected: str) -> None:
         """Re-read the object and check its sha256 (our own check: S3-compatible servers differ)."""
-        got = sha256_bytes(self.get_bytes(key))
+        h = hashlib.sha256()
+        with self.open_read(key) as f:  # streamed: shards are too big to hold twice in memory
+            while block := f.read(1 << 20):
+                h.update(block)
+        got = h.hexdigest()
         if got != expected:
             raise StorageError(f"{self.uri_of(key)}: sha256 {got} != expected {expected}")

@@ -20,6 +20,7 @@ class S3Options:
     max_attempts: int = 8
     multipart_threshold: int = 64 * 1024 * 1024
     multipart_chunk: int = 16 * 1024 * 1024
+    max_concurrency: int = 4  # multipart parts in flight at once (memory: this many chunks)
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
 
@@ -28,6 +29,8 @@ class S3Options:
             raise ValueError(f"s3.retry_mode must be standard, adaptive or legacy, got {self.retry_mode!r}")
         if self.max_attempts < 1:
             raise ValueError(f"s3.max_attempts must be >= 1, got {self.max_attempts}")
+        if self.max_concurrency < 1:
+            raise ValueError(f"s3.max_concurrency must be >= 1, got {self.max_concurrency}")
         if self.multipart_chunk < 5 * 1024 * 1024:
             raise ValueError("s3.multipart_chunk must be >= 5 MiB (the S3 minimum part size)")
         if self.multipart_threshold < self.multipart_chunk:

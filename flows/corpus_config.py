@@ -1,0 +1,112 @@
+"""The corpus build config: one YAML file composed of each stage's own frozen config.
+
+Every stage owns its config dataclass (``pipeline.ingest.IngestConfig``, ``pipeline.clean.CleanConfig``, ...);
+this module only composes them and loads YAML through :func:`pipeline.configload.build_config`, so a typo or a
+wrong value fails at load with the dotted field name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline import __version__
+from pipeline.clean import CleanConfig
+from pipeline.configload import ConfigError, build_config, config_to_dict
+from pipeline.dedup.exact import ExactDedupConfig
+from pipeline.dedup.near import NearDedupConfig
+from pipeline.ingest import IngestConfig
+from pipeline.sample import sample_corpus_path
+from pipeline.shards import ShardConfig
+from pipeline.storage import S3Options
+from pipeline.tokenize import TokenizeConfig
+
+DEFAULT_CONFIG = Path(__file__).with_name("configs") / "corpus.yaml"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DedupConfig:
+    exact: ExactDedupConfig = field(default_factory=ExactDedupConfig)
+    near: NearDedupConfig = field(default_factory=NearDedupConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CorpusConfig:
+    """``inputs`` empty means the bundled sample corpus; ``output`` is the store root (path, file:// or s3://)."""
+
+    name: str = "sample"
+    inputs: tuple[str, ...] = ()
+    output: str = "./pileworks-store"
+    s3: S3Options = field(default_factory=S3Options)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    clean: CleanConfig = field(default_factory=CleanConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+    tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
+    shard: ShardConfig = field(default_factory=ShardConfig)
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
+            raise ValueError(f"name {self.name!r} must use only letters, digits, '.', '_' or '-'")
+        if not self.output:
+            raise ValueError("output must be a local path, file:// or s3:// URI")
+
+    def resolved_inputs(self) -> tuple[str, ...]:
+        return self.inputs or (str(sample_corpus_path()),)
+
+    def to_dict(self) -> dict[str, Any]:
+        return config_to_dict(self)
+
+    def fingerprint(self) -> str:
+        """Hash of everything that changes the output (the store location does not)."""
+        data = self.to_dict()
+        data.pop("output", None)
+        data.pop("s3", None)
+        data["code_version"] = __version__
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def load_corpus_config(
+    path: str | Path | None = None,
+    *,
+    inputs: list[str] | None = None,
+    output: str | None = None,
+    name: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> CorpusConfig:
+    """Load YAML (the embedded default when ``path`` is None), then apply CLI values and dotted overrides."""
+    source = Path(path) if path else DEFAULT_CONFIG
+    if not source.is_file():
+        raise ConfigError(f"config file {source} does not exist; start from {DEFAULT_CONFIG}")
+    raw = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of config sections")
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(raw, dotted, value)
+    cfg = build_config(CorpusConfig, raw)
+    changes: dict[str, Any] = {}
+    if inputs:
+        changes["inputs"] = tuple(inputs)
+    if output:
+        changes["output"] = output
+    if name:
+        changes["name"] = name
+    return replace(cfg, **changes) if changes else cfg
+
+
+def config_from_dict(data: dict[str, Any]) -> CorpusConfig:
+    return build_config(CorpusConfig, data)
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    node = raw
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted}: {key} is not a section")
+    node[leaf] = value

@@ -1,0 +1,50 @@
+"""Terminal progress bars per stage (rich), fed by the tasks of the running flow.
+
+Only the process that runs the flow with the local (thread) task runner shows bars; tasks on Dask workers or in
+subprocesses simply don't report here. Prefect progress artifacts are the UI's equivalent (flows/artifacts.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Iterator
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class StageProgress:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._progress: Progress | None = None
+        self._tasks: dict[str, int] = {}
+
+    def start(self, totals: dict[str, int], enabled: bool | None = None) -> None:
+        enabled = sys.stderr.isatty() if enabled is None else enabled
+        if not enabled:
+            return
+        with self._lock:
+            self._progress = Progress(
+                TextColumn("{task.description:>12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                transient=False,
+            )  # fmt: skip
+            self._tasks = {name: self._progress.add_task(name, total=total) for name, total in totals.items()}
+            self._progress.start()
+
+    @contextlib.contextmanager
+    def step(self, stage: str) -> Iterator[None]:
+        yield
+        with self._lock:
+            if self._progress is not None and stage in self._tasks:
+                self._progress.advance(self._tasks[stage])
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._progress is not None:
+                self._progress.stop()
+            self._progress = None
+            self._tasks = {}
+
+
+stage_progress = StageProgress()

@@ -1,0 +1,163 @@
+"""Exact deduplication: documents whose cleaned text is byte-identical; the first one is kept.
+
+"First" is a deterministic order, independent of which worker ran which part or when: the lowest part index,
+then the lowest position inside the part. The text is hashed with xxh3_128 (a collision among 10^12
+documents has probability ~1e-15).
+
+Three steps hand off through files (keys relative to the store; ``NNNNN`` is the part index):
+
+1. ``run_exact_hash_part`` -> ``<hash_folder>/part-NNNNN.npy``: uint64 array of shape (n, 2), the high and low
+   64 bits of each record's hash in part order; then ``part-NNNNN.stats.json``; then ``part-NNNNN.done``.
+2. ``resolve_exact_duplicates`` (global) -> ``<drop_folder>/part-NNNNN.npy`` for every part: int64 array of
+   shape (k, 3), one row per record to drop: (position, part of the kept copy, position of the kept copy),
+   sorted by position; then ``<drop_folder>/resolve.stats.json``; then ``<drop_folder>/_SUCCESS``.
+3. ``run_exact_filter_part`` -> an ordinary docs part in ``out_folder`` (``pipeline.records.write_part``).
+
+Every unit is skipped on a rerun when its marker exists.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+from pipeline.records import (
+    Record,
+    StageStats,
+    iter_part_batches,
+    part_done,
+    part_name,
+    read_part_stats,
+    write_part,
+)
+from pipeline.storage import ObjectStore
+
+DROP_REASON = "exact_duplicate"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExactDedupConfig:
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"ExactDedupConfig.enabled must be a bool, got {self.enabled!r}")
+
+
+def text_hashes(records: list[Record]) -> np.ndarray:
+    """(n, 2) uint64: high and low halves of xxh3_128 of each record's UTF-8 text."""
+    digests = b"".join(xxhash.xxh3_128_digest(r.text.encode("utf-8", "surrogatepass")) for r in records)
+    return np.frombuffer(digests, dtype=">u8").reshape(-1, 2).astype(np.uint64)
+
+
+def _put_npy(store: ObjectStore, key: str, array: np.ndarray) -> None:
+    sink = io.BytesIO()
+    np.save(sink, array, allow_pickle=False)
+    store.put_bytes(key, sink.getvalue())
+
+
+def _get_npy(store: ObjectStore, key: str) -> np.ndarray:
+    return np.load(io.BytesIO(store.get_bytes(key)), allow_pickle=False)
+
+
+def _put_stats(store: ObjectStore, key: str, stats: StageStats) -> None:
+    store.put_bytes(key, json.dumps(stats.to_json(), indent=1).encode())
+
+
+def run_exact_hash_part(store: ObjectStore, in_folder: str, hash_folder: str, index: int) -> StageStats:
+    """Hash every record of one part (in order); a rerun of a done part reads its stats."""
+    name = part_name(index)
+    if store.exists(f"{hash_folder}/{name}.done"):
+        return StageStats.from_json(json.loads(store.get_bytes(f"{hash_folder}/{name}.stats.json")))
+    chunks = [text_hashes(batch) for batch in iter_part_batches(store, in_folder, index)]
+    hashes = np.concatenate(chunks) if chunks else np.zeros((0, 2), np.uint64)
+    stats = StageStats(stage="exact_hash", docs_in=len(hashes), docs_out=len(hashes))
+    _put_npy(store, f"{hash_folder}/{name}.npy", hashes)
+    _put_stats(store, f"{hash_folder}/{name}.stats.json", stats)
+    store.put_bytes(f"{hash_folder}/{name}.done", b"")
+    return stats
+
+
+def find_duplicates(
+    hashes: np.ndarray, parts: np.ndarray, positions: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indexes (into the inputs) of the duplicates, and for each the index of the copy that is kept.
+
+    Sort by (hash, part, position); inside each run of equal hashes the first row is kept.
+    """
+    order = np.lexsort((positions, parts, hashes[:, 1], hashes[:, 0]))
+    h = hashes[order]
+    same_as_prev = np.zeros(len(order), dtype=bool)
+    same_as_prev[1:] = (h[1:] == h[:-1]).all(axis=1)
+    group_start = np.maximum.accumulate(np.where(same_as_prev, 0, np.arange(len(order))))
+    return order[same_as_prev], order[group_start[same_as_prev]]
+
+
+def resolve_exact_duplicates(
+    store: ObjectStore, hash_folder: str, num_parts: int, out_folder: str
+) -> StageStats:
+    """Decide globally which records are exact duplicates; write one drop list per part."""
+    if store.exists(f"{out_folder}/_SUCCESS"):
+        return StageStats.from_json(json.loads(store.get_bytes(f"{out_folder}/resolve.stats.json")))
+    arrays = []
+    for index in range(num_parts):
+        name = part_name(index)
+        if not store.exists(f"{hash_folder}/{name}.done"):
+            raise RuntimeError(f"{hash_folder}/{name} is not done; run run_exact_hash_part first")
+        arrays.append(_get_npy(store, f"{hash_folder}/{name}.npy"))
+    sizes = [len(a) for a in arrays]
+    hashes = np.concatenate(arrays) if arrays else np.zeros((0, 2), np.uint64)
+    parts = np.repeat(np.arange(num_parts, dtype=np.int64), sizes)
+    positions = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes]) if sizes else parts
+    dup, kept = find_duplicates(hashes, parts, positions)
+    rows = np.stack([parts[dup], positions[dup], parts[kept], positions[kept]], axis=1)
+    rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
+    for index in range(num_parts):
+        _put_npy(store, f"{out_folder}/{part_name(index)}.npy", rows[rows[:, 0] == index][:, 1:].copy())
+    stats = StageStats(stage="exact_dedup", docs_in=len(hashes), docs_out=len(hashes) - len(dup))
+    stats.drop(DROP_REASON, len(dup))
+    stats.extra = {"duplicate_groups": len(np.unique(kept)), "parts": num_parts}
+    _put_stats(store, f"{out_folder}/resolve.stats.json", stats)
+    store.put_bytes(f"{out_folder}/_SUCCESS", b"")
+    return stats
+
+
+def load_drop_positions(store: ObjectStore, drop_folder: str, index: int) -> np.ndarray:
+    if not store.exists(f"{drop_folder}/_SUCCESS"):
+        raise RuntimeError(f"{drop_folder} has no _SUCCESS; run resolve_exact_duplicates first")
+    rows = _get_npy(store, f"{drop_folder}/{part_name(index)}.npy")
+    return rows[:, 0] if len(rows) else np.zeros(0, np.int64)
+
+
+def run_exact_filter_part(
+    store: ObjectStore, in_folder: str, out_folder: str, index: int, drop_folder: str
+) -> StageStats:
+    """Copy one part without its exact duplicates; a rerun of a done part reads its stats."""
+    if part_done(store, out_folder, index):
+        return read_part_stats(store, out_folder, index)
+    drop = set(load_drop_positions(store, drop_folder, index).tolist())
+    stats = StageStats(stage="exact_dedup")
+    kept: list[Record] = []
+    position = 0
+    for batch in iter_part_batches(store, in_folder, index):
+        for rec in batch:
+            size = len(rec.text.encode("utf-8", "surrogatepass"))
+            stats.docs_in += 1
+            stats.bytes_in += size
+            if position in drop:
+                stats.drop(DROP_REASON)
+            else:
+                kept.append(rec)
+                stats.docs_out += 1
+                stats.bytes_out += size
+            position += 1
+    if stats.dropped[DROP_REASON] != len(drop):
+        raise RuntimeError(
+            f"{in_folder}/{part_name(index)} has {position} records but the drop list expects more"
+        )
+    write_part(store, out_folder, index, kept, stats)
+    return stats

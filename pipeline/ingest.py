@@ -1,0 +1,428 @@
+"""Ingest: raw objects (txt, jsonl[.gz|.zst], parquet on file:// or s3://) -> docs parts.
+
+Three steps, each a pure function over small serialisable values so a flow can fan out over parts:
+
+1. :func:`list_inputs` expands sources (paths, folders, globs, ``file://``, ``s3://bucket/prefix``) into
+   fingerprinted :class:`InputFile` objects, sorted by URI.
+2. :func:`plan_parts` packs them into :class:`PartPlan` units of similar byte size; a large uncompressed
+   ``.jsonl``/``.txt`` is split into byte ranges and a large parquet file into row-group ranges.
+3. :func:`ingest_part` / :func:`run_ingest_part` read one plan into records (the readers live in
+   :mod:`pipeline.ingest_readers`) and write the part. Bad input is quarantined with a reason, never fatal.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import pyarrow as pa
+
+from pipeline import ingest_readers as readers
+from pipeline import ingest_streams as streams
+from pipeline.encoding import is_line_safe
+from pipeline.records import (
+    Quarantined,
+    Record,
+    StageStats,
+    part_done,
+    read_part_stats,
+    text_bytes,
+    write_part,
+)
+from pipeline.storage import ObjectStore, S3Options, StorageError, open_store, split_uri
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("txt", "txt.gz", "txt.zst", "jsonl", "jsonl.gz", "jsonl.zst", "parquet")
+DEFAULT_EXTENSIONS: Mapping[str, str] = MappingProxyType(
+    {
+        ".txt": "txt",
+        ".txt.gz": "txt.gz",
+        ".txt.zst": "txt.zst",
+        ".jsonl": "jsonl",
+        ".ndjson": "jsonl",
+        ".jsonl.gz": "jsonl.gz",
+        ".json.gz": "jsonl.gz",
+        ".jsonl.zst": "jsonl.zst",
+        ".json.zst": "jsonl.zst",
+        ".parquet": "parquet",
+    }
+)
+_GLOB_CHARS = ("*", "?", "[")
+
+
+@dataclass(frozen=True, kw_only=True)
+class IngestConfig:
+    """How raw objects become documents. ``extensions`` maps a file-name suffix to one of :data:`FORMATS`."""
+
+    txt_mode: str = "file"  # "file": one document per file; "paragraph": blank-line separated blocks
+    text_field: str = "text"
+    meta_field: str = "meta"
+    id_field: str | None = None  # take record ids from this field instead of "<uri>#<position>"
+    target_part_bytes: int = 32 * 1024 * 1024
+    max_doc_bytes: int = 10 * 1024 * 1024
+    min_detect_confidence: float = 0.8
+    extensions: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_EXTENSIONS))
+
+    def __post_init__(self) -> None:
+        if self.txt_mode not in ("file", "paragraph"):
+            raise ValueError(f"ingest.txt_mode must be 'file' or 'paragraph', got {self.txt_mode!r}")
+        for name in ("text_field", "meta_field"):
+            if not getattr(self, name):
+                raise ValueError(f"ingest.{name} must be a non-empty field name")
+        if self.id_field is not None and not self.id_field:
+            raise ValueError("ingest.id_field must be a field name or None")
+        if self.target_part_bytes < 1:
+            raise ValueError(f"ingest.target_part_bytes must be >= 1, got {self.target_part_bytes}")
+        if self.max_doc_bytes < 1:
+            raise ValueError(f"ingest.max_doc_bytes must be >= 1, got {self.max_doc_bytes}")
+        if not 0.0 <= self.min_detect_confidence <= 1.0:
+            raise ValueError(
+                f"ingest.min_detect_confidence must be in [0, 1], got {self.min_detect_confidence}"
+            )
+        bad = {
+            ext: fmt for ext, fmt in self.extensions.items() if fmt not in FORMATS or not ext.startswith(".")
+        }
+        if bad:
+            raise ValueError(f"ingest.extensions: {bad} must map '.suffix' to one of {FORMATS}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputFile:
+    """One raw object and its fingerprint (recorded in the manifest; a rebuild redoes what changed)."""
+
+    uri: str
+    size: int
+    etag: str
+    mtime: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Piece:
+    """A whole object, bytes ``[start, end)`` of one (txt/jsonl) or row groups ``[start, end)`` (parquet)."""
+
+    uri: str
+    fmt: str
+    size: int
+    start: int = 0
+    end: int | None = None  # None: to the end of the object
+    weight: int = 0  # bytes this piece accounts for in planning
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartPlan:
+    index: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(p.weight for p in self.pieces)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "pieces": [asdict(p) for p in self.pieces]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PartPlan:
+        return cls(index=int(data["index"]), pieces=tuple(Piece(**p) for p in data["pieces"]))
+
+
+# ---------------------------------------------------------------- listing
+
+
+def format_of(uri: str, extensions: Mapping[str, str]) -> str | None:
+    """The format of the longest matching suffix (``.jsonl.zst`` before ``.zst``), or None."""
+    name = uri.rsplit("/", 1)[-1].lower()
+    matches = [ext for ext in extensions if name.endswith(ext.lower())]
+    return extensions[max(matches, key=len)] if matches else None
+
+
+def _local_files(source: str) -> list[str]:
+    path = source[len("file://") :] if source.startswith("file://") else source
+    path = os.path.expanduser(path)
+    if any(c in path for c in _GLOB_CHARS):
+        return sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
+    if os.path.isdir(path):
+        return sorted(str(p) for p in Path(path).rglob("*") if p.is_file())
+    if os.path.isfile(path):
+        return [path]
+    raise ValueError(f"input source {source!r} does not exist")
+
+
+def _local_inputs(source: str) -> Iterator[InputFile]:
+    for path in _local_files(source):
+        absolute = Path(path).resolve()
+        st = absolute.stat()
+        yield InputFile(
+            uri="file://" + str(absolute),
+            size=st.st_size,
+            etag=f"{st.st_mtime_ns}-{st.st_size}",
+            mtime=st.st_mtime,
+        )
+
+
+def _s3_inputs(source: str, s3: S3Options | None) -> Iterator[InputFile]:
+    bucket, _, pattern = source[len("s3://") :].partition("/")
+    store = open_store(f"s3://{bucket}", s3=s3)
+    cut = min([pattern.find(c) for c in _GLOB_CHARS if c in pattern] or [len(pattern)])
+    prefix = pattern[:cut]
+    infos = list(store.list(prefix)) if prefix else list(store.list())
+    if cut < len(pattern):
+        from fnmatch import fnmatchcase
+
+        infos = [i for i in infos if fnmatchcase(i.key, pattern)]
+    elif prefix:  # one object if the key exists, else the "folder" below it (never a mere name prefix)
+        exact = [i for i in infos if i.key == prefix]
+        infos = exact or [i for i in infos if i.key.startswith(prefix.rstrip("/") + "/")]
+    for info in infos:
+        yield InputFile(uri=f"s3://{bucket}/{info.key}", size=info.size, etag=info.etag, mtime=info.mtime)
+
+
+def list_inputs(
+    sources: list[str], s3: S3Options | None = None, extensions: Mapping[str, str] = DEFAULT_EXTENSIONS
+) -> list[InputFile]:
+    """Every supported object under ``sources``, deduplicated and sorted by URI.
+
+    Files with an unknown suffix are skipped with a warning (a folder often holds README/PROVENANCE files);
+    a source that matches no supported file at all is an error, so a typo cannot yield an empty corpus.
+    """
+    found: dict[str, InputFile] = {}
+    for source in sources:
+        files = list(_s3_inputs(source, s3) if source.startswith("s3://") else _local_inputs(source))
+        usable = [f for f in files if format_of(f.uri, extensions) is not None]
+        skipped = [f.uri for f in files if format_of(f.uri, extensions) is None]
+        if skipped:
+            log.warning(
+                "ingest: skipping %d file(s) of unknown format under %s: %s",
+                len(skipped),
+                source,
+                ", ".join(s.rsplit("/", 1)[-1] for s in skipped[:5]),
+            )
+        if not usable:
+            raise ValueError(
+                f"input source {source!r} holds no file of a known format ({sorted(extensions)})"
+            )
+        found.update((f.uri, f) for f in usable)
+    return [found[uri] for uri in sorted(found)]
+
+
+# ---------------------------------------------------------------- planning
+
+
+class _Stores:
+    """One store per root URI for the duration of a plan or a part (S3 clients are reused across objects)."""
+
+    def __init__(self, s3: S3Options | None):
+        self.s3 = s3
+        self.cache: dict[str, ObjectStore] = {}
+
+    def locate(self, uri: str) -> tuple[ObjectStore, str]:
+        root, key = split_uri(uri)
+        if root not in self.cache:
+            local = root[len("file://") :] if root.startswith("file://") else None
+            if local is not None and not os.path.isdir(local):  # FileStore would create the folder
+                raise FileNotFoundError(f"{uri} does not exist")
+            self.cache[root] = open_store(root, s3=self.s3)
+        return self.cache[root], key
+
+
+def _split_bytes(inp: InputFile, fmt: str, target: int) -> list[Piece]:
+    count = -(-inp.size // target)
+    bounds = [inp.size * i // count for i in range(count + 1)]
+    return [
+        Piece(
+            uri=inp.uri,
+            fmt=fmt,
+            size=inp.size,
+            start=bounds[i],
+            end=None if i == count - 1 else bounds[i + 1],
+            weight=bounds[i + 1] - bounds[i],
+        )
+        for i in range(count)
+    ]
+
+
+def _split_row_groups(inp: InputFile, store: ObjectStore, key: str, target: int) -> list[Piece]:
+    import pyarrow.parquet as pq
+
+    with streams.open_seekable(store, key, inp.size) as f:
+        meta = pq.ParquetFile(f).metadata
+    sizes = [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)]
+    pieces, first, acc = [], 0, 0
+    for g, size in enumerate(sizes):
+        if acc and acc + size > target:
+            pieces.append((first, g, acc))
+            first, acc = g, 0
+        acc += size
+    pieces.append((first, len(sizes), acc))
+    total = sum(sizes) or 1
+    return [  # weights in file bytes, shared out by each range's share of the row-group bytes
+        Piece(
+            uri=inp.uri,
+            fmt="parquet",
+            size=inp.size,
+            start=a,
+            end=None if b == len(sizes) else b,
+            weight=max(1, inp.size * w // total),
+        )
+        for a, b, w in pieces
+    ]
+
+
+def _pieces_of(inp: InputFile, cfg: IngestConfig, target: int, stores: _Stores) -> list[Piece]:
+    fmt = format_of(inp.uri, cfg.extensions)
+    if fmt is None:
+        raise ValueError(f"{inp.uri}: unknown format (ingest.extensions has {sorted(cfg.extensions)})")
+    whole = [Piece(uri=inp.uri, fmt=fmt, size=inp.size, weight=max(inp.size, 1))]
+    if inp.size <= target:
+        return whole
+    try:
+        if fmt == "parquet":
+            return _split_row_groups(inp, *stores.locate(inp.uri), target)
+        if fmt == "jsonl" or (fmt == "txt" and cfg.txt_mode == "paragraph"):
+            store, key = stores.locate(inp.uri)
+            bom = readers.sniff_bom(store, key)
+            if bom is None or is_line_safe(bom):
+                return _split_bytes(inp, fmt, target)
+    except (OSError, StorageError) as e:  # read at ingest time instead, where the failure is quarantined
+        log.warning("ingest: cannot inspect %s for splitting (%s); planning it whole", inp.uri, e)
+    return whole
+
+
+def plan_parts(
+    inputs: list[InputFile],
+    target_part_bytes: int,
+    *,
+    cfg: IngestConfig | None = None,
+    s3: S3Options | None = None,
+) -> list[PartPlan]:
+    """Pack inputs, in order, into parts of about ``target_part_bytes`` (a pure function of the inputs,
+    except that large parquet files are opened to read their row-group sizes)."""
+    if target_part_bytes < 1:
+        raise ValueError(f"target_part_bytes must be >= 1, got {target_part_bytes}")
+    cfg = cfg or IngestConfig()
+    stores = _Stores(s3)
+    parts: list[list[Piece]] = []
+    current: list[Piece] = []
+    for inp in inputs:
+        for piece in _pieces_of(inp, cfg, target_part_bytes, stores):
+            if current and sum(p.weight for p in current) + piece.weight > target_part_bytes:
+                parts.append(current)
+                current = []
+            current.append(piece)
+    if current:
+        parts.append(current)
+    return [PartPlan(index=i, pieces=tuple(pieces)) for i, pieces in enumerate(parts)]
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _read_piece(
+    piece: Piece, ctx: readers.ReadContext, store: ObjectStore, key: str
+) -> Iterator[readers.Item]:
+    base, _, compression = piece.fmt.partition(".")
+    if base == "parquet":
+        with streams.open_seekable(store, key, piece.size) as f:
+            yield from readers.read_parquet(ctx, f, piece.start, piece.end)
+        ctx.bytes_read += ctx.extra.pop("parquet_bytes", 0)
+        return
+    if compression:
+        dec = streams.DecompressingReader(store.open_read(key), compression)
+        with io.BufferedReader(dec, buffer_size=1 << 20) as f:
+            try:
+                yield from _read_text_stream(piece, ctx, f, lambda: dec.error)
+            finally:  # compressed bytes, replacing the decompressed count _read_text_stream added
+                ctx.bytes_read = dec.compressed_bytes
+        return
+    bom = readers.sniff_bom(store, key) if piece.start > 0 else None
+    with store.open_read(key) if piece.start == 0 else streams.open_seekable(store, key, piece.size) as f:
+        if piece.start > 0:
+            if bom is not None and not is_line_safe(bom):
+                log.warning(
+                    "ingest: %s is %s and cannot be read from byte %d; skipped", piece.uri, bom, piece.start
+                )
+                return
+            f.seek(piece.start - 1)
+        yield from _read_text_stream(piece, ctx, f, readers._no_error)
+
+
+def _read_text_stream(
+    piece: Piece, ctx: readers.ReadContext, f: Any, stream_error: readers.StreamError
+) -> Iterator[readers.Item]:
+    cfg = ctx.cfg
+    base = piece.fmt.partition(".")[0]
+    if base == "txt" and cfg.txt_mode == "file":
+        yield from readers.read_txt_file(ctx, f, stream_error)
+        return
+    if base == "txt" and piece.start == 0:
+        bom = readers.bom_encoding(f.peek(4)[:4])
+        if bom is not None and not is_line_safe(bom):
+            yield from readers.read_text_paragraphs_unsafe(ctx, f, bom)
+            return
+    end = piece.end
+    lines = streams.LineReader(f, piece.start, None if base == "txt" else end, cfg.max_doc_bytes)
+    try:
+        if base == "txt":
+            yield from readers.read_txt_paragraphs(ctx, lines, end, stream_error)
+        else:
+            yield from readers.read_jsonl(ctx, lines, compressed="." in piece.fmt, stream_error=stream_error)
+    finally:  # the bytes this range owns (its last line may run past `end`: that is the next range's share)
+        owned_end = lines.pos if piece.end is None else min(lines.pos, piece.end)
+        ctx.bytes_read += max(owned_end - piece.start, 0)
+
+
+def ingest_part(
+    plan: PartPlan, cfg: IngestConfig, s3: S3Options | None = None
+) -> tuple[list[Record], list[Quarantined], StageStats]:
+    """Read every piece of ``plan``: (records, quarantined, stats). Never raises for bad or missing input."""
+    stats = StageStats(stage="ingest")
+    records: list[Record] = []
+    quarantined: list[Quarantined] = []
+    stores = _Stores(s3)
+    for piece in plan.pieces:
+        ctx = readers.ReadContext(uri=piece.uri, fmt=piece.fmt, cfg=cfg)
+        try:
+            for item in _read_piece(piece, ctx, *stores.locate(piece.uri)):
+                (records if isinstance(item, Record) else quarantined).append(item)  # type: ignore[arg-type]
+        except (OSError, StorageError, pa.ArrowException) as e:  # records read before the failure are kept
+            reason = "read_error" if isinstance(e, (OSError, StorageError)) else "corrupt_file"
+            log.warning("ingest: %s %s: %s", reason, piece.uri, e)
+            quarantined.append(ctx.quarantine(f"B{piece.start}", reason, f"{type(e).__name__}: {e}"))
+        stats.bytes_in += ctx.bytes_read
+        for name, value in ctx.extra.items():
+            stats.extra[name] = stats.extra.get(name, 0) + value
+    for q in quarantined:
+        stats.drop(q.reason)
+    stats.docs_out = len(records)
+    stats.docs_in = len(records) + len(quarantined)
+    stats.bytes_out = text_bytes(records)
+    stats.extra["pieces"] = len(plan.pieces)
+    return records, quarantined, stats
+
+
+def run_ingest_part(
+    store: ObjectStore, out_folder: str, plan: PartPlan, cfg: IngestConfig, s3: S3Options | None = None
+) -> StageStats:
+    """The unit of work: ingest one plan into ``out_folder/part-<index>``; a completed part is not redone."""
+    if part_done(store, out_folder, plan.index):
+        return read_part_stats(store, out_folder, plan.index)
+    records, quarantined, stats = ingest_part(plan, cfg, s3)
+    write_part(store, out_folder, plan.index, records, stats, quarantined)
+    log.info(
+        "ingest part %d: %d docs, %d quarantined %s",
+        plan.index,
+        stats.docs_out,
+        len(quarantined),
+        dict(stats.dropped),
+    )
+    return stats

@@ -1,0 +1,412 @@
+"""Stage 4: train (or load) a byte-level BPE tokenizer and turn docs parts into token parts.
+
+Every document is encoded as *ordinary text* (a literal ``<|endoftext|>`` inside a document stays text, so a
+document cannot forge a control token) and gets the EOS id appended. Encoding runs on all cores: tiktoken's
+``encode_ordinary_batch`` (the fast path, built from the trained tokenizer's own vocab and merges in
+``pipeline.fast_bpe``) after checking on a sample that it gives the same ids as ``tokenizers``; otherwise
+``tokenizers``' multi-threaded ``encode_batch``. A token part is ``part-NNNNN.parquet`` with columns
+``id, source, location, tokens: large_list<uint32>``, then its stats, then ``.done`` (the records contract).
+The global step :func:`run_shard_and_publish` plans balanced shards over all token parts, writes them to a
+local staging folder and publishes them with a manifest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from pipeline.fast_bpe import UnsupportedTokenizer, tiktoken_from_tokenizer, verify_same_ids
+from pipeline.manifest import Manifest, ShardInfo, TokenizerInfo, publish_dataset
+from pipeline.records import (
+    Record,
+    StageStats,
+    iter_part_batches,
+    merged_stats,
+    part_done,
+    part_name,
+    read_part_stats,
+)
+from pipeline.shards import (
+    SPLITS,
+    ShardConfig,
+    ShardWriter,
+    WrittenShard,
+    dtype_for_vocab,
+    plan_shards,
+    split_of,
+)
+from pipeline.storage import ObjectStore, open_store, sha256_bytes, split_uri
+from pipeline.storage.options import S3Options
+
+log = logging.getLogger(__name__)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+TOKENS_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("location", pa.string(), nullable=False),
+        pa.field("tokens", pa.large_list(pa.field("item", pa.uint32(), nullable=False)), nullable=False),
+    ]
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizeConfig:
+    """``tokenizer``: path/URI of a tokenizer.json to use, or None to train a byte-level BPE on the corpus."""
+
+    tokenizer: str | None = None
+    vocab_size: int = 8192
+    min_frequency: int = 2
+    special_tokens: tuple[str, ...] = ("<|endoftext|>", "<|pad|>")
+    eos_token: str = "<|endoftext|>"
+    pad_token: str | None = "<|pad|>"
+    train_sample_bytes: int = 256 * 1024 * 1024
+    batch_size: int = 1024
+    fast_path: bool = True
+    verify_docs: int = 512
+    verify_bytes: int = 2 * 1024 * 1024
+    num_threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.vocab_size < 256 + len(self.special_tokens) + 1:
+            raise ValueError(
+                f"tokenize.vocab_size must be > 256 bytes + {len(self.special_tokens)} special "
+                f"tokens, got {self.vocab_size}"
+            )
+        if self.min_frequency < 1:
+            raise ValueError(f"tokenize.min_frequency must be >= 1, got {self.min_frequency}")
+        if self.eos_token not in self.special_tokens:
+            raise ValueError(f"tokenize.eos_token {self.eos_token!r} must be one of special_tokens")
+        if self.pad_token is not None and self.pad_token not in self.special_tokens:
+            raise ValueError(f"tokenize.pad_token {self.pad_token!r} must be one of special_tokens or null")
+        if self.train_sample_bytes < 1 or self.batch_size < 1:
+            raise ValueError("tokenize.train_sample_bytes and tokenize.batch_size must be >= 1")
+        if self.verify_docs < 0 or self.verify_bytes < 0 or self.num_threads < 0:
+            raise ValueError("tokenize.verify_docs, verify_bytes and num_threads must be >= 0")
+
+
+# ---------------------------------------------------------------- the tokenizer
+
+
+def _capped(texts: Iterable[str], cap_bytes: int) -> Iterator[str]:
+    seen = 0
+    for text in texts:
+        if seen >= cap_bytes:
+            return
+        seen += len(text.encode("utf-8", "replace"))
+        yield text
+
+
+def train_tokenizer(texts: Iterable[str], cfg: TokenizeConfig) -> Tokenizer:
+    """Byte-level BPE over the first ``train_sample_bytes`` of ``texts``; same input order -> same tokenizer."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        special_tokens=list(cfg.special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_capped(texts, cfg.train_sample_bytes), trainer=trainer)
+    return tok
+
+
+def load_tokenizer(uri: str | Path, s3: S3Options | None = None) -> Tokenizer:
+    """Load a tokenizer.json from a local path, ``file://`` or ``s3://`` URI."""
+    text = str(uri)
+    if "://" not in text:
+        return Tokenizer.from_file(str(Path(text).expanduser()))
+    root, key = split_uri(text)
+    return Tokenizer.from_str(open_store(root, s3=s3).get_bytes(key).decode("utf-8"))
+
+
+def special_id(tok: Tokenizer, token: str) -> int:
+    tid = tok.token_to_id(token)
+    if tid is None:
+        raise ValueError(f"tokenizer has no token {token!r}")
+    return tid
+
+
+def run_train_tokenizer(
+    store: ObjectStore,
+    in_folder: str,
+    num_parts: int,
+    out_key: str,
+    cfg: TokenizeConfig,
+    s3: S3Options | None = None,
+) -> str:
+    """Global step: put the tokenizer at ``out_key`` (trained on the parts in order, or copied from
+    ``cfg.tokenizer``) and return its sha256. Skips training when ``out_key`` already exists."""
+    if store.exists(out_key):
+        return sha256_bytes(store.get_bytes(out_key))
+    if cfg.tokenizer is not None:
+        tok = load_tokenizer(cfg.tokenizer, s3=s3)
+    else:
+        texts = (
+            r.text
+            for i in range(num_parts)
+            for batch in iter_part_batches(store, in_folder, i)
+            for r in batch
+        )
+        tok = train_tokenizer(texts, cfg)
+    data = tok.to_str().encode("utf-8")
+    store.put_bytes(out_key, data)
+    return sha256_bytes(data)
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def _ordinary(tok: Tokenizer) -> Tokenizer:
+    """The same model without added-token matching, so literal special-token text encodes as plain text."""
+    spec = json.loads(tok.to_str())
+    spec["added_tokens"] = []
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def _safe(texts: Sequence[str]) -> list[str]:
+    # Lone surrogates cannot cross into Rust; replace them (the clean stage should already have).
+    out = list(texts)
+    for i, t in enumerate(out):
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError:
+            out[i] = _SURROGATE.sub("\ufffd", t)
+    return out
+
+
+class Encoder:
+    """Encodes batches of documents to uint32 arrays ending in EOS, with the fastest encoder that agrees."""
+
+    def __init__(self, tok: Tokenizer, cfg: TokenizeConfig, sample: Sequence[str] = ()):
+        self.eos_id = special_id(tok, cfg.eos_token)
+        self.reference = _ordinary(tok)
+        self.fast = None
+        self.name = "tokenizers"
+        self.num_threads = cfg.num_threads or os.cpu_count() or 1
+        if cfg.fast_path:
+            sample = list(_capped(sample[: cfg.verify_docs], cfg.verify_bytes))
+            self.fast, reason = self._build_fast(tok, _safe(sample))
+            if self.fast is None:
+                log.warning("tiktoken fast path disabled, using tokenizers: %s", reason)
+            else:
+                self.name = "tiktoken"
+
+    def _build_fast(self, tok: Tokenizer, sample: list[str]):
+        try:
+            enc = tiktoken_from_tokenizer(tok)
+        except UnsupportedTokenizer as exc:
+            return None, str(exc)
+        mismatch = verify_same_ids(self.reference, enc, sample)
+        return (None, f"ids differ from tokenizers on the sample: {mismatch}") if mismatch else (enc, None)
+
+    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+        texts = _safe(texts)
+        if self.fast is not None:
+            ids = self.fast.encode_ordinary_batch(texts, num_threads=self.num_threads)
+        else:
+            ids = [e.ids for e in self.reference.encode_batch(texts, add_special_tokens=False)]
+        out = []
+        for seq in ids:
+            arr = np.empty(len(seq) + 1, dtype=np.uint32)
+            arr[:-1] = seq
+            arr[-1] = self.eos_id
+            out.append(arr)
+        return out
+
+
+def _location(record: Record) -> str:
+    meta = record.meta_dict()
+    for key in ("location", "offset", "line"):
+        if key in meta:
+            return str(meta[key])
+    return ""
+
+
+def tokens_table(records: Sequence[Record], arrays: Sequence[np.ndarray]) -> pa.Table:
+    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.uint32)
+    tokens = pa.LargeListArray.from_arrays(
+        pa.array(offsets), pa.array(flat, type=pa.uint32()), type=TOKENS_SCHEMA.field("tokens").type
+    )
+    return pa.table(
+        {
+            "id": [r.id for r in records],
+            "source": [r.source for r in records],
+            "location": [_location(r) for r in records],
+            "tokens": tokens,
+        },
+        schema=TOKENS_SCHEMA,
+    )
+
+
+def write_token_part(
+    store: ObjectStore, folder: str, index: int, tables: list[pa.Table], stats: StageStats
+) -> None:
+    """The part contract for token parts: parquet (TOKENS_SCHEMA), then stats, then the ``.done`` marker."""
+    sink = io.BytesIO()
+    table = pa.concat_tables(tables) if tables else TOKENS_SCHEMA.empty_table()
+    pq.write_table(table, sink, compression="zstd", row_group_size=4096)
+    name = part_name(index)
+    store.put_bytes(f"{folder}/{name}.parquet", sink.getvalue())
+    store.put_bytes(f"{folder}/{name}.stats.json", json.dumps(stats.to_json(), indent=1).encode())
+    store.put_bytes(f"{folder}/{name}.done", b"")
+
+
+def run_tokenize_part(
+    store: ObjectStore, in_folder: str, out_folder: str, index: int, tokenizer_key: str, cfg: TokenizeConfig
+) -> StageStats:
+    """Tokenize one docs part into a token part (skipped when its ``.done`` marker exists)."""
+    if part_done(store, out_folder, index):
+        return read_part_stats(store, out_folder, index)
+    tok = Tokenizer.from_str(store.get_bytes(tokenizer_key).decode("utf-8"))
+    stats = StageStats(stage="tokenize", extra={"tokens": 0})
+    encoder: Encoder | None = None
+    tables = []
+    for batch in iter_part_batches(store, in_folder, index, batch_size=cfg.batch_size):
+        stats.docs_in += len(batch)
+        kept = [r for r in batch if r.text]
+        if len(kept) < len(batch):
+            stats.drop("empty_text", len(batch) - len(kept))
+        if not kept:
+            continue
+        encoder = encoder or Encoder(tok, cfg, sample=[r.text for r in kept])
+        arrays = encoder.encode([r.text for r in kept])
+        tables.append(tokens_table(kept, arrays))
+        stats.docs_out += len(kept)
+        stats.bytes_in += sum(len(r.text.encode("utf-8", "replace")) for r in kept)
+        n_tokens = sum(len(a) for a in arrays)
+        stats.extra["tokens"] += n_tokens
+        stats.bytes_out += 4 * n_tokens
+    stats.extra["encoder"] = encoder.name if encoder else "none"
+    write_token_part(store, out_folder, index, tables, stats)
+    return stats
+
+
+# ---------------------------------------------------------------- shard + publish (global step)
+
+
+def iter_token_batches(
+    store: ObjectStore,
+    folder: str,
+    index: int,
+    columns: Sequence[str] = ("id", "source", "location", "tokens"),
+) -> Iterator[pa.RecordBatch]:
+    if not part_done(store, folder, index):
+        raise FileNotFoundError(f"{folder}/{part_name(index)} has no .done marker (incomplete or missing)")
+    pf = pq.ParquetFile(io.BytesIO(store.get_bytes(f"{folder}/{part_name(index)}.parquet")))
+    yield from pf.iter_batches(batch_size=4096, columns=list(columns))
+
+
+def _split_arrays(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
+    tokens = batch.column("tokens")
+    offsets = tokens.offsets.to_numpy()
+    return offsets - offsets[0], tokens.flatten().to_numpy()
+
+
+def count_split_tokens(
+    store: ObjectStore, folder: str, num_parts: int, shard_cfg: ShardConfig
+) -> dict[str, int]:
+    """Pass 1: tokens per split, so shards can be planned before any is written."""
+    totals = dict.fromkeys(SPLITS, 0)
+    for i in range(num_parts):
+        for batch in iter_token_batches(store, folder, i, columns=("id", "tokens")):
+            offsets, _ = _split_arrays(batch)
+            for doc_id, n in zip(batch.column("id").to_pylist(), np.diff(offsets).tolist(), strict=True):
+                totals[split_of(doc_id, shard_cfg.valid_fraction, shard_cfg.seed)] += n
+    return totals
+
+
+def write_shards(
+    store: ObjectStore, folder: str, num_parts: int, out_dir: Path, dtype: np.dtype, shard_cfg: ShardConfig
+) -> list[WrittenShard]:
+    """Pass 2: stream every document, in part order, into its split's balanced shards under ``out_dir``."""
+    totals = count_split_tokens(store, folder, num_parts, shard_cfg)
+    target = shard_cfg.target_tokens(dtype)
+    writers = {s: ShardWriter(out_dir, s, plan_shards(totals[s], target), dtype) for s in SPLITS}
+    for i in range(num_parts):
+        for batch in iter_token_batches(store, folder, i):
+            offsets, flat = _split_arrays(batch)
+            cols = [batch.column(c).to_pylist() for c in ("id", "source", "location")]
+            for j, (doc_id, source, location) in enumerate(zip(*cols, strict=True)):
+                split = split_of(doc_id, shard_cfg.valid_fraction, shard_cfg.seed)
+                writers[split].add(doc_id, source, location, flat[offsets[j] : offsets[j + 1]])
+    return [shard for s in SPLITS for shard in writers[s].close()]
+
+
+def _shard_info(w: WrittenShard) -> ShardInfo:
+    return ShardInfo(**{f.name: getattr(w, f.name) for f in dataclasses.fields(ShardInfo)})
+
+
+def run_shard_and_publish(
+    store: ObjectStore,
+    token_folder: str,
+    num_parts: int,
+    tokenizer_key: str,
+    cfg: ShardConfig,
+    name: str,
+    *,
+    inputs: list[dict] | None = None,
+    stats: dict[str, StageStats] | None = None,
+    config: dict | None = None,
+    lineage: dict | None = None,
+    eos_token: str = "<|endoftext|>",
+    pad_token: str | None = "<|pad|>",
+    staging_dir: str | Path | None = None,
+) -> str:
+    """Global step: plan balanced shards over all token parts, write them locally, publish; returns the
+    manifest URI. ``stats`` holds the earlier stages' merged stats; tokenize and shard stats are added."""
+    tok_bytes = store.get_bytes(tokenizer_key)
+    tok = Tokenizer.from_str(tok_bytes.decode("utf-8"))
+    dtype = dtype_for_vocab(tok.get_vocab_size())
+    all_stats = {k: v.to_json() for k, v in (stats or {}).items()}
+    all_stats["tokenize"] = merged_stats(store, token_folder, num_parts, "tokenize").to_json()
+    with tempfile.TemporaryDirectory(prefix="pileworks-shards-", dir=staging_dir) as tmp:
+        staged = Path(tmp)
+        (staged / "tokenizer.json").write_bytes(tok_bytes)
+        written = write_shards(store, token_folder, num_parts, staged, dtype, cfg)
+        tokens = sum(w.tokens for w in written)
+        all_stats["shard"] = StageStats(
+            stage="shard",
+            docs_in=sum(w.docs for w in written),
+            docs_out=sum(w.docs for w in written),
+            bytes_in=4 * tokens,
+            bytes_out=sum(w.bytes for w in written),
+            extra={"tokens": tokens, "shards": len(written)},
+        ).to_json()
+        manifest = Manifest(
+            name=name,
+            dtype=dtype.name,
+            shards=[_shard_info(w) for w in written],
+            tokenizer=TokenizerInfo(
+                key="tokenizer.json",
+                sha256=sha256_bytes(tok_bytes),
+                vocab_size=tok.get_vocab_size(),
+                eos_id=special_id(tok, eos_token),
+                bos_id=None,
+                pad_id=None if pad_token is None else special_id(tok, pad_token),
+            ),
+            stats=all_stats,
+            inputs=list(inputs or []),
+            config=dict(config or {}),
+            lineage=dict(lineage or {"prefect_flow_run_id": None}),
+        )
+        return publish_dataset(store, name, staged, manifest)

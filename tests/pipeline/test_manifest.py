@@ -1,0 +1,270 @@
+"""Manifest schema/validation, the content id, the publish protocol (file:// and S3 via moto) and loading."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from pipeline.manifest import (
+    LATEST_KEY,
+    MANIFEST_KEY,
+    DatasetConflictError,
+    Manifest,
+    compute_dataset_id,
+    load_manifest,
+    publish_dataset,
+)
+from pipeline.storage import FileStore, ObjectStore, StorageError, open_store
+from tests.fixtures.tiny_dataset import build_tiny_dataset
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Manifest, Path]:
+    """A published tiny dataset: its manifest and its folder (which doubles as a staged folder to republish)."""
+    root = tmp_path_factory.mktemp("tiny")
+    uri = build_tiny_dataset(root, n_docs=60)
+    manifest, _ = load_manifest(uri)
+    return manifest, Path(uri.removeprefix("file://")).parent
+
+
+# ---------------------------------------------------------------- schema + id
+
+
+def test_manifest_round_trips_json_and_keeps_schema_fields(tiny) -> None:
+    manifest, folder = tiny
+    raw = json.loads((folder / MANIFEST_KEY).read_text())
+    for key in (
+        "schema_version",
+        "name",
+        "dataset_id",
+        "code_version",
+        "tokenizer",
+        "dtype",
+        "dtype_code",
+        "shards",
+        "splits",
+        "stats",
+        "inputs",
+        "config",
+        "lineage",
+        "created_at",
+    ):
+        assert key in raw
+    assert raw["schema_version"] == 1 and raw["dtype"] == "uint16" and raw["dtype_code"] == 8
+    assert set(raw["stats"]) >= {"tokenize", "shard"}
+    assert Manifest.from_json(raw).to_json() == raw
+    assert manifest.split_shards("train")[0].token_offset == 0
+
+
+def test_dataset_id_ignores_created_at_lineage_and_volatile_config(tiny) -> None:
+    manifest, _ = tiny
+    same = dataclasses.replace(
+        manifest, created_at="1999-01-01T00:00:00+00:00", lineage={"prefect_flow_run_id": "x"}
+    )
+    assert compute_dataset_id(same) == manifest.dataset_id
+    moved = dataclasses.replace(
+        manifest, config=manifest.config | {"output": "s3://elsewhere", "workers": 64}
+    )
+    assert compute_dataset_id(moved) == manifest.dataset_id
+    changed = dataclasses.replace(manifest, config=manifest.config | {"clean": {"min_chars": 10}})
+    assert compute_dataset_id(changed) != manifest.dataset_id
+    shard = dataclasses.replace(manifest.shards[0], sha256="0" * 64)
+    assert (
+        compute_dataset_id(dataclasses.replace(manifest, shards=[shard, *manifest.shards[1:]]))
+        != manifest.dataset_id
+    )
+    assert len(manifest.dataset_id) == 20 and int(manifest.dataset_id, 16) >= 0
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d | {"schema_version": 2}, "schema_version"),
+        (lambda d: d | {"dtype": "int32"}, "does not match vocab_size"),
+        (lambda d: d | {"dtype_code": 4}, "dtype_code"),
+        (lambda d: d | {"dataset_id": "0" * 20}, "does not match the manifest content"),
+        (lambda d: d | {"splits": {**d["splits"], "train": {**d["splits"]["train"], "docs": 1}}}, "add up"),
+        (lambda d: d | {"tokenizer": {**d["tokenizer"], "eos_id": 10**6}}, "outside the vocabulary"),
+        (lambda d: {k: v for k, v in d.items() if k != "tokenizer"}, "missing"),
+    ],
+)
+def test_from_json_rejects_inconsistent_manifests(tiny, mutate, message: str) -> None:
+    manifest, _ = tiny
+    with pytest.raises(ValueError, match=message):
+        Manifest.from_json(mutate(manifest.to_json()))
+
+
+def test_validate_checks_offsets_and_balance(tiny) -> None:
+    manifest, _ = tiny
+    train = manifest.split_shards("train")
+    gap = dataclasses.replace(train[1], token_offset=train[1].token_offset + 1)
+    bad = dataclasses.replace(manifest, shards=[train[0], gap, *manifest.shards[2:]])
+    with pytest.raises(ValueError, match="not contiguous"):
+        bad.validate()
+    big = dataclasses.replace(train[-1], tokens=train[-1].tokens + 5)
+    splits = json.loads(json.dumps(manifest.splits))
+    splits["train"]["tokens"] += 5
+    bad = dataclasses.replace(
+        manifest, shards=[*train[:-1], big, *manifest.split_shards("valid")], splits=splits
+    )
+    with pytest.raises(ValueError, match="not balanced"):
+        bad.validate()
+
+
+# ---------------------------------------------------------------- publish + load
+
+
+def _publish_and_load(store: ObjectStore, tiny, s3=None) -> None:
+    manifest, folder = tiny
+    uri = publish_dataset(store, "copy", folder, dataclasses.replace(manifest, name="copy"))
+    assert uri == store.uri_of(f"datasets/copy/{manifest.dataset_id}/{MANIFEST_KEY}")
+    for target in (
+        uri,
+        uri.rsplit("/", 1)[0],
+        store.uri_of(f"datasets/copy/{LATEST_KEY}"),
+        store.uri.rstrip("/") + "/datasets/copy",
+    ):
+        loaded, ds_store = load_manifest(target, s3=s3)
+        assert loaded.dataset_id == manifest.dataset_id and loaded.name == "copy"
+        for shard in loaded.shards:
+            assert ds_store.get_bytes(shard.key) == (folder / shard.key).read_bytes()
+        assert ds_store.get_bytes(loaded.tokenizer.key) == (folder / "tokenizer.json").read_bytes()
+    latest = json.loads(store.get_bytes(f"datasets/copy/{LATEST_KEY}"))
+    assert latest["dataset_id"] == manifest.dataset_id and latest["manifest"].endswith("/manifest.json")
+    assert "updated_at" in latest
+
+
+def test_publish_round_trip_file(tmp_path: Path, tiny) -> None:
+    _publish_and_load(FileStore(tmp_path / "store"), tiny)
+
+
+@pytest.mark.s3
+def test_publish_round_trip_s3(s3_bucket, tiny) -> None:
+    _publish_and_load(open_store(s3_bucket.uri, s3=s3_bucket.options), tiny, s3=s3_bucket.options)
+
+
+def test_load_manifest_accepts_local_paths_and_refuses_missing(tmp_path: Path, tiny) -> None:
+    manifest, folder = tiny
+    loaded, _ = load_manifest(folder / MANIFEST_KEY)
+    assert loaded.dataset_id == manifest.dataset_id
+    assert load_manifest(str(folder.parent))[0].dataset_id == manifest.dataset_id  # the name folder
+    with pytest.raises(FileNotFoundError):
+        load_manifest(tmp_path / "nope" / "manifest.json")
+    assert not (tmp_path / "nope").exists()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="neither"):
+        load_manifest(tmp_path / "empty")
+
+
+def test_republish_identical_is_a_noop_and_different_content_conflicts(tmp_path: Path, tiny) -> None:
+    manifest, folder = tiny
+    store = FileStore(tmp_path / "store")
+    first = publish_dataset(store, "tiny", folder, manifest)
+    mtime = (tmp_path / "store" / first.split("/store/", 1)[1]).stat().st_mtime_ns
+    later = dataclasses.replace(manifest, created_at="2030-01-01T00:00:00+00:00")
+    assert publish_dataset(store, "tiny", folder, later) == first
+    assert (tmp_path / "store" / first.split("/store/", 1)[1]).stat().st_mtime_ns == mtime
+    other = dataclasses.replace(manifest, stats=manifest.stats | {"extra": {"note": 1}})
+    with pytest.raises(DatasetConflictError, match="different manifest"):
+        publish_dataset(store, "tiny", folder, other)
+
+
+def test_racing_publishers_leave_one_manifest_and_a_clear_error(store: ObjectStore, tiny) -> None:
+    manifest, folder = tiny
+    variants = [dataclasses.replace(manifest, stats={"run": {"who": i}}) for i in range(4)]
+    results: list[object] = [None] * len(variants)
+    barrier = threading.Barrier(len(variants))
+
+    def publish(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = publish_dataset(store, "tiny", folder, variants[i])
+        except DatasetConflictError as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=publish, args=(i,)) for i in range(len(variants))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [r for r in results if isinstance(r, str)]
+    assert len(winners) == 1
+    assert sum(isinstance(r, DatasetConflictError) for r in results) == len(variants) - 1
+    published = Manifest.from_json(json.loads(store.get_bytes(winners[0].removeprefix(store.uri + "/"))))
+    assert published.stats == {"run": {"who": results.index(winners[0])}}
+
+
+class _RecordingStore(FileStore):
+    """Records write order; optionally corrupts one uploaded object to prove uploads are verified."""
+
+    def __init__(self, root: Path, corrupt: str | None = None):
+        super().__init__(root)
+        self.writes: list[str] = []
+        self.corrupt = corrupt
+
+    def put_file(self, key: str, path) -> None:
+        self.writes.append(key)
+        if self.corrupt and key.endswith(self.corrupt):
+            self.put_bytes(key, Path(path).read_bytes() + b"!")
+            self.writes.pop()
+            return
+        super().put_file(key, path)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.writes.append(key)
+        super().put_bytes(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> None:
+        self.writes.append(key)
+        super().put_if_absent(key, data)
+
+
+def test_manifest_is_written_after_every_object_and_latest_last(tmp_path: Path, tiny) -> None:
+    manifest, folder = tiny
+    store = _RecordingStore(tmp_path / "s")
+    publish_dataset(store, "tiny", folder, manifest)
+    prefix = f"datasets/tiny/{manifest.dataset_id}/"
+    expected = {prefix + k for s in manifest.shards for k in (s.key, s.idx_key, s.docs_key)} | {
+        prefix + "tokenizer.json"
+    }
+    assert store.writes[-2:] == [prefix + MANIFEST_KEY, f"datasets/tiny/{LATEST_KEY}"]
+    assert set(store.writes[:-2]) == expected
+
+
+def test_publish_refuses_corrupt_uploads_and_staged_files(tmp_path: Path, tiny) -> None:
+    manifest, folder = tiny
+    store = _RecordingStore(tmp_path / "s", corrupt="train/shard-00001.bin")
+    with pytest.raises(StorageError, match="sha256"):
+        publish_dataset(store, "tiny", folder, manifest)
+    assert not store.exists(f"datasets/tiny/{manifest.dataset_id}/{MANIFEST_KEY}")
+    assert not store.exists(f"datasets/tiny/{LATEST_KEY}")
+    staged = {k: folder / k for s in manifest.shards for k in (s.key, s.idx_key, s.docs_key)}
+    staged["tokenizer.json"] = tmp_path / "tok.json"
+    (tmp_path / "tok.json").write_text("{}")
+    with pytest.raises(ValueError, match="does not match the manifest's sha256"):
+        publish_dataset(FileStore(tmp_path / "t"), "tiny", staged, manifest)
+    del staged["tokenizer.json"]
+    with pytest.raises(FileNotFoundError, match=r"tokenizer\.json"):
+        publish_dataset(FileStore(tmp_path / "t"), "tiny", staged, manifest)
+    with pytest.raises(ValueError, match="dataset name"):
+        publish_dataset(FileStore(tmp_path / "t"), "../x", folder, dataclasses.replace(manifest, name="../x"))
+
+
+def test_resumed_publish_replaces_a_partial_object(tmp_path: Path, tiny) -> None:
+    manifest, folder = tiny
+    store = FileStore(tmp_path / "s")
+    key = f"datasets/tiny/{manifest.dataset_id}/{manifest.shards[0].key}"
+    good = (folder / manifest.shards[0].key).read_bytes()
+    store.put_bytes(key, bytes(len(good)))  # same size, wrong content: left by a killed publisher
+    publish_dataset(store, "tiny", folder, manifest)
+    assert store.get_bytes(key) == good
+
+
+def test_empty_valid_split_is_listed_with_zeros(tmp_path: Path) -> None:
+    manifest, _ = load_manifest(build_tiny_dataset(tmp_path, n_docs=30, valid_fraction=0.0))
+    assert manifest.splits["valid"] == {"tokens": 0, "docs": 0, "shards": 0}
+    assert manifest.split_shards("valid") == [] and manifest.splits["train"]["docs"] == 30

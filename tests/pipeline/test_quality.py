@@ -1,0 +1,164 @@
+"""Quality rules: every rule drops exactly the document planted for it (with the reason), normal English,
+German, Chinese and Japanese paragraphs pass, and the sample corpus' CJK documents are kept."""
+
+from __future__ import annotations
+
+import random
+import string
+from collections import Counter
+
+import pytest
+
+from pipeline.clean import CleanConfig, clean_batch
+from pipeline.quality import QualityConfig, check_quality, count_words
+from pipeline.records import Record
+
+WORDS = (
+    "the of and to in is was that for on with as by at from his her which an have are were this be had not "
+    "river garden morning village teacher window market winter summer letter evening station mountain forest "
+    "carefully slowly quietly walked opened painted carried noticed remembered gathered travelled explained "
+    "bright narrow ancient gentle heavy yellow silent distant crowded familiar"
+).split()
+GERMAN = (
+    "Der Fluss fließt langsam durch das kleine Dorf, in dem meine Großmutter seit über sechzig Jahren lebt. "
+    "Jeden Morgen geht sie zum Markt, kauft frisches Brot und Gemüse und spricht mit den Nachbarn über das "
+    "Wetter, die Ernte und die Neuigkeiten aus der Stadt. Im Sommer sitzen die Kinder am Ufer, werfen Steine "
+    "ins Wasser und zählen die Wellen, bis die Sonne hinter den Hügeln verschwindet. Im Winter wird es still, "
+    "und nur der Rauch aus den Schornsteinen verrät, dass hier Menschen wohnen."
+)
+CHINESE = (
+    "河水缓缓流过小村庄，我的祖母在这里已经生活了六十多年。每天早上她都去市场买新鲜的面包和蔬菜，"
+    "和邻居们聊天气、收成和城里的新闻。夏天孩子们坐在河边，往水里扔石头，数着波纹，直到太阳落到山后。"
+    "冬天村子变得很安静，只有烟囱里冒出的炊烟告诉人们这里有人居住。"
+)
+JAPANESE = (
+    "川は小さな村の中をゆっくりと流れていて、私の祖母はそこに六十年以上住んでいます。毎朝、祖母は市場へ"
+    "行き、新しいパンと野菜を買って、近所の人たちと天気や収穫や町の出来事について話します。夏になると"
+    "子どもたちは川岸に座り、水に石を投げて波の数を数えます。"
+)
+# small length caps so the planted "too long" documents stay small
+CFG = QualityConfig(max_chars=20_000, max_words=2_000)
+
+
+def prose(seed: int, n_words: int = 120, per_line: int = 0) -> str:
+    rng = random.Random(seed)
+    words = [rng.choice(WORDS) for _ in range(n_words)]
+    sentences = [" ".join(words[i : i + 12]).capitalize() + "." for i in range(0, n_words, 12)]
+    return ("\n" if per_line else " ").join(sentences)
+
+
+def unique_words(n: int, seed: int, length: int = 8) -> list[str]:
+    rng = random.Random(seed)
+    out: dict[str, None] = {}
+    while len(out) < n:
+        out["".join(rng.choice(string.ascii_lowercase) for _ in range(length))] = None
+    return list(out)
+
+
+def lines_of(seed: int, n: int, words_per_line: int = 12, end: str = ".") -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(words_per_line)).capitalize() + end for _ in range(n)]
+
+
+def planted_top_ngram(n: int) -> str:
+    """A repeated n-gram of 4-letter-ish words: over the n-gram threshold, under the (n-1)-gram one."""
+    gram = {2: ["aaaaaa", "bbbbbb"], 3: ["aaaa", "bbbb", "cccc"], 4: ["aaa", "bbb", "ccc", "ddd"]}[n]
+    fillers = {2: 1, 3: 5, 4: 6}[n]
+    filler = iter(unique_words(30 * fillers, seed=n))
+    words: list[str] = []
+    for _ in range(30):
+        words += gram + [next(filler) for _ in range(fillers)]
+    return " ".join(words)
+
+
+def planted_dup_ngram(repeat: int, total: int) -> str:
+    words = unique_words(total - repeat, seed=99)
+    return " ".join(words + words[:repeat])
+
+
+def planted_dup_paragraphs() -> str:
+    big = "\n".join(lines_of(5, 30))
+    small = "Tiny repeated paragraph line here."
+    return "\n\n".join([big, small, small, small])
+
+
+PLANTED: dict[str, list[str]] = {
+    "too_short_chars": ["Too short to keep."],
+    "too_long_chars": [prose(1, 4000)],
+    "too_few_words": [" ".join(unique_words(30, seed=2))],
+    "too_many_words": [" ".join(["ab", "cd", "efg", "hij"] * 650)],
+    "mean_word_length": [
+        " ".join(random.Random(3).choice(["a", "i", "o", "to", "we"]) for _ in range(200)),
+        " ".join(unique_words(80, seed=4, length=14)),
+    ],
+    "symbol_ratio": [" ".join(w + (" #" if i % 5 == 0 else "") for i, w in enumerate(prose(5).split()))],
+    "bullet_lines": ["\n".join("- " + line for line in lines_of(6, 20))],
+    "ellipsis_lines": ["\n".join(lines_of(7, 20, end="..."))],
+    "dup_line_fraction": ["\n".join(lines_of(8, 10) + ["The same line, again and again."] * 10)],
+    "dup_line_char_fraction": ["\n".join(lines_of(9, 20, words_per_line=6) + [prose(10, 100)] * 2)],
+    "dup_para_fraction": [planted_dup_paragraphs()],
+    "top_2gram_fraction": [planted_top_ngram(2)],
+    "top_3gram_fraction": [planted_top_ngram(3)],
+    "top_4gram_fraction": [planted_top_ngram(4)],
+    "dup_5gram_fraction": [planted_dup_ngram(60, 120)],
+    "dup_10gram_fraction": [planted_dup_ngram(21, 200)],  # fraction 0.105: under 0.11 (n=9), over 0.10
+}
+NORMAL = [prose(11), prose(12, 300, per_line=1), GERMAN, CHINESE, JAPANESE]
+
+
+@pytest.mark.parametrize("reason", sorted(PLANTED))
+def test_each_rule_catches_its_planted_document(reason):
+    for text in PLANTED[reason]:
+        assert check_quality(text, CFG) == reason
+
+
+@pytest.mark.parametrize("text", NORMAL, ids=["english", "english-lines", "german", "chinese", "japanese"])
+def test_normal_paragraphs_pass(text):
+    assert check_quality(text, CFG) is None
+
+
+def test_clean_batch_drops_exactly_the_planted_documents():
+    records = [
+        Record(f"{reason}-{i}", t, "src") for reason, texts in PLANTED.items() for i, t in enumerate(texts)
+    ]
+    records += [Record(f"normal-{i}", t, "src") for i, t in enumerate(NORMAL)]
+    out, stats = clean_batch(records, CleanConfig(quality=CFG))
+    assert [r.id for r in out] == [f"normal-{i}" for i in range(len(NORMAL))]
+    assert stats.dropped == Counter({reason: len(texts) for reason, texts in PLANTED.items()})
+
+
+def test_paragraph_char_fraction_rule():
+    cfg = QualityConfig(
+        max_dup_line_fraction=None, max_dup_line_char_fraction=None, max_dup_para_fraction=None
+    )
+    text = "\n\n".join([prose(20, 60), prose(21, 60), prose(21, 60)])
+    assert check_quality(text, cfg) == "dup_para_char_fraction"
+    assert check_quality(prose(20, 180), cfg) is None
+
+
+def test_rules_can_be_turned_off():
+    text = PLANTED["bullet_lines"][0]
+    assert check_quality(text, QualityConfig(max_bullet_line_fraction=None)) is None
+    assert check_quality("x", QualityConfig(enabled=False)) is None
+
+
+def test_cjk_characters_count_as_words():
+    assert count_words("hello world") == (2, 0)
+    assert count_words("我们 today 去学校") == (6, 5)  # 5 CJK characters + "today"
+    n_words, n_cjk = count_words(CHINESE)
+    assert n_cjk == n_words > 100
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"min_words": -1}, "min_words"),
+        ({"max_symbol_word_ratio": 1.5}, "max_symbol_word_ratio"),
+        ({"min_chars": 10, "max_chars": 5}, "min_chars"),
+        ({"min_mean_word_length": 5, "max_mean_word_length": 4}, "mean word length"),
+        ({"top_ngram_max_fraction": ((3, 0.1), (2, 0.1))}, "top_ngram_max_fraction"),
+    ],
+)
+def test_config_validation_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        QualityConfig(**kwargs)

@@ -1,0 +1,139 @@
+"""The COMPLETE record: what verifies, what is refused, fallback to the previous tag, pruning, RNG state."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from training.checkpoint import (
+    RECORD_NAME,
+    CheckpointError,
+    capture_rng_state,
+    list_tags,
+    prune_checkpoints,
+    restore_rng_state,
+    select_resume_tag,
+    tag_for_step,
+    upload_checkpoint,
+    verify_tag,
+    write_complete_record,
+)
+
+
+def make_tag(root: Path, step: int, *, commit: bool = True) -> Path:
+    """A tag folder shaped like DeepSpeed's (model states, per-rank optimizer shards, a nested file)."""
+    tag_dir = root / tag_for_step(step)
+    tag_dir.mkdir(parents=True)
+    (tag_dir / "mp_rank_00_model_states.pt").write_bytes(f"model {step}".encode() * 100)
+    for rank in range(2):
+        (tag_dir / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(bytes([rank, step % 256]) * 50)
+    (tag_dir / "sub").mkdir()
+    (tag_dir / "sub" / "extra.bin").write_bytes(b"x" * 10)
+    if commit:
+        write_complete_record(tag_dir, step=step, meta={"dataset_id": "abc"})
+    return tag_dir
+
+
+def test_record_lists_every_file_and_verifies(tmp_path: Path) -> None:
+    tag_dir = make_tag(tmp_path, 10)
+    record = json.loads((tag_dir / RECORD_NAME).read_text())
+    assert record["step"] == 10 and record["dataset_id"] == "abc"
+    assert {f["path"] for f in record["files"]} == {
+        "mp_rank_00_model_states.pt",
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+        "sub/extra.bin",
+    }
+    assert verify_tag(tag_dir)["tag"] == "step-00000010"
+    assert not list(tag_dir.glob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda d: (d / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink(), "missing"),
+        (lambda d: (d / "mp_rank_00_model_states.pt").write_bytes(b"short"), "bytes, record says"),
+        (lambda d: _flip_byte(d / "zero_pp_rank_0_mp_rank_00_optim_states.pt"), "does not match its sha256"),
+        (lambda d: (d / "evil.pt").write_bytes(b"not listed"), "files not in the record"),
+        (lambda d: (d / RECORD_NAME).unlink(), "no COMPLETE.json"),
+        (lambda d: (d / RECORD_NAME).write_text("{not json"), "unreadable record"),
+    ],
+)
+def test_damaged_tags_are_refused(tmp_path: Path, damage, message: str) -> None:
+    tag_dir = make_tag(tmp_path, 5)
+    damage(tag_dir)
+    with pytest.raises(CheckpointError, match=message):
+        verify_tag(tag_dir)
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[7] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_record_with_path_outside_the_tag_is_refused(tmp_path: Path) -> None:
+    tag_dir = make_tag(tmp_path, 3)
+    record = json.loads((tag_dir / RECORD_NAME).read_text())
+    record["files"].append({"path": "../../etc/passwd", "size": 1, "sha256": "0" * 64})
+    (tag_dir / RECORD_NAME).write_text(json.dumps(record))
+    with pytest.raises(CheckpointError, match="outside the tag"):
+        verify_tag(tag_dir)
+
+
+def test_resume_falls_back_past_torn_and_corrupt_tags(tmp_path: Path, caplog) -> None:
+    make_tag(tmp_path, 10)
+    make_tag(tmp_path, 20)
+    _flip_byte(tmp_path / tag_for_step(20) / "mp_rank_00_model_states.pt")
+    make_tag(tmp_path, 30, commit=False)  # a save killed before the commit
+    (tmp_path / "latest").write_text(tag_for_step(30))  # DeepSpeed's pointer is never trusted
+    (tmp_path / "zero_to_fp32.py").write_text("# not a tag")
+    assert list_tags(tmp_path) == [tag_for_step(30), tag_for_step(20), tag_for_step(10)]
+    with caplog.at_level("WARNING"):
+        assert select_resume_tag(tmp_path) == tag_for_step(10)
+    assert "skipping checkpoint step-00000030" in caplog.text and "skipping checkpoint step-00000020" in caplog.text
+    assert select_resume_tag(tmp_path / "nothing-here") is None
+
+
+def test_prune_keeps_the_newest_complete_tags(tmp_path: Path) -> None:
+    for step in (10, 20, 30, 40):
+        make_tag(tmp_path, step)
+    make_tag(tmp_path, 15, commit=False)  # torn and older than what is kept: removed
+    make_tag(tmp_path, 50, commit=False)  # torn and newest: left for the next save of step 50 to replace
+    removed = prune_checkpoints(tmp_path, keep_last=2)
+    assert set(removed) == {tag_for_step(s) for s in (10, 15, 20)}
+    assert list_tags(tmp_path) == [tag_for_step(s) for s in (50, 40, 30)]
+    assert prune_checkpoints(tmp_path, keep_last=2) == []
+
+
+def test_rng_state_round_trips_through_a_weights_only_load(tmp_path: Path) -> None:
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    path = tmp_path / "rng.pt"
+    torch.save(capture_rng_state(), path)
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(99)
+    np.random.seed(99)
+    torch.manual_seed(99)
+    restore_rng_state(torch.load(path, weights_only=True))
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_upload_copies_a_verified_tag_record_last(tmp_path: Path) -> None:
+    from pipeline.storage import open_store
+
+    tag_dir = make_tag(tmp_path / "ckpt", 7)
+    store = open_store(str(tmp_path / "store"))
+    assert upload_checkpoint(tag_dir, store, prefix="runs/a") == 5
+    keys = [info.key for info in store.list("runs/a")]
+    assert f"runs/a/{tag_dir.name}/{RECORD_NAME}" in keys
+    assert store.get_bytes(f"runs/a/{tag_dir.name}/sub/extra.bin") == b"x" * 10
+    _flip_byte(tag_dir / "mp_rank_00_model_states.pt")
+    with pytest.raises(CheckpointError):
+        upload_checkpoint(tag_dir, store)  # a damaged tag is never published

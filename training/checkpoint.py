@@ -1,0 +1,288 @@
+"""Checkpoints whose commit we own: DeepSpeed writes the files, a verified ``COMPLETE.json`` makes them real.
+
+DeepSpeed's ``latest`` file is written by rank 0 without waiting for the other ranks, so a rank killed mid-save
+leaves ``latest`` naming a torn checkpoint. Here every rank writes its files under ``<dir>/<tag>/``, then after a
+barrier rank 0 writes ``<tag>/COMPLETE.json`` listing every file with its size and sha256 (temp file, fsync,
+rename). Resume takes the newest tag whose record verifies and falls back to the one before; ``latest`` is never
+written or read. Files are re-hashed *before* anything is unpickled: DeepSpeed loads with ``weights_only=False``,
+so an unverified file would be a code-execution risk. The record also carries what resume must check before
+loading (the dataset id) and what sampling needs without unpickling (the model config).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+RECORD_NAME = "COMPLETE.json"
+RECORD_FORMAT = "pileworks-checkpoint/1"
+TAG_RE = re.compile(r"^step-(\d{8,})$")
+# Test hook: "<step>:<rank>" makes that rank os._exit() after DeepSpeed wrote its files, before the commit.
+CRASH_IN_SAVE_ENV = "PILEWORKS_TEST_EXIT_IN_SAVE"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used: incomplete, corrupted, or made for another dataset."""
+
+
+def tag_for_step(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def step_of_tag(tag: str) -> int | None:
+    match = TAG_RE.match(tag)
+    return int(match.group(1)) if match else None
+
+
+def list_tags(ckpt_dir: str | Path) -> list[str]:
+    """Checkpoint tags in ``ckpt_dir``, newest (highest step) first; other entries are ignored."""
+    root = Path(ckpt_dir)
+    if not root.is_dir():
+        return []
+    tags = [p.name for p in root.iterdir() if p.is_dir() and step_of_tag(p.name) is not None]
+    return sorted(tags, key=lambda t: step_of_tag(t) or 0, reverse=True)
+
+
+# ---------------------------------------------------------------- the COMPLETE record
+def _hash_file(path: Path, *, sync: bool) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+        if sync:
+            os.fsync(fh.fileno())  # the record must not outlive the data it vouches for
+    return digest.hexdigest()
+
+
+def _tag_files(tag_dir: Path) -> list[Path]:
+    return sorted(p for p in tag_dir.rglob("*") if p.is_file() and p.name != RECORD_NAME and ".tmp" not in p.name)
+
+
+def write_complete_record(tag_dir: str | Path, *, step: int, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Hash (and fsync) every file of the tag, then atomically publish the record. Rank 0 only."""
+    tag_dir = Path(tag_dir)
+    files = [
+        {"path": p.relative_to(tag_dir).as_posix(), "size": p.stat().st_size, "sha256": _hash_file(p, sync=True)}
+        for p in _tag_files(tag_dir)
+    ]
+    record = {"format": RECORD_FORMAT, "tag": tag_dir.name, "step": step, "created_at": time.time(),
+              **dict(meta), "files": files}
+    tmp = tag_dir / f"{RECORD_NAME}.tmp"
+    with tmp.open("w", encoding="utf-8") as fh:
+        json.dump(record, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, tag_dir / RECORD_NAME)
+    dir_fd = os.open(tag_dir, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return record
+
+
+def read_record(tag_dir: str | Path) -> dict[str, Any]:
+    path = Path(tag_dir) / RECORD_NAME
+    if not path.is_file():
+        raise CheckpointError(f"{Path(tag_dir).name}: no {RECORD_NAME} (the save never committed)")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable record ({exc})") from exc
+    if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+        raise CheckpointError(f"{path}: not a {RECORD_FORMAT} record")
+    return record
+
+
+def verify_tag(tag_dir: str | Path) -> dict[str, Any]:
+    """The tag's record, once every listed file matches its size and sha256 and no unlisted file exists."""
+    tag_dir = Path(tag_dir)
+    record = read_record(tag_dir)
+    listed = {}
+    for entry in record.get("files", []):
+        rel = str(entry["path"])
+        if rel.startswith("/") or ".." in Path(rel).parts:
+            raise CheckpointError(f"{tag_dir.name}: record lists a path outside the tag: {rel!r}")
+        listed[rel] = entry
+    present = {p.relative_to(tag_dir).as_posix() for p in _tag_files(tag_dir)}
+    if present - set(listed):
+        raise CheckpointError(f"{tag_dir.name}: files not in the record: {sorted(present - set(listed))}")
+    for rel, entry in listed.items():
+        path = tag_dir / rel
+        if not path.is_file():
+            raise CheckpointError(f"{tag_dir.name}: {rel} is missing")
+        if path.stat().st_size != entry["size"]:
+            raise CheckpointError(f"{tag_dir.name}: {rel} has {path.stat().st_size} bytes, record says {entry['size']}")
+        if _hash_file(path, sync=False) != entry["sha256"]:
+            raise CheckpointError(f"{tag_dir.name}: {rel} does not match its sha256")
+    return record
+
+
+def select_resume_tag(ckpt_dir: str | Path) -> str | None:
+    """The newest tag whose record verifies; each rejected newer tag is logged with the reason."""
+    for tag in list_tags(ckpt_dir):
+        try:
+            verify_tag(Path(ckpt_dir) / tag)
+        except CheckpointError as exc:
+            logger.warning("skipping checkpoint %s: %s; falling back to the one before", tag, exc)
+            continue
+        return tag
+    return None
+
+
+def prune_checkpoints(ckpt_dir: str | Path, keep_last: int) -> list[str]:
+    """Keep the newest ``keep_last`` complete tags; delete every tag older than the oldest kept one."""
+    complete = [t for t in list_tags(ckpt_dir) if (Path(ckpt_dir) / t / RECORD_NAME).is_file()]
+    if len(complete) <= keep_last:
+        return []
+    oldest_kept = step_of_tag(complete[keep_last - 1]) or 0
+    removed = [t for t in list_tags(ckpt_dir) if (step_of_tag(t) or 0) < oldest_kept]
+    for tag in removed:
+        shutil.rmtree(Path(ckpt_dir) / tag, ignore_errors=True)
+    if removed:
+        logger.info("removed old checkpoints %s (keep_last=%d)", ", ".join(removed), keep_last)
+    return removed
+
+
+# ---------------------------------------------------------------- RNG state, one file per rank
+def capture_rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def rng_file(tag_dir: Path, rank: int) -> Path:
+    return tag_dir / f"rng-rank-{rank:05d}.pt"
+
+
+# ---------------------------------------------------------------- save / load (collective)
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _maybe_crash_in_save(step: int) -> None:
+    spec = os.environ.get(CRASH_IN_SAVE_ENV)
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    at_step, at_rank = (int(x) for x in spec.split(":"))
+    if step == at_step and _rank() == at_rank:
+        logger.error("test hook %s: exiting in the middle of saving step %d", CRASH_IN_SAVE_ENV, step)
+        logging.shutdown()
+        os._exit(17)
+
+
+def save_checkpoint(engine: Any, ckpt_dir: str | Path, *, step: int, client_state: Mapping[str, Any],
+                    meta: Mapping[str, Any], keep_last: int,
+                    extra_files: Mapping[str, bytes] | None = None) -> Path:
+    """Collective: every rank calls it. Returns the tag folder once rank 0 has committed it.
+
+    ``meta`` goes into the JSON record (readable without unpickling); ``extra_files`` (name -> bytes, e.g. the
+    tokenizer) are written by rank 0 into the tag so a checkpoint is self-contained and covered by the record.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    tag = tag_for_step(step)
+    tag_dir = ckpt_dir / tag
+    if _rank() == 0 and tag_dir.exists():
+        shutil.rmtree(tag_dir)  # a torn save of the same step from an earlier attempt: start clean
+    _barrier()
+    tag_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(capture_rng_state(), rng_file(tag_dir, _rank()))
+    if _rank() == 0:
+        for name, data in (extra_files or {}).items():
+            (tag_dir / name).write_bytes(data)
+    engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=dict(client_state), save_latest=False)
+    _maybe_crash_in_save(step)
+    _barrier()  # every rank's files are on disk before rank 0 vouches for them
+    if _rank() == 0:
+        write_complete_record(tag_dir, step=step, meta=meta)
+        prune_checkpoints(ckpt_dir, keep_last)
+    _barrier()
+    return tag_dir
+
+
+def _broadcast_tag(tag: str | None) -> str | None:
+    if not dist.is_initialized():
+        return tag
+    box = [tag]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def load_checkpoint(engine: Any, ckpt_dir: str | Path, *, dataset_id: str,
+                    allow_dataset_change: bool) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """Collective: restore the newest verified checkpoint; ``(client_state, record)`` or None when none exists.
+
+    Rank 0 picks the tag (verifying newest first) and broadcasts it; the first rank of every other node verifies
+    it again, since nodes may see different disks. Refuses another dataset id unless ``allow_dataset_change``.
+    """
+    tag = _broadcast_tag(select_resume_tag(ckpt_dir) if _rank() == 0 else None)
+    if tag is None:
+        return None
+    tag_dir = Path(ckpt_dir) / tag
+    record = verify_tag(tag_dir) if _rank() != 0 and os.environ.get("LOCAL_RANK", "0") == "0" else None
+    record = record or read_record(tag_dir)
+    if record.get("dataset_id") != dataset_id and not allow_dataset_change:
+        raise CheckpointError(
+            f"checkpoint {tag} was trained on dataset {record.get('dataset_id')}, this run reads dataset "
+            f"{dataset_id}; pass --allow-dataset-change to continue training on the new data"
+        )
+    _barrier()
+    load_path, client_state = engine.load_checkpoint(
+        str(ckpt_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+    )
+    if load_path is None:
+        raise CheckpointError(f"DeepSpeed could not load verified checkpoint {tag_dir}")
+    own_rng = rng_file(tag_dir, _rank())
+    if own_rng.is_file():
+        restore_rng_state(torch.load(own_rng, weights_only=True))
+    else:
+        logger.warning("%s has no RNG state for rank %d (world size changed); keeping the seeded RNG", tag, _rank())
+    logger.info("resumed from %s (step %s)", tag_dir, record["step"])
+    return dict(client_state or {}), record
+
+
+def upload_checkpoint(tag_dir: str | Path, store: Any, prefix: str = "") -> int:
+    """Copy a committed tag to an object store (pipeline.storage), the record last; returns files copied."""
+    tag_dir = Path(tag_dir)
+    record = verify_tag(tag_dir)
+    base = f"{prefix.strip('/')}/{tag_dir.name}" if prefix.strip("/") else tag_dir.name
+    for entry in record["files"]:
+        store.put_file(f"{base}/{entry['path']}", tag_dir / entry["path"])
+    store.put_file(f"{base}/{RECORD_NAME}", tag_dir / RECORD_NAME)
+    return len(record["files"]) + 1

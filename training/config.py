@@ -1,0 +1,283 @@
+"""The one typed training config, its YAML loader, and the only place that spells DeepSpeed config keys.
+
+``TrainConfig`` is frozen and validated at construction (each error names the field and the fix).
+``to_deepspeed_config`` turns it, plus the facts known only at launch (world size, CPU or GPU), into the dict
+``deepspeed.initialize`` takes; a user's DeepSpeed JSON/YAML (``deepspeed_config``) is deep-merged over it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from training.model import PRESETS
+
+Precision = Literal["bf16", "fp16", "fp32"]
+
+# DeepSpeed's default ZeRO buckets (5e8 elements) make a tiny CPU model spend seconds per step packing and
+# reducing; 1e5-element buckets run the same steps with identical losses in milliseconds.
+CPU_ZERO_BUCKET = 100_000
+GPU_ZERO_BUCKET = 200_000_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchPlan:
+    micro_batch_size: int  # samples per rank per forward
+    grad_accum_steps: int
+    world_size: int
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.grad_accum_steps * self.world_size
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    # model
+    preset: str = "tiny"
+    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig field overrides, e.g. {tie_embeddings: false}
+    seq_len: int = 256
+    # batch: give grad_accum_steps OR global_batch_size (neither: accumulation 1)
+    micro_batch_size: int = 8
+    grad_accum_steps: int | None = None
+    global_batch_size: int | None = None
+    # optimisation
+    max_steps: int = 200
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    adam_betas: tuple[float, float] = (0.9, 0.95)
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0
+    zero_stage: int = 1
+    precision: Precision = "bf16"  # forced to fp32 on CPU
+    zero_bucket_size: int | None = None  # None: 1e5 elements on CPU, 2e8 on GPU
+    seed: int = 1234
+    # output, checkpoints, evaluation, logging
+    output_dir: str = "runs/train"
+    checkpoint_interval: int = 100
+    keep_last: int = 3
+    checkpoint_upload_uri: str | None = None
+    eval_interval: int = 100
+    eval_batches: int = 8
+    log_interval: int = 10
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "pileworks"
+    wandb_mode: Literal["offline", "online"] = "offline"
+    # data loading
+    num_workers: int = 2
+    cache_dir: str | None = None  # None: <output_dir>/shard-cache
+    cache_max_bytes: int = 20 * 2**30
+    # distributed
+    pg_timeout_s: float = 120.0
+    deepspeed_config: str | None = None  # a DeepSpeed JSON/YAML deep-merged over the generated config
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset must be one of {', '.join(PRESETS)}; got {self.preset!r}")
+        for name in ("seq_len", "micro_batch_size", "max_steps", "checkpoint_interval", "keep_last",
+                     "eval_interval", "log_interval"):
+            _require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
+        for name in ("grad_accum_steps", "global_batch_size", "zero_bucket_size"):
+            value = getattr(self, name)
+            _require(value is None or value >= 1, name, "must be >= 1 (or left out)", value)
+        if self.grad_accum_steps is not None and self.global_batch_size is not None:
+            raise ValueError("give grad_accum_steps or global_batch_size, not both (one determines the other)")
+        _require(self.lr > 0, "lr", "must be > 0", self.lr)
+        _require(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", "must be in [0, 1]", self.min_lr_ratio)
+        _require(0 <= self.warmup_steps < self.max_steps, "warmup_steps", "must be in [0, max_steps)",
+                 self.warmup_steps)
+        _require(self.weight_decay >= 0, "weight_decay", "must be >= 0", self.weight_decay)
+        _require(all(0 <= b < 1 for b in self.adam_betas) and len(self.adam_betas) == 2, "adam_betas",
+                 "must be two numbers in [0, 1)", self.adam_betas)
+        _require(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 disables clipping)", self.grad_clip)
+        _require(self.zero_stage in (0, 1, 2, 3), "zero_stage", "must be 0, 1, 2 or 3", self.zero_stage)
+        _require(self.eval_batches >= 0, "eval_batches", "must be >= 0 (0 disables evaluation)",
+                 self.eval_batches)
+        _require(self.num_workers >= 0, "num_workers", "must be >= 0", self.num_workers)
+        _require(self.cache_max_bytes > 0, "cache_max_bytes", "must be > 0", self.cache_max_bytes)
+        _require(10 <= self.pg_timeout_s <= 3600, "pg_timeout_s",
+                 "must be in [10, 3600] seconds (60-300 is sensible: a stuck rank should fail the job fast)",
+                 self.pg_timeout_s)
+
+    def plan_batch(self, world_size: int) -> BatchPlan:
+        """Micro batch, accumulation and world size; refuses a global batch the ranks cannot split evenly."""
+        if self.global_batch_size is None:
+            accum = self.grad_accum_steps or 1
+        else:
+            per_step = self.micro_batch_size * world_size
+            if self.global_batch_size % per_step:
+                raise ValueError(
+                    f"global_batch_size {self.global_batch_size} is not a multiple of micro_batch_size "
+                    f"{self.micro_batch_size} x world size {world_size} = {per_step}; change one of them"
+                )
+            accum = self.global_batch_size // per_step
+        return BatchPlan(micro_batch_size=self.micro_batch_size, grad_accum_steps=accum, world_size=world_size)
+
+    def effective_precision(self, on_cpu: bool) -> Precision:
+        return "fp32" if on_cpu else self.precision
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _require(ok: bool, name: str, what: str, value: Any) -> None:
+    if not ok:
+        raise ValueError(f"{name} {what}; got {value!r}")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def lr_multiplier(step: int, *, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> float:
+    """Linear warmup to 1 over ``warmup_steps``, then cosine decay to ``min_lr_ratio`` at ``max_steps``.
+
+    ``step`` counts optimizer steps already taken, so the first update uses step 0 (LambdaLR's convention).
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# ---------------------------------------------------------------- DeepSpeed config: the one place
+def to_deepspeed_config(cfg: TrainConfig, *, world_size: int, on_cpu: bool) -> dict[str, Any]:
+    plan = cfg.plan_batch(world_size)
+    precision = cfg.effective_precision(on_cpu)
+    bucket = cfg.zero_bucket_size or (CPU_ZERO_BUCKET if on_cpu else GPU_ZERO_BUCKET)
+    zero: dict[str, Any] = {
+        "stage": cfg.zero_stage,
+        "reduce_bucket_size": bucket,
+        "allgather_bucket_size": bucket,
+        "overlap_comm": not on_cpu,
+        "contiguous_gradients": True,
+    }
+    if cfg.zero_stage == 3:
+        zero.update(stage3_prefetch_bucket_size=bucket, stage3_param_persistence_threshold=min(bucket, 10_000))
+    generated: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": plan.micro_batch_size,
+        "gradient_accumulation_steps": plan.grad_accum_steps,
+        "train_batch_size": plan.global_batch_size,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
+        "steps_per_print": 10**9,  # we log ourselves, with rank prefixes and rank-averaged loss
+        "wall_clock_breakdown": False,
+        "zero_allow_untested_optimizer": False,  # torch AdamW is on ZeRO's tested list
+    }
+    if cfg.deepspeed_config:
+        generated = deep_merge(generated, load_mapping(cfg.deepspeed_config))
+    return generated
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+# ---------------------------------------------------------------- loading
+def load_mapping(path: str | Path) -> dict[str, Any]:
+    """A JSON or YAML file holding one mapping."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} does not exist")
+    text = path.read_text(encoding="utf-8")
+    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{path} must hold a mapping of config fields; got {type(data).__name__}")
+    return dict(data)
+
+
+def load_train_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
+    """Read a YAML/JSON TrainConfig (``None``: defaults); ``overrides`` win over the file."""
+    data = load_mapping(path) if path else {}
+    data.update(overrides)
+    return train_config_from_dict(data)
+
+
+def train_config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
+    hints = get_type_hints(TrainConfig)
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown TrainConfig field(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    return TrainConfig(**{k: _coerce(hints[k], v, k) for k, v in data.items()})
+
+
+def _coerce(tp: Any, value: Any, name: str) -> Any:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in get_args(tp):
+            return None
+        (inner,) = [a for a in get_args(tp) if a is not type(None)]
+        return _coerce(inner, value, name)
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, get_args(tp)))}; got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(get_args(tp)):
+            raise ValueError(f"{name} must be a list of {len(get_args(tp))} values; got {value!r}")
+        return tuple(_coerce(t, v, name) for t, v in zip(get_args(tp), value, strict=True))
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{name} must be a mapping; got {value!r}")
+        return dict(value)
+    return _coerce_scalar(tp, value, name)
+
+
+def _coerce_scalar(tp: Any, value: Any, name: str) -> Any:
+    if tp is bool and isinstance(value, bool):
+        return value
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float) and isinstance(value, str):
+        # PyYAML reads "1e-3" (no dot) as a string; accept numbers spelled that way.
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+        else:
+            return _coerce_scalar(tp, number, name)
+    if tp is str and isinstance(value, str):
+        return value
+    kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
+    raise ValueError(f"{name} must be {kind}; got {value!r}")
+
+
+__all__ = [
+    "BatchPlan",
+    "Precision",
+    "TrainConfig",
+    "deep_merge",
+    "load_mapping",
+    "load_train_config",
+    "lr_multiplier",
+    "to_deepspeed_config",
+    "train_config_from_dict",
+]

@@ -1,0 +1,82 @@
+"""Rank-prefixed logging: every line a rank writes starts ``[Rank N]``, its own and its libraries'.
+
+Named ``ranklog`` (not ``logging``) so it never shadows the standard library. The prefix is added by a
+``logging.Formatter`` on the root handler, so DeepSpeed's, torch's and ``warnings``' records get it too, and
+multi-line messages (tracebacks) are prefixed line by line so a merged log of N ranks can be split with grep.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from typing import Any, TextIO
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class RankFormatter(logging.Formatter):
+    """Prefix every line of a formatted record, traceback included, with ``[Rank N]``."""
+
+    def __init__(self, rank: int, fmt: str = FORMAT) -> None:
+        super().__init__(fmt)
+        self.prefix = f"[Rank {rank}] "
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return "\n".join(self.prefix + line for line in text.splitlines() or [""])
+
+
+class PrefixedStream:
+    """A text stream that prefixes each line written to it: catches libraries' bare ``print`` calls (DeepSpeed's
+    op-builder messages) and uncaught tracebacks, which never pass through ``logging``."""
+
+    def __init__(self, stream: TextIO, prefix: str) -> None:
+        self._stream = stream
+        self._prefix = prefix
+        self._at_line_start = True
+
+    def write(self, text: str) -> int:
+        out = []
+        for piece in text.splitlines(keepends=True):
+            if self._at_line_start and not piece.startswith(self._prefix):
+                out.append(self._prefix)
+            out.append(piece)
+            self._at_line_start = piece.endswith("\n")
+        self._stream.write("".join(out))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def setup_rank_logging(rank: int, level: int = logging.INFO) -> None:
+    """Route the root logger, DeepSpeed's own logger, ``warnings`` and bare prints through ``[Rank N]``.
+
+    DeepSpeed installs its own ``StreamHandler`` on the ``DeepSpeed`` logger with ``propagate=False``; we remove
+    it so its records reach our handler and carry the prefix as well.
+    """
+    prefix = f"[Rank {rank}] "
+    if not isinstance(sys.stdout, PrefixedStream):
+        sys.stdout = PrefixedStream(sys.stdout, prefix)  # type: ignore[assignment]
+    if not isinstance(sys.stderr, PrefixedStream):
+        sys.stderr = PrefixedStream(sys.stderr, prefix)  # type: ignore[assignment]
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(RankFormatter(rank))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    for name in ("DeepSpeed", "deepspeed", "torch.distributed", "torch.distributed.elastic"):
+        lib = logging.getLogger(name)
+        for old in list(lib.handlers):
+            lib.removeHandler(old)
+        lib.propagate = True
+    # DeepSpeed logs each engine detail at INFO; keep warnings and up from it, and ours at INFO.
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    logging.captureWarnings(True)
+    warnings.filterwarnings("once", category=FutureWarning)

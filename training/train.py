@@ -1,0 +1,322 @@
+"""Entry point of one rank: ``python -m training.train --manifest URI --config train.yaml`` under a launcher.
+
+Run under ``deepspeed`` or ``torchrun`` (see :mod:`training.launch`); alone it runs as a single rank. Training
+resumes automatically from the newest complete checkpoint in ``<output_dir>/checkpoints``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from pipeline.manifest import Manifest, load_manifest
+from pipeline.storage import ObjectStore, open_store, sha256_bytes
+from training.cache import ShardCache
+from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, upload_checkpoint
+from training.config import TrainConfig, load_train_config
+from training.data import ShardDataset, build_dataloader, preflight_steps
+from training.engine import (
+    DistInfo,
+    average_across_ranks,
+    build_engine,
+    evaluate,
+    init_distributed,
+    train_step,
+)
+from training.metrics import GpuMonitor, MetricsWriter, StepClock, peak_flops
+from training.model import GPT, flops_per_token, model_config_from_preset
+from training.ranklog import setup_rank_logging
+from training.sampler import ResumableDistributedSampler
+
+logger = logging.getLogger("training.train")
+
+EXIT_USER_ERROR = 2
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__)
+    parser.add_argument("--manifest", required=True, help="manifest URI (file://, s3:// or a local path)")
+    parser.add_argument("--config", default=None, help="TrainConfig YAML/JSON (defaults when left out)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a config field (VALUE is read as YAML); repeatable")
+    parser.add_argument("--allow-dataset-change", action="store_true",
+                        help="resume a checkpoint that was trained on another dataset id")
+    parser.add_argument("--stop-at-step", type=int, default=None,
+                        help="checkpoint and stop at this step (the LR schedule still runs to max_steps)")
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    import yaml
+
+    overrides = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--set takes FIELD=VALUE; got {item!r}")
+        overrides[name.strip()] = yaml.safe_load(value)
+    return overrides
+
+
+@dataclass
+class Progress:
+    """Where the run is: completed optimizer steps and the data position (global sample counts)."""
+
+    step: int = 0
+    epoch: int = 0
+    consumed_in_epoch: int = 0
+    consumed_samples: int = 0
+
+
+@dataclass
+class Run:
+    cfg: TrainConfig
+    info: DistInfo
+    manifest: Manifest
+    manifest_uri: str
+    engine: Any
+    model_cfg: Any
+    sampler: ResumableDistributedSampler
+    loader: Any
+    valid_loader: Any
+    metrics: MetricsWriter
+    tokenizer_bytes: bytes
+    progress: Progress
+    grad_accum: int
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return Path(self.cfg.output_dir) / "checkpoints"
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_data(cfg: TrainConfig, manifest: Manifest, store: ObjectStore, info: DistInfo) -> tuple[Any, ...]:
+    cache = ShardCache(store, cfg.cache_dir or Path(cfg.output_dir) / "shard-cache", cfg.cache_max_bytes)
+    train_ds = ShardDataset(manifest, store, cfg.seq_len, "train", cache)
+    sampler = ResumableDistributedSampler(len(train_ds), num_replicas=info.world_size, rank=info.rank,
+                                          seed=cfg.seed)
+    loader = build_dataloader(train_ds, sampler, cfg.micro_batch_size, num_workers=cfg.num_workers)
+    valid_loader = None
+    if cfg.eval_batches and manifest.split_shards("valid"):
+        try:
+            valid_ds = ShardDataset(manifest, store, cfg.seq_len, "valid", cache)
+        except ValueError as exc:
+            logger.warning("evaluation disabled: %s", exc)
+        else:
+            valid_sampler = ResumableDistributedSampler(len(valid_ds), num_replicas=info.world_size,
+                                                        rank=info.rank, seed=cfg.seed, shuffle=False)
+            if len(valid_sampler) >= cfg.micro_batch_size:
+                valid_loader = build_dataloader(valid_ds, valid_sampler, cfg.micro_batch_size, num_workers=0)
+            else:
+                logger.warning("evaluation disabled: the valid split has fewer samples per rank than a batch")
+    return train_ds, sampler, loader, valid_loader
+
+
+def check_equal_steps(n_samples: int, sampler: ResumableDistributedSampler, cfg: TrainConfig,
+                      info: DistInfo, grad_accum: int) -> int:
+    """Preflight: all ranks report their epoch length; refuse to start if their step counts would differ."""
+    lengths = [len(sampler)]
+    if dist.is_initialized() and info.world_size > 1:
+        gathered: list[Any] = [None] * info.world_size
+        dist.all_gather_object(gathered, len(sampler))
+        lengths = gathered
+    return preflight_steps(n_samples, info.world_size, cfg.micro_batch_size, grad_accum, start=0,
+                           rank_samples=lengths)
+
+
+def fetch_tokenizer(manifest: Manifest, store: ObjectStore) -> bytes:
+    data = store.get_bytes(manifest.tokenizer.key)
+    if sha256_bytes(data) != manifest.tokenizer.sha256:
+        raise ValueError(f"{store.uri_of(manifest.tokenizer.key)} does not match the manifest's sha256")
+    return data
+
+
+def build_run(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> Run:
+    manifest, store = load_manifest(args.manifest)
+    model_cfg = model_config_from_preset(cfg.preset, vocab_size=manifest.tokenizer.vocab_size,
+                                         max_seq_len=cfg.seq_len, overrides=cfg.model)
+    seed_everything(cfg.seed)  # identical initial weights on every rank
+    model = GPT(model_cfg)
+    engine, ds_config = build_engine(model, cfg, info)
+    grad_accum = int(ds_config["gradient_accumulation_steps"])
+    train_ds, sampler, loader, valid_loader = build_data(cfg, manifest, store, info)
+    steps = check_equal_steps(len(train_ds), sampler, cfg, info, grad_accum)
+    logger.info("model %s: %.2fM parameters; %d train samples of %d tokens, %d steps per epoch; batch %d x %d "
+                "accum x %d ranks", cfg.preset, model.num_params() / 1e6, len(train_ds), cfg.seq_len, steps,
+                cfg.micro_batch_size, grad_accum, info.world_size)
+    metrics = MetricsWriter(cfg.output_dir, enabled=info.rank == 0, tensorboard=cfg.tensorboard, wandb=cfg.wandb,
+                            wandb_project=cfg.wandb_project, wandb_mode=cfg.wandb_mode, run_config=cfg.to_dict())
+    return Run(cfg=cfg, info=info, manifest=manifest, manifest_uri=args.manifest, engine=engine,
+               model_cfg=model_cfg, sampler=sampler, loader=loader, valid_loader=valid_loader, metrics=metrics,
+               tokenizer_bytes=fetch_tokenizer(manifest, store), progress=Progress(), grad_accum=grad_accum)
+
+
+def resume(run: Run, allow_dataset_change: bool) -> int | None:
+    loaded = load_checkpoint(run.engine, run.ckpt_dir, dataset_id=run.manifest.dataset_id,
+                             allow_dataset_change=allow_dataset_change)
+    if loaded is None:
+        logger.info("no complete checkpoint in %s: starting from step 0", run.ckpt_dir)
+        return None
+    state, record = loaded
+    p = run.progress
+    p.step = int(state["step"])
+    if state.get("dataset_id") == run.manifest.dataset_id:
+        p.epoch, p.consumed_in_epoch = int(state["epoch"]), int(state["consumed_in_epoch"])
+        p.consumed_samples = int(state["consumed_samples"])
+    else:
+        logger.warning("dataset changed (%s -> %s): the new data starts at its epoch 0",
+                       state.get("dataset_id"), run.manifest.dataset_id)
+    if int(run.engine.global_steps) != p.step:
+        raise CheckpointError(f"engine step {run.engine.global_steps} != checkpoint step {p.step}")
+    return int(record["step"])
+
+
+def batch_stream(run: Run):
+    """Micro batches across epoch boundaries, advancing ``run.progress``'s data position as each is taken."""
+    p, per_batch = run.progress, run.cfg.micro_batch_size * run.info.world_size
+    while True:
+        run.sampler.set_epoch(p.epoch)
+        run.sampler.set_start(p.consumed_in_epoch)
+        for batch in run.loader:
+            p.consumed_in_epoch += per_batch
+            p.consumed_samples += per_batch
+            yield batch
+        p.epoch, p.consumed_in_epoch = p.epoch + 1, 0
+
+
+def checkpoint(run: Run, uploads: list[threading.Thread]) -> None:
+    p, t0 = run.progress, time.perf_counter()
+    client_state = {**dataclasses.asdict(p), "seed": run.cfg.seed, "dataset_id": run.manifest.dataset_id,
+                    "config": run.cfg.to_dict()}
+    meta = {"dataset_id": run.manifest.dataset_id, "manifest_uri": run.manifest_uri,
+            "world_size": run.info.world_size, "zero_stage": run.cfg.zero_stage,
+            "model_config": dataclasses.asdict(run.model_cfg), "progress": dataclasses.asdict(p),
+            "train_config": run.cfg.to_dict()}
+    for thread in uploads:
+        thread.join()  # an upload must finish before pruning may delete its tag
+    uploads.clear()
+    tag_dir = save_checkpoint(run.engine, run.ckpt_dir, step=p.step, client_state=client_state, meta=meta,
+                              keep_last=run.cfg.keep_last, extra_files={"tokenizer.json": run.tokenizer_bytes})
+    seconds = time.perf_counter() - t0
+    logger.info("checkpoint %s saved in %.2fs", tag_dir.name, seconds)
+    run.metrics.log("checkpoint", step=p.step, tag=tag_dir.name, seconds=seconds)
+    if run.cfg.checkpoint_upload_uri and run.info.rank == 0:
+        store = open_store(run.cfg.checkpoint_upload_uri)
+        thread = threading.Thread(target=upload_checkpoint, args=(tag_dir, store), name="ckpt-upload")
+        thread.start()
+        uploads.append(thread)
+
+
+def log_step(run: Run, local_loss: float, loss: float, lr: float, timing: dict[str, Any], gpu: GpuMonitor) -> None:
+    p, cfg = run.progress, run.cfg
+    run.metrics.log("train", step=p.step, loss=loss, lr=lr, **timing, **gpu.sample())
+    if p.step % cfg.log_interval == 0 or p.step == cfg.max_steps:
+        mfu = f" mfu {timing['mfu']:.1%}" if timing["mfu"] is not None else ""
+        logger.info("step %d/%d loss %.6f (this rank %.6f) lr %.3e | %.0f tok/s %.1f samples/s step %.3fs "
+                    "data wait %.1f%%%s", p.step, cfg.max_steps, loss, local_loss, lr, timing["tokens_per_s"],
+                    timing["samples_per_s"], timing["step_time_s"], 100 * timing["data_wait_share"], mfu)
+
+
+def maybe_evaluate(run: Run) -> None:
+    p, cfg = run.progress, run.cfg
+    if run.valid_loader is None or not (p.step % cfg.eval_interval == 0 or p.step == cfg.max_steps):
+        return
+    loss, batches = evaluate(run.engine, run.valid_loader, max_batches=cfg.eval_batches, device=run.info.device)
+    logger.info("step %d eval loss %.6f over %d batches per rank", p.step, loss, batches)
+    run.metrics.log("eval", step=p.step, loss=loss, batches=batches)
+
+
+def train_loop(run: Run, stop_at: int) -> None:
+    cfg, info, p = run.cfg, run.info, run.progress
+    clock = StepClock(
+        tokens_per_step=cfg.seq_len * cfg.micro_batch_size * run.grad_accum * info.world_size,
+        samples_per_step=cfg.micro_batch_size * run.grad_accum * info.world_size,
+        flops_per_token=flops_per_token(run.model_cfg, cfg.seq_len), world_size=info.world_size,
+        peak_flops_per_device=None if info.on_cpu else peak_flops(torch.cuda.get_device_name()))
+    gpu, uploads, batches = GpuMonitor(), [], batch_stream(run)
+    last_saved = p.step
+    while p.step < stop_at:
+        clock.start_step()
+        lr = float(run.engine.get_lr()[0])  # the rate this step uses; the schedule advances inside the step
+        local = train_step(run.engine, batches, grad_accum=run.grad_accum, device=info.device, clock=clock)
+        loss = average_across_ranks(local)
+        timing = clock.finish_step()
+        p.step += 1
+        log_step(run, float(local), loss, lr, timing, gpu)
+        maybe_evaluate(run)
+        if p.step % cfg.checkpoint_interval == 0 or p.step == stop_at:
+            checkpoint(run, uploads)
+            last_saved = p.step
+    if last_saved != p.step:
+        checkpoint(run, uploads)
+    for thread in uploads:
+        thread.join()
+
+
+def run_training(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> int:
+    run = build_run(args, cfg, info)
+    resumed_from = resume(run, args.allow_dataset_change)
+    stop_at = min(cfg.max_steps, args.stop_at_step or cfg.max_steps)
+    run.metrics.log("start", world_size=info.world_size, params=sum(x.numel() for x in run.engine.module.parameters()),
+                    flops_per_token=flops_per_token(run.model_cfg, cfg.seq_len), seq_len=cfg.seq_len,
+                    global_batch_size=cfg.micro_batch_size * run.grad_accum * info.world_size,
+                    resumed_from=resumed_from, config=cfg.to_dict())
+    t0 = time.perf_counter()
+    if run.progress.step >= stop_at:
+        logger.info("already at step %d (stop at %d): nothing to train", run.progress.step, stop_at)
+    else:
+        train_loop(run, stop_at)
+    run.metrics.log("end", step=run.progress.step, seconds=time.perf_counter() - t0)
+    run.metrics.close()
+    logger.info("done at step %d in %.1fs", run.progress.step, time.perf_counter() - t0)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_rank_logging(int(os.environ.get("RANK", "0")))
+    try:
+        cfg = load_train_config(args.config, **parse_overrides(args.set))
+    except (ValueError, FileNotFoundError) as exc:
+        logger.error("bad training config: %s", exc)
+        return EXIT_USER_ERROR
+    info = init_distributed(cfg.pg_timeout_s)
+    logger.info("pid %d, rank %d of %d, local rank %d, %s, attempt %s", os.getpid(), info.rank, info.world_size,
+                info.local_rank, "cpu/gloo" if info.on_cpu else f"{info.device}/nccl",
+                os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    try:
+        code = run_training(args, cfg, info)
+    except (CheckpointError, ValueError, FileNotFoundError) as exc:
+        logger.error("%s", exc)
+        code = EXIT_USER_ERROR
+    except Exception:
+        logger.exception("training failed")
+        code = 1
+    if dist.is_initialized():
+        if code == 0:
+            dist.barrier()
+        dist.destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
