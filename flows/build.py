@@ -9,6 +9,7 @@ of a failed flow redoes only the units without a marker.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -17,12 +18,12 @@ from typing import Any
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.cache_policies import NO_CACHE
 
-from flows import artifacts
+from flows import artifacts, unitcache
 from flows.corpus_config import CorpusConfig, config_from_dict, load_corpus_config
 from flows.progress import stage_progress
 from pipeline import boilerplate, clean, ingest, tokenize
 from pipeline.dedup import exact, near
-from pipeline.records import StageStats, mark_stage_success
+from pipeline.records import StageStats, mark_stage_success, part_name
 from pipeline.storage import ObjectStore, S3Options, open_store
 
 IO_RETRIES = dict(retries=3, retry_delay_seconds=[2, 10, 30])
@@ -58,7 +59,17 @@ def _s3(cfg: CorpusConfig) -> S3Options:
     return cfg.s3
 
 
-# ---------------------------------------------------------------- tasks: planning and ingest
+# ---------------------------------------------------------------- per-part units (cached across builds)
+
+
+def _unit(c: BuildContext, stage: str, key: str, folder: str, index: int, run: Any) -> dict[str, Any]:
+    """Restore the unit from an earlier build when its key matches, else run it; then register it."""
+    store = c.store()
+    unitcache.restore(store, stage, key, folder, index)
+    with stage_progress.step(stage):
+        stats = run(store)
+    unitcache.record(store, stage, key, folder, index)
+    return {"stats": stats.to_json(), "key": key}
 
 
 @task(name="plan-inputs", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -71,24 +82,20 @@ def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
 
 
 @task(name="ingest", cache_policy=NO_CACHE, **IO_RETRIES)
-def ingest_task(ctx: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def ingest_task(ctx: dict[str, Any], plan: dict[str, Any], key: str) -> dict[str, Any]:
     c = _ctx(ctx)
-    cfg = c.cfg
     part = ingest.PartPlan.from_json(plan)
-    with stage_progress.step("ingest"):
-        return ingest.run_ingest_part(c.store(), c.folder("ingest"), part, cfg.ingest, s3=cfg.s3).to_json()
-
-
-# ---------------------------------------------------------------- tasks: clean
+    return _unit(c, "ingest", key, c.folder("ingest"), part.index,
+                 lambda st: ingest.run_ingest_part(st, c.folder("ingest"), part, c.cfg.ingest, s3=c.cfg.s3))  # fmt: skip
 
 
 @task(name="boilerplate-count", cache_policy=NO_CACHE)
-def boilerplate_count_task(ctx: dict[str, Any], index: int) -> dict[str, Any]:
+def boilerplate_count_task(ctx: dict[str, Any], index: int, upstream: str) -> dict[str, Any]:
     c = _ctx(ctx)
-    with stage_progress.step("boilerplate"):
-        return boilerplate.run_boilerplate_count_part(
-            c.store(), c.folder("ingest"), c.folder("boilerplate"), index, c.cfg.clean
-        ).to_json()
+    key = unitcache.unit_key("boilerplate", upstream, c.config["clean"])
+    return _unit(c, "boilerplate", key, c.folder("boilerplate"), index,
+                 lambda st: boilerplate.run_boilerplate_count_part(
+                     st, c.folder("ingest"), c.folder("boilerplate"), index, c.cfg.clean))  # fmt: skip
 
 
 @task(name="boilerplate-merge", cache_policy=NO_CACHE)
@@ -101,20 +108,20 @@ def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]
 
 
 @task(name="clean", cache_policy=NO_CACHE)
-def clean_task(ctx: dict[str, Any], index: int, boilerplate_key: str) -> dict[str, Any]:
+def clean_task(ctx: dict[str, Any], index: int, upstream: str, boilerplate_key: str) -> dict[str, Any]:
     c = _ctx(ctx)
-    key = boilerplate_key if c.cfg.clean.boilerplate.enabled else None
-    with stage_progress.step("clean"):
-        return clean.run_clean_part(c.store(), c.folder("ingest"), c.folder("clean"), index, c.cfg.clean, key).to_json()
-
-
-# ---------------------------------------------------------------- tasks: dedup
+    bp = boilerplate_key if c.cfg.clean.boilerplate.enabled else None
+    key = unitcache.unit_key("clean", upstream, c.config["clean"], unitcache.content_hash(c.store(), boilerplate_key))
+    return _unit(c, "clean", key, c.folder("clean"), index,
+                 lambda st: clean.run_clean_part(st, c.folder("ingest"), c.folder("clean"), index, c.cfg.clean, bp))  # fmt: skip
 
 
 @task(name="exact-hash", cache_policy=NO_CACHE)
-def exact_hash_task(ctx: dict[str, Any], index: int) -> dict[str, Any]:
+def exact_hash_task(ctx: dict[str, Any], index: int, upstream: str) -> dict[str, Any]:
     c = _ctx(ctx)
-    return exact.run_exact_hash_part(c.store(), c.folder("clean"), c.folder("exact/hash"), index).to_json()
+    key = unitcache.unit_key("exact-hash", upstream)
+    return _unit(c, "exact-hash", key, c.folder("exact/hash"), index,
+                 lambda st: exact.run_exact_hash_part(st, c.folder("clean"), c.folder("exact/hash"), index))  # fmt: skip
 
 
 @task(name="exact-resolve", cache_policy=NO_CACHE)
@@ -124,19 +131,21 @@ def exact_resolve_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) ->
 
 
 @task(name="exact-filter", cache_policy=NO_CACHE)
-def exact_filter_task(ctx: dict[str, Any], index: int, _wait: Any) -> dict[str, Any]:
+def exact_filter_task(ctx: dict[str, Any], index: int, upstream: str, _wait: Any) -> dict[str, Any]:
     c = _ctx(ctx)
-    with stage_progress.step("exact dedup"):
-        return exact.run_exact_filter_part(
-            c.store(), c.folder("clean"), c.folder("exact/out"), index, c.folder("exact/drop")
-        ).to_json()
+    drop = unitcache.content_hash(c.store(), f"{c.folder('exact/drop')}/{part_name(index)}.npy")
+    key = unitcache.unit_key("exact-filter", upstream, drop)
+    return _unit(c, "exact dedup", key, c.folder("exact/out"), index,
+                 lambda st: exact.run_exact_filter_part(
+                     st, c.folder("clean"), c.folder("exact/out"), index, c.folder("exact/drop")))  # fmt: skip
 
 
 @task(name="minhash-signatures", cache_policy=NO_CACHE)
-def signatures_task(ctx: dict[str, Any], index: int, in_folder: str) -> dict[str, Any]:
+def signatures_task(ctx: dict[str, Any], index: int, in_folder: str, upstream: str) -> dict[str, Any]:
     c = _ctx(ctx)
-    with stage_progress.step("signatures"):
-        return near.run_signatures_part(c.store(), in_folder, c.folder("near/signatures"), index, c.cfg.dedup.near).to_json()
+    key = unitcache.unit_key("signatures", upstream, c.config["dedup"]["near"])
+    return _unit(c, "signatures", key, c.folder("near/signatures"), index,
+                 lambda st: near.run_signatures_part(st, in_folder, c.folder("near/signatures"), index, c.cfg.dedup.near))  # fmt: skip
 
 
 @task(name="near-plan", cache_policy=NO_CACHE)
@@ -163,18 +172,16 @@ def clusters_task(
 ) -> dict[str, Any]:
     c = _ctx(ctx)
     es = StageStats.from_json(exact_stats) if exact_stats else None
-    return near.run_clusters(
-        c.store(), in_folder, c.folder("near"), num_parts, c.cfg.dedup.near, exact_stats=es
-    ).to_json()
+    return near.run_clusters(c.store(), in_folder, c.folder("near"), num_parts, c.cfg.dedup.near, exact_stats=es).to_json()
 
 
 @task(name="near-filter", cache_policy=NO_CACHE)
-def near_filter_task(ctx: dict[str, Any], index: int, in_folder: str, _wait: Any) -> dict[str, Any]:
+def near_filter_task(ctx: dict[str, Any], index: int, in_folder: str, upstream: str, _wait: Any) -> dict[str, Any]:
     c = _ctx(ctx)
-    with stage_progress.step("near dedup"):
-        return near.run_near_filter_part(
-            c.store(), in_folder, c.folder("dedup"), index, c.folder("near/clusters")
-        ).to_json()
+    drop = unitcache.content_hash(c.store(), f"{c.folder('near/clusters/drop')}/{part_name(index)}.npz")
+    key = unitcache.unit_key("near-filter", upstream, drop)
+    return _unit(c, "near dedup", key, c.folder("dedup"), index,
+                 lambda st: near.run_near_filter_part(st, in_folder, c.folder("dedup"), index, c.folder("near/clusters")))  # fmt: skip
 
 
 # ---------------------------------------------------------------- tasks: tokenize and publish
@@ -182,20 +189,28 @@ def near_filter_task(ctx: dict[str, Any], index: int, in_folder: str, _wait: Any
 
 @task(name="train-tokenizer", cache_policy=NO_CACHE)
 def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: list[Any]) -> str:
+    """Train (or load) the tokenizer. A trained tokenizer is pinned per dataset name and tokenizer config, so a
+    scheduled rebuild keeps its token ids and re-tokenizes only the parts that changed."""
     c = _ctx(ctx)
+    store, cfg = c.store(), c.cfg
     key = c.folder("tokenizer.json")
-    sha = tokenize.run_train_tokenizer(c.store(), in_folder, num_parts, key, c.cfg.tokenize, s3=c.cfg.s3)
+    pin = f"cache/tokenizers/{unitcache.unit_key('tokenizer', cfg.name, c.config['tokenize'])}.json"
+    if cfg.tokenize.tokenizer is None and cfg.pin_tokenizer and store.exists(pin) and not store.exists(key):
+        store.copy(pin, key)
+        get_run_logger().info("reusing the pinned tokenizer of dataset %s (%s)", cfg.name, store.uri_of(pin))
+    sha = tokenize.run_train_tokenizer(store, in_folder, num_parts, key, cfg.tokenize, s3=cfg.s3)
+    if cfg.tokenize.tokenizer is None and not store.exists(pin):
+        store.copy(key, pin)
     get_run_logger().info("tokenizer %s (sha256 %s)", key, sha[:12])
     return key
 
 
 @task(name="tokenize", cache_policy=NO_CACHE)
-def tokenize_task(ctx: dict[str, Any], index: int, in_folder: str, tokenizer_key: str) -> dict[str, Any]:
+def tokenize_task(ctx: dict[str, Any], index: int, in_folder: str, upstream: str, tokenizer_key: str) -> dict[str, Any]:
     c = _ctx(ctx)
-    with stage_progress.step("tokenize"):
-        return tokenize.run_tokenize_part(
-            c.store(), in_folder, c.folder("tokens"), index, tokenizer_key, c.cfg.tokenize
-        ).to_json()
+    key = unitcache.unit_key("tokenize", upstream, unitcache.content_hash(c.store(), tokenizer_key), c.config["tokenize"])
+    return _unit(c, "tokenize", key, c.folder("tokens"), index,
+                 lambda st: tokenize.run_tokenize_part(st, in_folder, c.folder("tokens"), index, tokenizer_key, c.cfg.tokenize))  # fmt: skip
 
 
 @task(name="shard-and-publish", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -211,19 +226,11 @@ def publish_task(
     c = _ctx(ctx)
     cfg = c.cfg
     return tokenize.run_shard_and_publish(
-        c.store(),
-        c.folder("tokens"),
-        num_parts,
-        tokenizer_key,
-        cfg.shard,
-        cfg.name,
-        inputs=inputs,
-        stats={k: StageStats.from_json(v) for k, v in stats.items()},
-        config=cfg.to_dict() | {"output": None, "s3": None},
-        lineage=lineage,
-        eos_token=cfg.tokenize.eos_token,
-        pad_token=cfg.tokenize.pad_token,
-    )
+        c.store(), c.folder("tokens"), num_parts, tokenizer_key, cfg.shard, cfg.name,
+        inputs=inputs, stats={k: StageStats.from_json(v) for k, v in stats.items()},
+        config=cfg.to_dict() | {"output": None, "s3": None}, lineage=lineage,
+        eos_token=cfg.tokenize.eos_token, pad_token=cfg.tokenize.pad_token,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- the flow
@@ -232,45 +239,58 @@ def publish_task(
 def _merge(stage: str, results: list[dict[str, Any]]) -> StageStats:
     total = StageStats(stage=stage)
     for r in results:
-        total.merge(StageStats.from_json(r))
+        total.merge(StageStats.from_json(r.get("stats", r)))
     return total
+
+
+def _keys(results: list[dict[str, Any]]) -> list[str]:
+    return [r["key"] for r in results]
 
 
 def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]]) -> str:
     """Work folder key: the config fingerprint + every input's fingerprint (size, etag/mtime)."""
-    import hashlib
-
     h = hashlib.sha256(cfg.fingerprint().encode())
     for i in inputs:
         h.update(json.dumps([i["uri"], i["size"], i["etag"]]).encode())
     return h.hexdigest()[:16]
 
 
-def run_dedup(ctx: dict[str, Any], cfg: CorpusConfig, n: int, stats: dict[str, StageStats]) -> str:
-    """Exact then near dedup; returns the folder of the deduplicated parts."""
+def ingest_keys(cfg: CorpusConfig, plans: list[dict[str, Any]], inputs: list[dict[str, Any]]) -> list[str]:
+    """A part's key: its plan plus the fingerprint (size, ETag/mtime) of every object it reads."""
+    fp = {i["uri"]: [i["size"], i["etag"]] for i in inputs}
+    ing = cfg.to_dict()["ingest"]
+    return [unitcache.unit_key("ingest", p["pieces"], [fp.get(x["uri"]) for x in p["pieces"]], ing) for p in plans]
+
+
+def run_dedup(ctx: dict[str, Any], cfg: CorpusConfig, n: int, keys: list[str], stats: dict[str, StageStats]) -> tuple[str, list[str]]:
+    """Exact then near dedup; returns the folder of the deduplicated parts and their unit keys."""
     c = _ctx(ctx)
     folder = c.folder("clean")
     if cfg.dedup.exact.enabled:
-        hashes = exact_hash_task.map(unmapped(ctx), range(n)).result()
+        hashes = exact_hash_task.map(unmapped(ctx), range(n), keys).result()
         resolved = exact_resolve_task(ctx, n, hashes)
-        stats["exact_dedup"] = _merge("exact_dedup", exact_filter_task.map(unmapped(ctx), range(n), unmapped(resolved)).result())
-        folder = c.folder("exact/out")
+        results = exact_filter_task.map(unmapped(ctx), range(n), keys, unmapped(resolved)).result()
+        stats["exact_dedup"] = _merge("exact_dedup", results)
+        folder, keys = c.folder("exact/out"), _keys(results)
         mark_stage_success(c.store(), folder, n)
     if not cfg.dedup.near.enabled:
-        return folder
-    sigs = signatures_task.map(unmapped(ctx), range(n), unmapped(folder)).result()
+        return folder, keys
+    sigs = signatures_task.map(unmapped(ctx), range(n), unmapped(folder), keys).result()
     plan = near_plan_task(ctx, n, sigs)
     bands = bands_task.map(unmapped(ctx), range(n), unmapped(plan)).result()
     if plan["index_parts"]:
         bands += bands_task.map(unmapped(ctx), range(plan["index_parts"]), unmapped(plan), from_index=True).result()
     edges = edges_task.map(unmapped(ctx), range(plan["num_partitions"]), unmapped(plan), unmapped(bands)).result()
-    clusters = clusters_task(ctx, folder, n, stats["exact_dedup"].to_json() if "exact_dedup" in stats else None, edges)
-    stats["near_dedup"] = _merge("near_dedup", near_filter_task.map(unmapped(ctx), range(n), unmapped(folder), unmapped(clusters)).result())
-    report = json.loads(c.store().get_bytes(c.folder("near/clusters/dedup_report.json")))
+    exact_json = stats["exact_dedup"].to_json() if "exact_dedup" in stats else None
+    clusters = clusters_task(ctx, folder, n, exact_json, edges)
+    results = near_filter_task.map(unmapped(ctx), range(n), unmapped(folder), keys, unmapped(clusters)).result()
+    stats["near_dedup"] = _merge("near_dedup", results)
+    report_key = c.folder("near/clusters/dedup_report.json")
+    report = json.loads(c.store().get_bytes(report_key))
     stats["near_dedup"].extra["report"] = {k: v for k, v in report.items() if k not in ("sampled_pairs", "largest_clusters")}
-    stats["near_dedup"].extra["report_key"] = c.folder("near/clusters/dedup_report.json")
+    stats["near_dedup"].extra["report_key"] = report_key
     mark_stage_success(c.store(), c.folder("dedup"), n)
-    return c.folder("dedup")
+    return c.folder("dedup"), _keys(results)
 
 
 @flow(name="build_corpus", log_prints=False)
@@ -292,24 +312,23 @@ def build_corpus(
     ctx = BuildContext(store_uri=store.uri, work=f"work/{build_key(cfg, input_list)}", config=cfg.to_dict()).to_json()
     c = _ctx(ctx)
     log.info("build %s: %d input object(s) in %d part(s); work folder %s", cfg.name, len(input_list), n, store.uri_of(c.work))
-    stage_progress.start({"ingest": n, "boilerplate": n, "clean": n, "exact dedup": n, "signatures": n,
-                          "near dedup": n, "tokenize": n})  # fmt: skip
+    stage_progress.start({s: n for s in ("ingest", "boilerplate", "clean", "exact dedup", "signatures", "near dedup", "tokenize")})
     stats: dict[str, StageStats] = {}
-    stats["ingest"] = _merge("ingest", ingest_task.map(unmapped(ctx), plans).result())
+    results = ingest_task.map(unmapped(ctx), plans, ingest_keys(cfg, plans, input_list)).result()
+    stats["ingest"], keys = _merge("ingest", results), _keys(results)
     mark_stage_success(store, c.folder("ingest"), n)
-    counts = boilerplate_count_task.map(unmapped(ctx), range(n)).result()
+    counts = boilerplate_count_task.map(unmapped(ctx), range(n), keys).result()
     bp_key = boilerplate_merge_task(ctx, n, counts)
-    stats["clean"] = _merge("clean", clean_task.map(unmapped(ctx), range(n), unmapped(bp_key)).result())
+    results = clean_task.map(unmapped(ctx), range(n), keys, unmapped(bp_key)).result()
+    stats["clean"], keys = _merge("clean", results), _keys(results)
     mark_stage_success(store, c.folder("clean"), n)
-    dedup_folder = run_dedup(ctx, cfg, n, stats)
+    dedup_folder, keys = run_dedup(ctx, cfg, n, keys, stats)
     tok_key = tokenizer_task(ctx, dedup_folder, n, [])
-    token_stats = tokenize_task.map(unmapped(ctx), range(n), unmapped(dedup_folder), unmapped(tok_key)).result()
+    results = tokenize_task.map(unmapped(ctx), range(n), unmapped(dedup_folder), keys, unmapped(tok_key)).result()
     mark_stage_success(store, c.folder("tokens"), n)
-    stats["tokenize"] = _merge("tokenize", token_stats)
+    stats["tokenize"] = _merge("tokenize", results)
     lineage = {"prefect_flow_run_id": _flow_run_id(), "build_key": c.work.split("/")[-1]}
-    manifest_uri = publish_task(
-        ctx, n, tok_key, input_list, {k: v.to_json() for k, v in stats.items()}, lineage, token_stats
-    )
+    manifest_uri = publish_task(ctx, n, tok_key, input_list, {k: v.to_json() for k, v in stats.items()}, lineage, results)
     stage_progress.stop()
     summary = artifacts.build_summary(manifest_uri, stats, cfg, time.perf_counter() - started)
     artifacts.publish_build_artifacts(summary)

@@ -48,6 +48,9 @@ class CorpusConfig:
     dedup: DedupConfig = field(default_factory=DedupConfig)
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     shard: ShardConfig = field(default_factory=ShardConfig)
+    # A tokenizer trained on the first build of a dataset name is reused by its rebuilds (same token ids, so
+    # only changed parts are re-tokenized). Set false to retrain on every build.
+    pin_tokenizer: bool = True
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):

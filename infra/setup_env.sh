@@ -15,6 +15,8 @@
 #   --torch-index URL    wheel index for torch; "pypi" = pip's configured index (PILEWORKS_TORCH_INDEX;
 #                        default: PyTorch's cpu/cuXXX index, or pip's own when it already has the +cpu wheel)
 #   --cuda-tags "T ..."  CUDA builds to choose from, newest first (PILEWORKS_CUDA_TAGS)
+#   --driver-cuda X.Y    plan for a driver supporting CUDA X.Y without asking nvidia-smi (PILEWORKS_DRIVER_CUDA)
+#   --extras LIST        pileworks extras to install (PILEWORKS_EXTRAS, default dev; "" for none)
 #   --no-project         stop after torch and DeepSpeed
 set -euo pipefail
 
@@ -25,6 +27,8 @@ PYTHON_BIN="${PILEWORKS_PYTHON:-}"
 TORCH_VERSION="${PILEWORKS_TORCH_VERSION:-2.13.0}"
 TORCH_INDEX="${PILEWORKS_TORCH_INDEX:-auto}"
 CUDA_TAGS="${PILEWORKS_CUDA_TAGS:-cu130 cu129 cu128 cu126 cu124 cu121 cu118}"
+DRIVER_CUDA="${PILEWORKS_DRIVER_CUDA:-}"  # set it where nvidia-smi cannot run (docker build for a GPU host)
+EXTRAS="${PILEWORKS_EXTRAS-dev}"
 DRY_RUN=0
 WITH_PROJECT=1
 
@@ -50,6 +54,8 @@ parse_args() {
       --torch-version) TORCH_VERSION="$2"; shift ;;
       --torch-index) TORCH_INDEX="$2"; shift ;;
       --cuda-tags) CUDA_TAGS="$2"; shift ;;
+      --driver-cuda) DRIVER_CUDA="$2"; shift ;;
+      --extras) EXTRAS="$2"; shift ;;
       --no-project) WITH_PROJECT=0 ;;
       -h | --help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
       *) die "unknown option $1 (see --help)" ;;
@@ -60,8 +66,11 @@ parse_args() {
 
 # ---------------------------------------------------------------- the machine
 GPU_DRIVER=""
-DRIVER_CUDA=""
 detect_gpu() {
+  if [[ -n $DRIVER_CUDA ]]; then
+    GPU_DRIVER="(given)"
+    return 0
+  fi
   command -v nvidia-smi >/dev/null || return 0
   local header
   header="$(nvidia-smi 2>&1)" || die "nvidia-smi is installed but fails: ${header%%$'\n'*} (is the driver loaded?)"
@@ -132,7 +141,8 @@ make_env() {
       PYTHON_BIN="$(command -v python3.11 || command -v python3 || true)"
     fi
     [[ -n $PYTHON_BIN ]] || die "no python3 found: install Python >= 3.10 or pass --python"
-    "$PYTHON_BIN" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$PYTHON_BIN is older than 3.10"
+    [[ "$("$PYTHON_BIN" -c 'import sys; print(sys.version_info >= (3, 10))' 2>&1)" == True ]] ||
+      die "$PYTHON_BIN does not run or is older than 3.10: pass --python /path/to/python3.10+"
     run "$PYTHON_BIN" -m venv "$ENV_DIR"
   fi
 }
@@ -175,12 +185,12 @@ install_deepspeed() {
 install_project() {
   ((WITH_PROJECT)) || return 0
   local stamp="$ENV_DIR/.pileworks-setup" digest
-  digest="$(sha256sum "$REPO/pyproject.toml" | cut -d' ' -f1)"
+  digest="$(cat "$REPO/pyproject.toml" <(echo "extras=$EXTRAS") | sha256sum | cut -d' ' -f1)"
   if [[ -f $stamp && "$(cat "$stamp")" == "$digest" && -n "$(installed pileworks)" ]]; then
     say "pileworks installed and pyproject.toml unchanged: skipping"
     return 0
   fi
-  run "$PY" -m pip install -e "${REPO}[dev]"
+  run "$PY" -m pip install -e "${REPO}${EXTRAS:+[$EXTRAS]}"
   ((DRY_RUN)) || echo "$digest" >"$stamp"
 }
 

@@ -37,7 +37,7 @@ import ftfy
 import xxhash
 from ftfy.badness import BADNESS_RE
 
-from pipeline.quality import QualityConfig, check_quality
+from pipeline.quality import QualityConfig, check_quality_batch
 from pipeline.records import Record, StageStats, iter_part_batches, part_done, read_part_stats, write_part
 from pipeline.storage import ObjectStore
 
@@ -280,10 +280,8 @@ def _utf8_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
-def clean_one(
-    text: str, cfg: CleanConfig, boilerplate: frozenset[int], counts: Counter[str]
-) -> tuple[str, str | None]:
-    """Clean one document: ``(cleaned text, drop reason or None)``."""
+def clean_text(text: str, cfg: CleanConfig, boilerplate: frozenset[int], counts: Counter[str]) -> str:
+    """Normalise one document and remove its boilerplate lines (steps 0-5 of the module docstring)."""
     text = normalize_text(text, cfg, counts)
     if boilerplate and cfg.boilerplate.enabled and text:
         text, removed = remove_boilerplate(text, boilerplate, cfg.boilerplate.min_line_chars)
@@ -292,32 +290,30 @@ def clean_one(
             counts["docs_with_boilerplate"] += 1
             if cfg.normalize_whitespace:
                 text = normalize_whitespace(text, cfg.max_blank_lines)
-    if not text.strip():
-        return text, "empty_after_clean"
-    return text, check_quality(text, cfg.quality)
+    return text
 
 
 def clean_batch(
     records: list[Record], cfg: CleanConfig, boilerplate: frozenset[int] = frozenset()
 ) -> tuple[list[Record], StageStats]:
     """Clean a batch; every dropped document is counted by reason, every repair in ``stats.extra``."""
-    stats = StageStats(stage="clean")
+    stats = StageStats(stage="clean", docs_in=len(records))
     counts: Counter[str] = Counter()
+    texts = [clean_text(rec.text, cfg, boilerplate, counts) for rec in records]
+    empty = [not text.strip() for text in texts]
+    reasons = iter(check_quality_batch([t for t, e in zip(texts, empty, strict=True) if not e], cfg.quality))
     out: list[Record] = []
-    chars_in = chars_out = 0
-    for rec in records:
-        stats.docs_in += 1
+    for rec, text, is_empty in zip(records, texts, empty, strict=True):
         stats.bytes_in += _utf8_len(rec.text)
-        text, reason = clean_one(rec.text, cfg, boilerplate, counts)
-        chars_in += len(rec.text)
-        chars_out += len(text)
+        reason = "empty_after_clean" if is_empty else next(reasons)
         if reason is not None:
             stats.drop(reason)
             continue
         out.append(Record(rec.id, text, rec.source, rec.meta))
-        stats.docs_out += 1
         stats.bytes_out += _utf8_len(text)
-    stats.extra = {"chars_removed": chars_in - chars_out, **{k: counts[k] for k in sorted(counts)}}
+    stats.docs_out = len(out)
+    chars_removed = sum(map(len, (r.text for r in records))) - sum(map(len, texts))
+    stats.extra = {"chars_removed": chars_removed, **{k: counts[k] for k in sorted(counts)}}
     for key in ("mojibake_fixed", "nul_removed", "boilerplate_lines_removed", "docs_with_boilerplate"):
         stats.extra.setdefault(key, 0)
     return out, stats

@@ -49,6 +49,22 @@ COMMON_CODECS = (
 PREFER_MARGIN = 0.05
 
 
+# A decode error handler for streams decoded as text (UTF-16/32 files): it marks each bad sequence with a
+# Unicode noncharacter (reserved for internal use, never in interchanged text) and goes on, so one bad
+# sequence costs its paragraph, not the rest of the file.
+MARK_ERRORS = "pileworks.mark"
+UNDECODABLE_MARK = "\ufdd0"
+
+
+def _mark_undecodable(error: UnicodeError) -> tuple[str, int]:
+    if not isinstance(error, UnicodeDecodeError):
+        raise error
+    return UNDECODABLE_MARK, error.end
+
+
+codecs.register_error(MARK_ERRORS, _mark_undecodable)
+
+
 class UndecodableError(ValueError):
     """The bytes are not valid in any codec with enough confidence; the message says what was tried."""
 

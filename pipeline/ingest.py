@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from pipeline import ingest_readers as readers
 from pipeline import ingest_streams as streams
-from pipeline.encoding import is_line_safe
+from pipeline.encoding import bom_encoding, is_line_safe
 from pipeline.records import (
     Quarantined,
     Record,
@@ -56,6 +56,9 @@ DEFAULT_EXTENSIONS: Mapping[str, str] = MappingProxyType(
     }
 )
 _GLOB_CHARS = ("*", "?", "[")
+# Planning weighs pieces by the text they will produce (that is what a part holds in memory), estimating
+# compressed inputs (gz, zst, parquet) at 4x their size, a typical ratio for text, without opening them.
+COMPRESSION_ESTIMATE = 4
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,15 +267,14 @@ def _split_row_groups(inp: InputFile, store: ObjectStore, key: str, target: int)
             first, acc = g, 0
         acc += size
     pieces.append((first, len(sizes), acc))
-    total = sum(sizes) or 1
-    return [  # weights in file bytes, shared out by each range's share of the row-group bytes
+    return [  # weights: the uncompressed bytes of the row groups
         Piece(
             uri=inp.uri,
             fmt="parquet",
             size=inp.size,
             start=a,
             end=None if b == len(sizes) else b,
-            weight=max(1, inp.size * w // total),
+            weight=max(w, 1),
         )
         for a, b, w in pieces
     ]
@@ -282,8 +284,12 @@ def _pieces_of(inp: InputFile, cfg: IngestConfig, target: int, stores: _Stores) 
     fmt = format_of(inp.uri, cfg.extensions)
     if fmt is None:
         raise ValueError(f"{inp.uri}: unknown format (ingest.extensions has {sorted(cfg.extensions)})")
-    whole = [Piece(uri=inp.uri, fmt=fmt, size=inp.size, weight=max(inp.size, 1))]
-    if inp.size <= target:
+    estimate = inp.size * (COMPRESSION_ESTIMATE if fmt == "parquet" or "." in fmt else 1)
+    whole = [Piece(uri=inp.uri, fmt=fmt, size=inp.size, weight=max(estimate, 1))]
+    if estimate <= target:
+        return whole
+    if "." in fmt:
+        log.info("ingest: %s (~%d MiB of text) is compressed and read as one piece", inp.uri, estimate >> 20)
         return whole
     try:
         if fmt == "parquet":
@@ -305,8 +311,12 @@ def plan_parts(
     cfg: IngestConfig | None = None,
     s3: S3Options | None = None,
 ) -> list[PartPlan]:
-    """Pack inputs, in order, into parts of about ``target_part_bytes`` (a pure function of the inputs,
-    except that large parquet files are opened to read their row-group sizes)."""
+    """Pack inputs, in order, into parts of about ``target_part_bytes`` of text.
+
+    A pure function of the inputs, except that files to be split are peeked at: large parquet files for their
+    row-group sizes, large text files for a UTF-16/32 byte-order mark (such files are never split). A
+    compressed file is never split: its part holds all of its text (see COMPRESSION_ESTIMATE).
+    """
     if target_part_bytes < 1:
         raise ValueError(f"target_part_bytes must be >= 1, got {target_part_bytes}")
     cfg = cfg or IngestConfig()
@@ -334,7 +344,6 @@ def _read_piece(
     if base == "parquet":
         with streams.open_seekable(store, key, piece.size) as f:
             yield from readers.read_parquet(ctx, f, piece.start, piece.end)
-        ctx.bytes_read += ctx.extra.pop("parquet_bytes", 0)
         return
     if compression:
         dec = streams.DecompressingReader(store.open_read(key), compression)
@@ -353,7 +362,7 @@ def _read_piece(
                 )
                 return
             f.seek(piece.start - 1)
-        yield from _read_text_stream(piece, ctx, f, readers._no_error)
+        yield from _read_text_stream(piece, ctx, f, readers.no_stream_error)
 
 
 def _read_text_stream(
@@ -365,9 +374,10 @@ def _read_text_stream(
         yield from readers.read_txt_file(ctx, f, stream_error)
         return
     if base == "txt" and piece.start == 0:
-        bom = readers.bom_encoding(f.peek(4)[:4])
+        bom = bom_encoding(f.peek(4)[:4])
         if bom is not None and not is_line_safe(bom):
             yield from readers.read_text_paragraphs_unsafe(ctx, f, bom)
+            ctx.bytes_read += piece.size
             return
     end = piece.end
     lines = streams.LineReader(f, piece.start, None if base == "txt" else end, cfg.max_doc_bytes)

@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.encoding import FileDecoder, UndecodableError, bom_encoding, decode_bytes
+from pipeline.encoding import (
+    MARK_ERRORS,
+    UNDECODABLE_MARK,
+    FileDecoder,
+    UndecodableError,
+    bom_encoding,
+    decode_bytes,
+)
 from pipeline.ingest_streams import LineReader
 from pipeline.records import QUARANTINE_SAMPLE_BYTES, Quarantined, Record
 from pipeline.storage import ObjectStore
@@ -32,6 +39,11 @@ if TYPE_CHECKING:
     from pipeline.ingest import IngestConfig
 
 Item = Record | Quarantined
+_JSON = json.JSONDecoder(
+    strict=False
+)  # one decoder (json.loads builds one per call with options); strict=False
+# accepts raw control characters (NUL...) inside strings: removing them is clean's job, not a reason to drop
+MAX_META_FIELD_CHARS = 2048  # longer top-level string fields are not copied into meta
 
 
 @dataclass
@@ -88,10 +100,16 @@ def _meta_of(obj: dict[str, Any], cfg: IngestConfig) -> dict[str, Any]:
         with contextlib.suppress(ValueError):
             raw = json.loads(raw)
     meta: dict[str, Any] = dict(raw) if isinstance(raw, dict) else ({} if raw is None else {"meta": raw})
-    for key, value in obj.items():
-        if key not in (cfg.text_field, cfg.meta_field, cfg.id_field):
+    for key, value in obj.items():  # scalars only: a second big field (raw html...) must not bloat meta
+        if key not in (cfg.text_field, cfg.meta_field, cfg.id_field) and _is_small_scalar(value):
             meta.setdefault(key, value)
     return meta
+
+
+def _is_small_scalar(value: Any) -> bool:
+    if isinstance(value, str):
+        return len(value) <= MAX_META_FIELD_CHARS
+    return value is None or isinstance(value, (bool, int, float))
 
 
 def _document(ctx: ReadContext, pos: str, obj: Any, encoding: str) -> Item:
@@ -125,12 +143,12 @@ def _document(ctx: ReadContext, pos: str, obj: Any, encoding: str) -> Item:
 StreamError = Callable[[], "tuple[str, str] | None"]
 
 
-def _no_error() -> tuple[str, str] | None:
+def no_stream_error() -> tuple[str, str] | None:
     return None
 
 
 def read_jsonl(
-    ctx: ReadContext, lines: LineReader, compressed: bool, stream_error: StreamError = _no_error
+    ctx: ReadContext, lines: LineReader, compressed: bool, stream_error: StreamError = no_stream_error
 ) -> Iterator[Item]:
     """One JSON object per line. A damaged compressed stream costs only its last, incomplete line."""
     number = 0
@@ -158,7 +176,7 @@ def _json_line(ctx: ReadContext, pos: str, data: bytes) -> Item:
     except UndecodableError as e:
         return ctx.quarantine(pos, "undecodable", str(e), data)
     try:
-        obj = json.loads(text, strict=False)  # strict=False: raw control chars (NUL) are clean's job
+        obj = _JSON.decode(text)
     except (ValueError, RecursionError) as e:
         return ctx.quarantine(pos, "malformed_json", str(e)[:200], data)
     return _document(ctx, pos, obj, encoding)
@@ -196,7 +214,7 @@ def _paragraphs(lines: LineReader, end: int | None, max_doc: int) -> Iterator[tu
 
 
 def read_txt_paragraphs(
-    ctx: ReadContext, lines: LineReader, end: int | None, stream_error: StreamError = _no_error
+    ctx: ReadContext, lines: LineReader, end: int | None, stream_error: StreamError = no_stream_error
 ) -> Iterator[Item]:
     held: tuple[int, bytes, bool] | None = None  # one behind: a damaged stream's last paragraph may be cut
     for para in _paragraphs(lines, end, ctx.cfg.max_doc_bytes):
@@ -223,9 +241,12 @@ def _paragraph_item(ctx: ReadContext, offset: int, data: bytes, too_large: bool)
     return ctx.record(pos, text.lstrip("\ufeff").rstrip("\r\n"), {}, encoding)
 
 
-def read_txt_file(ctx: ReadContext, f: BinaryIO, stream_error: StreamError = _no_error) -> Iterator[Item]:
+def read_txt_file(
+    ctx: ReadContext, f: BinaryIO, stream_error: StreamError = no_stream_error
+) -> Iterator[Item]:
     """The whole object is one document (read at most max_doc_bytes + 1 bytes of it)."""
     data = f.read(ctx.cfg.max_doc_bytes + 1)
+    ctx.bytes_read += len(data)
     if len(data) > ctx.cfg.max_doc_bytes:
         yield ctx.quarantine("B0", "doc_too_large", f"file over max_doc_bytes={ctx.cfg.max_doc_bytes}", data)
         return
@@ -240,24 +261,40 @@ def read_txt_file(ctx: ReadContext, f: BinaryIO, stream_error: StreamError = _no
     yield ctx.record("B0", decoded.text, {}, decoded.encoding)
 
 
+def _text_blocks(text: io.TextIOWrapper, limit: int) -> Iterator[tuple[str, bool]]:
+    """(paragraph, too_large) from decoded lines; a paragraph over ``limit`` characters keeps only a sample."""
+    para: list[str] = []
+    size, too_large = 0, False
+    for line in iter(lambda: text.readline(limit), ""):
+        if line.strip():
+            size += len(line)
+            too_large = too_large or size > limit
+            if not too_large or not para:
+                para.append(line if not too_large else line[:QUARANTINE_SAMPLE_BYTES])
+            continue
+        if para:
+            yield "".join(para), too_large
+            para, size, too_large = [], 0, False
+    if para:
+        yield "".join(para), too_large
+
+
 def read_text_paragraphs_unsafe(ctx: ReadContext, f: BinaryIO, encoding: str) -> Iterator[Item]:
     """Paragraphs of a UTF-16/32 file (newline is not one byte, so no byte ranges): numbered ``#P<n>``."""
-    text = io.TextIOWrapper(f, encoding=encoding, errors="strict", newline=None)
-    para: list[str] = []
-    number = 0
+    text = io.TextIOWrapper(f, encoding=encoding, errors=MARK_ERRORS, newline=None)
     try:
-        for line in iter(lambda: text.readline(ctx.cfg.max_doc_bytes), ""):
-            if line.strip():
-                para.append(line)
-                continue
-            if para:
-                yield ctx.record(f"P{number}", "".join(para).rstrip("\n"), {}, encoding)
-                number, para = number + 1, []
-    except UnicodeDecodeError as e:
-        yield ctx.quarantine(f"P{number}", "undecodable", f"{encoding}: {e.reason}", "".join(para).encode())
-        return
-    if para:
-        yield ctx.record(f"P{number}", "".join(para).rstrip("\n"), {}, encoding)
+        for number, (para, too_large) in enumerate(_text_blocks(text, ctx.cfg.max_doc_bytes)):
+            pos = f"P{number}"
+            if too_large:
+                detail = f"paragraph over {ctx.cfg.max_doc_bytes} characters"
+                yield ctx.quarantine(pos, "doc_too_large", detail, para.encode("utf-8", "replace"))
+            elif UNDECODABLE_MARK in para:
+                detail = f"invalid {encoding} at character {para.index(UNDECODABLE_MARK)} of the paragraph"
+                yield ctx.quarantine(pos, "undecodable", detail, para.encode("utf-8", "replace"))
+            else:
+                yield ctx.record(pos, para.rstrip("\n"), {}, encoding)
+    finally:
+        text.detach()  # the caller closes the byte stream
 
 
 def sniff_bom(store: ObjectStore, key: str) -> str | None:
@@ -278,10 +315,11 @@ def read_parquet(ctx: ReadContext, f: BinaryIO, first_group: int, end_group: int
     end = pf.num_row_groups if end_group is None else min(end_group, pf.num_row_groups)
     row = sum(pf.metadata.row_group(g).num_rows for g in range(first_group))
     for group in range(first_group, end):
-        ctx.extra["parquet_bytes"] += sum(
-            pf.metadata.row_group(group).column(i).total_compressed_size
-            for i in range(pf.metadata.num_columns)
-            if pf.metadata.row_group(group).column(i).path_in_schema in columns
+        meta = pf.metadata.row_group(group)
+        ctx.bytes_read += sum(  # the column chunks read (a struct column has one chunk per leaf)
+            meta.column(i).total_compressed_size
+            for i in range(meta.num_columns)
+            if meta.column(i).path_in_schema.split(".")[0] in columns
         )
         for batch in pf.iter_batches(row_groups=[group], columns=columns, batch_size=1024):
             for obj in pa.Table.from_batches([batch]).to_pylist():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
+from itertools import chain
 from operator import mul
 
 import numpy as np
@@ -207,39 +208,168 @@ def _dup_ngram_reason(words: list[str], cfg: QualityConfig) -> str | None:
     return None
 
 
-def _word_reason(text: str, cfg: QualityConfig) -> str | None:
+# ---------------------------------------------------------------- batch screen for the n-gram rules
+# Counting n-grams per document with Counter/dict costs ~100 ns per word and n. The screen instead hashes
+# every n-gram of a chunk of documents into a bucket table (numpy bincount) whose counts can only be too
+# high (collisions add, never remove). From them: an upper bound on each document's top n-gram score
+# (count x characters). A
+# document whose bounds stay under every threshold passes the n-gram rules for certain; the few others get
+# the exact per-document computation. So the batch answer equals the per-document one. The repeated
+# n-gram screen sorts 64-bit keys instead (see _covered_chars).
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+_STEP = np.uint64(0xD6E8FEB86659FD93)
+_CHUNK_WORDS = 1 << 16
+_SLACK = 1.0 - 1e-9  # float rounding must never turn a failing document into a passing one
+
+
+def _chunks(sizes: list[int]) -> list[tuple[int, int]]:
+    """[lo, hi) ranges of documents holding about _CHUNK_WORDS words each (a huge document alone)."""
+    out, lo, words = [], 0, 0
+    for i, size in enumerate(sizes):
+        if words and words + size > _CHUNK_WORDS:
+            out.append((lo, i))
+            lo, words = i, 0
+        words += size
+    out.append((lo, len(sizes)))
+    return out
+
+
+def _bucket_counts(
+    word_hash: np.ndarray, doc: np.ndarray, n: int, bits: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """For every position: its n-gram's bucket count (0 where the n-gram crosses documents) and validity."""
+    m = len(word_hash) - n + 1
+    key = word_hash[:m].copy()
+    for j in range(1, n):
+        key = key * _STEP + word_hash[j : j + m]
+    valid = doc[:m] == doc[n - 1 :]
+    bucket = np.where(valid, (key * _MIX) >> np.uint64(64 - bits), 1 << bits).astype(np.intp)
+    counts = np.bincount(bucket, minlength=(1 << bits) + 1)
+    counts[1 << bits] = 0
+    return counts[bucket]
+
+
+def _covered_chars(word_hash: np.ndarray, doc: np.ndarray, lengths: np.ndarray, n: int) -> np.ndarray:
+    """Per document: characters covered by n-gram occurrences repeating an earlier one (64-bit keys, sorted).
+
+    Buckets would not do here: one false "repeat" covers n words, so the table would need hundreds of
+    slots per word. A stable sort puts each key's occurrences in position order; all but the first repeat.
+    """
+    m = len(word_hash) - n + 1
+    key = word_hash[:m].copy()
+    for j in range(1, n):
+        key = key * _STEP + word_hash[j : j + m]
+    starts = np.flatnonzero(doc[:m] == doc[n - 1 :])
+    order = np.argsort(key[starts], kind="stable")
+    sorted_keys = key[starts][order]
+    repeats = np.zeros(m, dtype=bool)
+    repeats[starts[order[1:][sorted_keys[1:] == sorted_keys[:-1]]]] = True
+    before = np.concatenate(([0], np.cumsum(repeats)))
+    j = np.arange(len(word_hash))
+    covered = before[np.minimum(j, m - 1) + 1] - before[np.maximum(j - n + 1, 0)] > 0
+    return np.bincount(doc, weights=lengths * covered, minlength=int(doc[-1]) + 1)
+
+
+def _screen_chunk(word_lists: list[list[str]], cfg: QualityConfig) -> np.ndarray:
+    sizes = np.fromiter(map(len, word_lists), dtype=np.int64, count=len(word_lists))
+    total = int(sizes.sum())
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    first_pos: list[int] = []  # per document: the position where each word first occurs (an exact word id)
+    for words, start in zip(word_lists, starts.tolist(), strict=True):
+        first_pos.extend(map({}.setdefault, words, range(start, start + len(words))))
+    word_hash = np.array(first_pos, dtype=np.uint64) * _MIX
+    lengths = np.fromiter(map(len, chain.from_iterable(word_lists)), dtype=np.int64, count=total)
+    doc = np.repeat(np.arange(len(word_lists)), sizes)
+    doc_chars = np.bincount(doc, weights=lengths, minlength=len(word_lists)) * _SLACK
+    cum = np.concatenate(([0], np.cumsum(lengths)))
+    bits = min(max((16 * total).bit_length(), 10), 26)
+    flagged = np.zeros(len(word_lists), dtype=bool)
+    for n, max_frac in cfg.top_ngram_max_fraction:
+        if total >= n:
+            counts = _bucket_counts(word_hash, doc, n, bits)
+            score = np.zeros(total)
+            score[: len(counts)] = counts * (cum[n:] - cum[:-n])
+            flagged |= np.maximum.reduceat(score, starts) > max_frac * doc_chars
+    pairs = cfg.dup_ngram_max_fraction
+    if pairs and total >= pairs[0][0]:
+        covered_chars = _covered_chars(word_hash, doc, lengths, pairs[0][0])
+        flagged |= covered_chars > min(f for _, f in pairs) * doc_chars
+    return flagged
+
+
+def screen_ngrams(word_lists: list[list[str]], cfg: QualityConfig) -> list[bool]:
+    """For each document (>= 2 words): False when it certainly passes every n-gram rule."""
+    out: list[bool] = []
+    for lo, hi in _chunks([len(w) for w in word_lists]):
+        out.extend(_screen_chunk(word_lists[lo:hi], cfg).tolist())
+    return out
+
+
+def _word_reason(text: str, cfg: QualityConfig) -> tuple[str | None, list[str]]:
+    """The word, symbol, line and repetition rules; also the words for the n-gram rules (empty when the
+    n-gram rules do not apply: a reason was found already, or the document is mostly CJK)."""
     words = text.split()
     n_words, n_cjk = count_words(text, words)
     if cfg.min_words is not None and n_words < cfg.min_words:
-        return "too_few_words"
+        return "too_few_words", []
     if cfg.max_words is not None and n_words > cfg.max_words:
-        return "too_many_words"
+        return "too_many_words", []
     if n_cjk:
         words = CJK_RE.sub(" ", text).split()
-    total_chars = len("".join(words))
     if len(words) * 2 >= n_words and words:
-        mean = total_chars / len(words)
+        mean = len("".join(words)) / len(words)
         if cfg.min_mean_word_length is not None and mean < cfg.min_mean_word_length:
-            return "mean_word_length"
+            return "mean_word_length", []
         if cfg.max_mean_word_length is not None and mean > cfg.max_mean_word_length:
-            return "mean_word_length"
+            return "mean_word_length", []
     if cfg.max_symbol_word_ratio is not None and n_words:
         symbols = text.count("#") + sum(text.count(e) for e in ELLIPSES)
         if symbols / n_words > cfg.max_symbol_word_ratio:
-            return "symbol_ratio"
+            return "symbol_ratio", []
     reason = _line_reason(text, cfg) or _repetition_reason(text, cfg)
     if reason or n_cjk * 2 > n_words:
         # n-gram rules over CJK would need character n-grams; the line/paragraph rules cover CJK spam
-        return reason
-    return _top_ngram_reason(words, total_chars, cfg) or _dup_ngram_reason(words, cfg)
+        return reason, []
+    return None, words
 
 
-def check_quality(text: str, cfg: QualityConfig) -> str | None:
-    """Name of the first rule ``text`` fails (cheapest first), or ``None`` when it passes."""
-    if not cfg.enabled:
-        return None
+def _ngram_reason(words: list[str], cfg: QualityConfig) -> str | None:
+    """The exact n-gram rules of one document (top n-grams, then duplicate n-grams)."""
+    return _top_ngram_reason(words, len("".join(words)), cfg) or _dup_ngram_reason(words, cfg)
+
+
+def _length_reason(text: str, cfg: QualityConfig) -> str | None:
     if cfg.min_chars is not None and len(text) < cfg.min_chars:
         return "too_short_chars"
     if cfg.max_chars is not None and len(text) > cfg.max_chars:
         return "too_long_chars"
-    return _word_reason(text, cfg)
+    return None
+
+
+def check_quality_batch(texts: list[str], cfg: QualityConfig) -> list[str | None]:
+    """``check_quality`` of every text, with the n-gram rules screened for the whole batch at once."""
+    if not cfg.enabled:
+        return [None] * len(texts)
+    reasons: list[str | None] = []
+    pending: list[int] = []
+    pending_words: list[list[str]] = []
+    for i, text in enumerate(texts):
+        reason = _length_reason(text, cfg)
+        words: list[str] = []
+        if reason is None:
+            reason, words = _word_reason(text, cfg)
+        reasons.append(reason)
+        if len(words) >= 2:
+            pending.append(i)
+            pending_words.append(words)
+    flagged = screen_ngrams(pending_words, cfg) if pending_words else []
+    for i, words, maybe in zip(pending, pending_words, flagged, strict=True):
+        if maybe:
+            reasons[i] = _ngram_reason(words, cfg)
+    return reasons
+
+
+def check_quality(text: str, cfg: QualityConfig) -> str | None:
+    """Name of the first rule ``text`` fails (cheapest first), or ``None`` when it passes."""
+    return check_quality_batch([text], cfg)[0]

@@ -250,27 +250,59 @@ class ShardWriter:
         self._current: _OpenShard | None = None
         self._next_index = 0
         self._offset = 0
+        self._carry_piece = 0
         self.done: list[WrittenShard] = []
 
     def add(self, doc_id: str, source: str, location: str, tokens: np.ndarray) -> None:
         tokens = np.asarray(tokens)
-        if len(tokens) == 0:
-            raise ValueError(f"document {doc_id!r} has no tokens (every document ends with EOS)")
-        if len(tokens) and (int(tokens.max()) > self._limit or int(tokens.min()) < 0):
-            raise ValueError(f"document {doc_id!r} has token ids outside {self.dtype.name}")
-        piece, pos = 0, 0
-        while pos < len(tokens):
-            shard = self._current or self._open_next(doc_id)
-            take = min(shard.capacity - shard.filled, len(tokens) - pos)
-            shard.file.write(tokens[pos : pos + take].astype(self.dtype, copy=False).tobytes())
-            for name, value in zip(
-                DOCS_SCHEMA.names, (doc_id, source, location, shard.filled, take, piece), strict=True
+        self.add_batch([doc_id], [source], [location], np.array([0, len(tokens)]), tokens)
+
+    def add_batch(
+        self,
+        doc_ids: Sequence[str],
+        sources: Sequence[str],
+        locations: Sequence[str],
+        offsets: np.ndarray,
+        flat: np.ndarray,
+    ) -> None:
+        """Add documents in order: document j is ``flat[offsets[j]:offsets[j+1]]`` (``offsets[0] == 0``).
+
+        Works per shard segment, not per document, so millions of small documents stay cheap.
+        """
+        offsets = np.asarray(offsets, dtype=np.int64)
+        lengths = np.diff(offsets)
+        if (lengths <= 0).any():
+            bad = doc_ids[int(np.flatnonzero(lengths <= 0)[0])]
+            raise ValueError(f"document {bad!r} has no tokens (every document ends with EOS)")
+        if len(flat) and (int(flat.max()) > self._limit or int(flat.min()) < 0):
+            raise ValueError(
+                f"documents {doc_ids[0]!r}..{doc_ids[-1]!r} have token ids outside {self.dtype.name}"
+            )
+        pos, total = 0, int(offsets[-1])
+        while pos < total:
+            first = int(np.searchsorted(offsets, pos, side="right")) - 1  # the document holding token `pos`
+            shard = self._current or self._open_next(doc_ids[first])
+            end = min(pos + shard.capacity - shard.filled, total)
+            last = int(np.searchsorted(offsets, end, side="left"))  # documents starting before `end`
+            shard.file.write(flat[pos:end].astype(self.dtype, copy=False).tobytes())
+            starts = np.maximum(offsets[first:last], pos)
+            sizes = np.minimum(offsets[first + 1 : last + 1], end) - starts
+            pieces = np.zeros(last - first, dtype=np.int64)
+            if offsets[first] < pos:  # continues a document split at the previous shard boundary
+                pieces[0] = self._carry_piece + 1
+            self._carry_piece = int(pieces[-1])
+            for name, values in (
+                ("doc_id", doc_ids[first:last]),
+                ("source", sources[first:last]),
+                ("location", locations[first:last]),
+                ("token_start", (starts - pos + shard.filled).tolist()),
+                ("tokens", sizes.tolist()),
+                ("piece", pieces.tolist()),
             ):
-                shard.rows[name].append(value)
-            shard.sizes.append(take)
-            shard.filled += take
-            pos += take
-            piece += 1
+                shard.rows[name].extend(values)
+            shard.sizes.extend(sizes.tolist())
+            shard.filled += end - pos
+            pos = end
             if shard.filled == shard.capacity:
                 self._finish(shard)
 

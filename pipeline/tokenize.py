@@ -346,9 +346,17 @@ def write_shards(
         for batch in iter_token_batches(store, folder, i):
             offsets, flat = _split_arrays(batch)
             cols = [batch.column(c).to_pylist() for c in ("id", "source", "location")]
-            for j, (doc_id, source, location) in enumerate(zip(*cols, strict=True)):
-                split = split_of(doc_id, shard_cfg.valid_fraction, shard_cfg.seed)
-                writers[split].add(doc_id, source, location, flat[offsets[j] : offsets[j + 1]])
+            splits = np.array([split_of(d, shard_cfg.valid_fraction, shard_cfg.seed) for d in cols[0]])
+            lengths = np.diff(offsets)
+            for split, writer in writers.items():
+                mask = splits == split
+                if not mask.any():
+                    continue
+                picked = np.flatnonzero(mask).tolist()
+                sub_offsets = np.concatenate([[0], np.cumsum(lengths[mask])])
+                sub_flat = flat if mask.all() else flat[np.repeat(mask, lengths)]
+                ids, sources, locations = ([col[k] for k in picked] for col in cols)
+                writer.add_batch(ids, sources, locations, sub_offsets, sub_flat)
     return [shard for s in SPLITS for shard in writers[s].close()]
 
 

@@ -107,6 +107,39 @@ class ShardDataset(Dataset):
         last = np.searchsorted(self.offsets, idx * self.seq_len + self.seq_len, side="right") - 1
         return np.unique(np.concatenate([first, last]))
 
+    def documents_of_sample(self, i: int) -> list[dict]:
+        """Lineage: the document pieces sample ``i`` holds, in order, from each shard's ``docs.parquet``.
+
+        Each entry is a docs row (doc_id, source, location, piece, ...) plus ``shard`` and the overlapping
+        token range ``[start, end)`` within the shard. The parquet files are fetched through the cache.
+        """
+        found = []
+        for k, start, end in self.sample_to_shards(i):
+            table = self._docs_table(k)
+            starts, lengths = table["token_start"], table["tokens"]
+            first = max(0, bisect.bisect_right(starts, start) - 1)
+            for row in range(first, len(starts)):
+                if starts[row] >= end:
+                    break
+                if starts[row] + lengths[row] > start:
+                    entry = {name: column[row] for name, column in table.items()}
+                    entry.update(
+                        shard=k, start=max(start, starts[row]), end=min(end, starts[row] + lengths[row])
+                    )
+                    found.append(entry)
+        return found
+
+    def _docs_table(self, k: int) -> dict[str, list]:
+        import pyarrow.parquet as pq  # only lineage needs pyarrow here
+
+        shard = self.shards[k]
+        size = shard.docs_bytes or self.store.stat(shard.docs_key).size
+        path = self.cache.path(shard.docs_key, shard.docs_sha256, size)
+        try:
+            return pq.read_table(path).to_pydict()
+        finally:
+            self.cache.release(shard.docs_key)
+
     # ------------------------------------------------------------ reading
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
 from collections.abc import Iterator, Sized
 
 import numpy as np
@@ -178,7 +179,10 @@ class ResumableDistributedSampler(DistributedSampler):
         shuffle: bool = True,
         drop_last: bool = True,
     ):
-        n = dataset_len if isinstance(dataset_len, int) else len(dataset_len)
+        try:
+            n = operator.index(dataset_len)  # an int, numpy integer...
+        except TypeError:
+            n = len(dataset_len)  # type: ignore[arg-type]
         _check_layout(n, num_replicas, 0)
         super().__init__(
             _Length(n), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last

@@ -36,9 +36,8 @@ _pw_env_setup() {
   ip=$(getent ahostsv4 "$MASTER_ADDR" 2>/dev/null | awk '{print $1; exit}') || true
   if [[ -z $ip ]]; then
     _pw_env_err "cannot resolve MASTER_ADDR=$MASTER_ADDR: use an IP, or add it to /etc/hosts on every node"
-    return 1
-  fi
-  if [[ $ip != 127.* ]] && command -v ip >/dev/null; then
+    ok=1
+  elif [[ $ip != 127.* ]] && command -v ip >/dev/null; then
     local dev
     dev=$(_pw_iface_for "$ip") || dev=""
     if [[ -z $dev ]]; then
@@ -49,7 +48,7 @@ _pw_env_setup() {
     export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$dev}"
   fi
   local name
-  for name in ${GLOO_SOCKET_IFNAME//,/ }; do
+  for name in ${GLOO_SOCKET_IFNAME:+${GLOO_SOCKET_IFNAME//,/ }}; do
     if [[ ! -e /sys/class/net/$name ]]; then
       _pw_env_err "GLOO_SOCKET_IFNAME names $name, which this host does not have (see: ip -br addr)"
       ok=1
@@ -61,7 +60,7 @@ _pw_env_setup() {
     export NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}"
   fi
   export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
-  echo "env.sh: MASTER_ADDR=$MASTER_ADDR ($ip) MASTER_PORT=$MASTER_PORT" \
+  echo "env.sh: MASTER_ADDR=$MASTER_ADDR (${ip:-unresolved}) MASTER_PORT=$MASTER_PORT" \
     "NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-auto} GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-auto}" \
     "NCCL_IB_DISABLE=$NCCL_IB_DISABLE NCCL_DEBUG=$NCCL_DEBUG" >&2
   return $ok

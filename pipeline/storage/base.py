@@ -105,6 +105,10 @@ class ObjectStore(ABC):
     def delete(self, key: str) -> None:
         """Delete if present (no error when missing)."""
 
+    def copy(self, src_key: str, dst_key: str) -> None:
+        """Copy an object within this store (backends override with a cheaper server-side copy)."""
+        self.put_bytes(dst_key, self.get_bytes(src_key))
+
     def exists(self, key: str) -> bool:
         try:
             self.stat(key)

@@ -151,6 +151,17 @@ class FileStore(ObjectStore):
             st = (self.root / key).stat()
             yield ObjectInfo(key=key, size=st.st_size, etag=f"{st.st_mtime_ns}-{st.st_size}", mtime=st.st_mtime)
 
+    def copy(self, src_key: str, dst_key: str) -> None:
+        """Hard-link when possible (immutable unit files are never rewritten in place), else copy."""
+        src, dst = self._path(src_key), self._path(dst_key)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}.{os.getpid()}")
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._path(key).unlink()

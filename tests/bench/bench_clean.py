@@ -45,7 +45,9 @@ def sample_english() -> list[str]:
 
 def generated_english(n_docs: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
-    vocab = ["".join(rng.choice("etaoinshrdlcumwfgypbvk") for _ in range(rng.randint(1, 11))) for _ in range(20000)]
+    vocab = [
+        "".join(rng.choice("etaoinshrdlcumwfgypbvk") for _ in range(rng.randint(1, 11))) for _ in range(20000)
+    ]
     weights = [1.0 / (rank + 1) for rank in range(len(vocab))]
     extras = ["“quoted”", "naïve", "café", "—", "it’s"]
     docs = []
@@ -53,9 +55,9 @@ def generated_english(n_docs: int, seed: int = 0) -> list[str]:
         words = rng.choices(vocab, weights, k=rng.randint(80, 1200))
         if d % 5 == 0:
             words[rng.randrange(len(words))] = rng.choice(extras)
-        if d % 50 == 0:
-            words[rng.randrange(len(words))] = "SchÃ¶n"
         sentences = [" ".join(words[i : i + 15]).capitalize() + "." for i in range(0, len(words), 15)]
+        if d % 50 == 0:
+            sentences[rng.randrange(len(sentences))] += " SchÃ¶n, nicht wahr?"
         paragraphs = [" ".join(sentences[i : i + 5]) for i in range(0, len(sentences), 5)]
         docs.append("\n\n".join(paragraphs))
     return docs
@@ -97,8 +99,10 @@ def bench(name: str, texts: list[str]) -> None:
     non_ascii = [t for t in texts[: max(1, len(texts) // 20)] if not t.isascii()]
     na_mb = sum(len(t.encode("utf-8")) for t in non_ascii) / 1e6
     t_ftfy = cpu_seconds(lambda: [ftfy.fix_text(t, FTFY_CONFIG) for t in non_ascii]) if non_ascii else 0.0
-    print(f"{name}: {mb:.1f} MB, {len(texts)} docs, {ascii_share:.0%} pure ASCII; "
-          f"mojibake fixed in {counts['mojibake_fixed']} docs")
+    print(
+        f"{name}: {mb:.1f} MB, {len(texts)} docs, {ascii_share:.0%} pure ASCII; "
+        f"mojibake fixed in {counts['mojibake_fixed']} docs"
+    )
     print(f"  normalise only            : {mb / t_norm:8.1f} MB/s per core ({t_norm:.2f} s)")
     print(f"  quality rules only        : {mb / t_quality:8.1f} MB/s per core ({t_quality:.2f} s)")
     print(f"  clean_batch (no bp)       : {mb / t_clean:8.1f} MB/s per core ({t_clean:.2f} s)")

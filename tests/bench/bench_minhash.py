@@ -13,6 +13,9 @@ import multiprocessing as mp
 import os
 import random
 import resource
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -162,6 +165,14 @@ def write_corpus(root: str, docs: list[tuple[str, str]], copies: int, parts: int
         write_part(store, "in", p, chunk, StageStats(stage="clean", docs_in=len(chunk)))
 
 
+def _vm_hwm_mib() -> float:
+    """Peak RSS of this process image. (ru_maxrss is no good here: Linux carries it across fork + exec.)"""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _run_step(root: str, step: str, arg: int, parts: int) -> tuple[float, float]:
     """One step in a fresh process: (CPU seconds, peak RSS MiB, RSS MiB after imports, before the step)."""
     import pyarrow.parquet  # noqa: F401  (imported before the baseline, like every step does)
@@ -171,7 +182,7 @@ def _run_step(root: str, step: str, arg: int, parts: int) -> tuple[float, float]
 
     store = FileStore(root)
     cfg = near.NearDedupConfig()
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    base = _vm_hwm_mib()
     t0 = time.process_time()
     if step == "signatures":
         near.run_signatures_part(store, "in", "work/signatures", arg, cfg)
@@ -183,53 +194,65 @@ def _run_step(root: str, step: str, arg: int, parts: int) -> tuple[float, float]
         near.run_clusters(store, "in", "work", parts, cfg)
     else:
         near.run_near_filter_part(store, "in", "out", arg, "work/clusters")
-    return time.process_time() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, base
+    return time.process_time() - t0, _vm_hwm_mib(), base
 
 
 def bench_pipeline(docs: list[tuple[str, str]], copies: int, parts: int) -> dict:
     root = tempfile.mkdtemp(prefix="pw-bench-near-")
     write_corpus(root, docs, copies, parts)
-    ctx = mp.get_context("spawn")
     result = {}
-    with ctx.Pool(1, maxtasksperchild=1) as pool:
-        for step in ("signatures", "bands", "edges", "clusters", "filter"):
-            units = 1 if step == "clusters" else parts
-            if step == "edges":
-                units = json.loads(Path(root, "work/plan.json").read_text())["num_partitions"]
-            times, rss, over = [], [], []
-            for u in range(units):
-                dt, peak, base = pool.apply(_run_step, (root, step, u, parts))
-                times.append(dt)
-                rss.append(peak)
-                over.append(peak - base)
-            result[step] = (sum(times), max(rss), max(over))
+    for step in ("signatures", "bands", "edges", "clusters", "filter"):
+        units = 1 if step == "clusters" else parts
+        if step == "edges":
+            units = json.loads(Path(root, "work/plan.json").read_text())["num_partitions"]
+        times, rss, over = [], [], []
+        for u in range(units):
+            # A fresh interpreter per unit, as a worker would run it: its own peak RSS is the step's.
+            cmd = [sys.executable, __file__, "--step", step, "--root", root, "--unit", str(u), "--parts", str(parts)]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            dt, peak, base = json.loads(out.strip().splitlines()[-1])
+            times.append(dt)
+            rss.append(peak)
+            over.append(peak - base)
+        result[step] = (sum(times), max(rss), max(over))
     report = json.loads(Path(root, "work/clusters/dedup_report.json").read_text())
     result["docs"] = report["docs_in"]
     result["removed"] = report["removed_near"]
+    result["mb"] = sum(len(t.encode()) for _, t in docs) * copies / 1e6
+    shutil.rmtree(root)
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller runs")
+    parser.add_argument("--scales", default="1,10", help="corpus multiples for the whole-run bench")
+    parser.add_argument("--step", help=argparse.SUPPRESS)
+    parser.add_argument("--root", help=argparse.SUPPRESS)
+    parser.add_argument("--unit", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--parts", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.step:  # child mode: one unit of one step
+        print(json.dumps(_run_step(args.root, args.step, args.unit, args.parts)))
+        return
     docs = load_sample()
     texts = [t for _, t in docs]
     bench_signatures(texts)
     bench_banding(50_000 if args.quick else 300_000)
-    print("\n== whole near-dedup (each step in a fresh process; seconds summed over units, peak RSS of the largest)")
+    print("\n== whole near-dedup (each unit in a fresh process; CPU seconds summed over units, peak RSS of the largest)")
+    scales = [int(x) for x in args.scales.split(",")]
     runs = {}
-    for scale in (1, 10):
-        runs[scale] = bench_pipeline(docs, scale, parts=2 * scale if scale > 1 else 2)
-        r = runs[scale]
-        print(f"  {scale:2d}x: {r['docs']} docs, {r['removed']} near duplicates removed")
+    for scale in scales:
+        runs[scale] = r = bench_pipeline(docs, scale, parts=2 * scale)
+        print(f"  {scale:3d}x: {r['docs']} docs, {r['mb']:.1f} MB, {2 * scale} parts, {r['removed']} near duplicates removed")
         for step in ("signatures", "bands", "edges", "clusters", "filter"):
             sec, rss, over = r[step]
-            print(f"      {step:10s} {sec:7.2f} CPU s   peak RSS {rss:7.1f} MiB ({over:6.1f} MiB above the imports)")
+            print(f"      {step:10s} {sec:7.2f} CPU s  {r['docs'] / max(sec, 1e-9):9.0f} docs/s   peak RSS {rss:7.1f} MiB "
+                  f"({over:6.1f} MiB above the imports)")  # fmt: skip
+    lo, hi = scales[0], scales[-1]
     for step in ("signatures", "bands", "edges", "clusters", "filter"):
-        ratio_t = runs[10][step][0] / max(runs[1][step][0], 1e-9)
-        ratio_m = runs[10][step][2] / max(runs[1][step][2], 1e-9)
-        print(f"  1x -> 10x {step:10s} time x{ratio_t:5.1f}  RSS above imports x{ratio_m:5.2f}")
+        ratio_t = runs[hi][step][0] / max(runs[lo][step][0], 1e-9)
+        print(f"  {lo}x -> {hi}x {step:10s} time x{ratio_t:5.1f}  peak RSS {runs[lo][step][1]:6.1f} -> {runs[hi][step][1]:6.1f} MiB")
 
 
 if __name__ == "__main__":

@@ -304,3 +304,33 @@ def test_cli_during(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert report["comm_source"] == "logged by the trainer"
     assert cli_main(["doctor", "--during", str(tmp_path / "nothing")]) == 2
     assert "is {} a training output_dir".format(tmp_path / "nothing") in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the Prefect flow
+def test_doctor_flow_reports_artifact_and_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.doctor_flow import doctor_flow
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with prefect_test_harness(server_startup_timeout=120):
+        found = doctor_flow(only=["versions", "master"])
+        assert [d["name"] for d in found] == ["python", "torch", "deepspeed", "master"]
+        assert found[-1]["status"] == "WARN"
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            state = doctor_flow(master_addr="127.0.0.1", master_port=server.getsockname()[1], only=["master"],
+                                return_state=True)
+        assert state.is_failed() and "already in use" in str(state.message)
+        from prefect.client.orchestration import get_client
+
+        async def artifact_rows():
+            async with get_client() as client:
+                art = await client.read_latest_artifacts()
+                return [a for a in art if a.key == "doctor-report"]
+
+        import asyncio
+
+        [art] = asyncio.run(artifact_rows())
+        assert "FAIL" in str(art.data) and "0 PASS, 0 WARN, 1 FAIL" in (art.description or "")

@@ -25,17 +25,12 @@ from pipeline.clean import (
     run_clean_part,
 )
 from pipeline.quality import QualityConfig
-from pipeline.records import Record, part_done, read_part, read_part_stats, write_part, StageStats
+from pipeline.records import Record, StageStats, part_done, read_part, read_part_stats, write_part
 from pipeline.sample import sample_corpus_path
 from pipeline.storage import FileStore
 
 NO_QUALITY = CleanConfig(quality=QualityConfig(enabled=False))
-WORDS = (
-    "the of and to in is was that for on with as by at from his her which an have are were this be had not "
-    "river garden morning village teacher window market winter summer letter evening station mountain forest "
-    "carefully slowly quietly walked opened painted carried noticed remembered gathered travelled explained "
-    "bright narrow ancient gentle heavy yellow silent distant crowded familiar"
-).split()
+WORDS = ["the", "of", "and", "to", "in", "is", "was", "that", "for", "on", "with", "as", "by", "at", "from", "his", "her", "which", "an", "have", "are", "were", "this", "be", "had", "not", "river", "garden", "morning", "village", "teacher", "window", "market", "winter", "summer", "letter", "evening", "station", "mountain", "forest", "carefully", "slowly", "quietly", "walked", "opened", "painted", "carried", "noticed", "remembered", "gathered", "travelled", "explained", "bright", "narrow", "ancient", "gentle", "heavy", "yellow", "silent", "distant", "crowded", "familiar"]
 
 
 def prose(seed: int, n_words: int = 120) -> str:

@@ -160,9 +160,10 @@ def test_every_format(tmp_path: Path) -> None:
     }
     assert first["f.parquet"].meta_dict()["lang"] == "fr"
     assert stats.docs_out == 22 and stats.docs_in == 22 and stats.bytes_out > 0
-    sizes = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
-    streamed = sum(size for name, size in sizes.items() if name != "f.parquet")  # read whole, byte for byte
-    assert streamed < stats.bytes_in <= streamed + sizes["f.parquet"]  # parquet: the column chunks read
+    streamed = sum(p.stat().st_size for p in tmp_path.iterdir() if p.suffix != ".parquet")  # read whole
+    meta = pq.ParquetFile(tmp_path / "f.parquet").metadata
+    chunks = sum(meta.row_group(g).column(c).total_compressed_size for g in range(3) for c in range(2))
+    assert stats.bytes_in == streamed + chunks  # parquet: the column chunks read
 
 
 def test_ids_offsets_point_at_the_raw_bytes(tmp_path: Path) -> None:
@@ -176,11 +177,46 @@ def test_ids_offsets_point_at_the_raw_bytes(tmp_path: Path) -> None:
 
 
 def test_id_field_and_non_pile_fields(tmp_path: Path) -> None:
-    write_jsonl(tmp_path / "x.jsonl", [{"id": "doc-7", "content": "hello world", "meta": "not json"}])
+    row = {
+        "id": "doc-7",
+        "content": "hello world",
+        "meta": "not json",
+        "url": "u",
+        "html": "<p>" * 1000,
+        "n": [1],
+    }
+    write_jsonl(tmp_path / "x.jsonl", [row])
     cfg = IngestConfig(text_field="content", id_field="id")
     records, quarantined, _ = ingest_all([str(tmp_path)], cfg)
     assert quarantined == [] and records[0].id == "doc-7" and records[0].text == "hello world"
-    assert records[0].meta_dict()["meta"] == "not json"
+    # small scalar fields join meta; the text, the id, big strings and nested values do not
+    assert records[0].meta_dict() == {
+        "meta": "not json",
+        "url": "u",
+        "format": "jsonl",
+        "encoding": "utf-8",
+        "offset": "B0",
+    }
+
+
+def test_utf16_paragraphs_are_numbered_and_never_split(tmp_path: Path) -> None:
+    paragraphs = [f"{i}: " + JAPANESE.strip() for i in range(40)]
+    data = "\r\n\r\n".join(paragraphs).encode("utf-16")
+    (tmp_path / "u16.txt").write_bytes(data)
+    (tmp_path / "bad16.txt").write_bytes(
+        "ok\n\nfine\n\n".encode("utf-16") + b"\x00\xd8" + "tail".encode("utf-16-le")
+    )
+    cfg = IngestConfig(txt_mode="paragraph")
+    plans = plan_parts(list_inputs([str(tmp_path)]), len(data) // 7, cfg=cfg)
+    assert len(plans) == 2  # one piece each: UTF-16 has no byte-level newline to split at
+    records, quarantined, stats = ingest_all([str(tmp_path)], cfg, target=len(data) // 7)
+    assert [r.text for r in records if r.source.endswith("u16.txt")] == paragraphs
+    assert [r.id.rsplit("#", 1)[1] for r in records if r.source.endswith("u16.txt")] == [
+        f"P{i}" for i in range(40)
+    ]
+    assert [r.text for r in records if r.source.endswith("bad16.txt")] == ["ok", "fine"]
+    assert [(q.reason, q.location) for q in quarantined] == [("undecodable", "P2")]
+    assert stats.bytes_in == sum(p.stat().st_size for p in tmp_path.iterdir())
 
 
 def test_txt_paragraph_mode(tmp_path: Path) -> None:

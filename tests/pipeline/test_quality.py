@@ -9,16 +9,12 @@ from collections import Counter
 
 import pytest
 
+from pipeline import quality
 from pipeline.clean import CleanConfig, clean_batch
-from pipeline.quality import QualityConfig, check_quality, count_words
+from pipeline.quality import QualityConfig, check_quality, check_quality_batch, count_words
 from pipeline.records import Record
 
-WORDS = (
-    "the of and to in is was that for on with as by at from his her which an have are were this be had not "
-    "river garden morning village teacher window market winter summer letter evening station mountain forest "
-    "carefully slowly quietly walked opened painted carried noticed remembered gathered travelled explained "
-    "bright narrow ancient gentle heavy yellow silent distant crowded familiar"
-).split()
+WORDS = ["the", "of", "and", "to", "in", "is", "was", "that", "for", "on", "with", "as", "by", "at", "from", "his", "her", "which", "an", "have", "are", "were", "this", "be", "had", "not", "river", "garden", "morning", "village", "teacher", "window", "market", "winter", "summer", "letter", "evening", "station", "mountain", "forest", "carefully", "slowly", "quietly", "walked", "opened", "painted", "carried", "noticed", "remembered", "gathered", "travelled", "explained", "bright", "narrow", "ancient", "gentle", "heavy", "yellow", "silent", "distant", "crowded", "familiar"]
 GERMAN = (
     "Der Fluss fließt langsam durch das kleine Dorf, in dem meine Großmutter seit über sechzig Jahren lebt. "
     "Jeden Morgen geht sie zum Markt, kauft frisches Brot und Gemüse und spricht mit den Nachbarn über das "
@@ -162,3 +158,45 @@ def test_cjk_characters_count_as_words():
 def test_config_validation_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         QualityConfig(**kwargs)
+
+
+def exact_reference(text: str, cfg: QualityConfig) -> str | None:
+    """The per-document rules with no screen: what the batch must reproduce."""
+    reason = quality._length_reason(text, cfg)
+    if reason:
+        return reason
+    reason, words = quality._word_reason(text, cfg)
+    return reason if reason or len(words) < 2 else quality._ngram_reason(words, cfg)
+
+
+def borderline_docs(n_docs: int, seed: int) -> list[str]:
+    """Random docs with repeated spans and frequent n-grams of random size: many sit near a threshold."""
+    rng = random.Random(seed)
+    vocab = [*unique_words(400, seed=seed, length=5), "the", "of", "a"]
+    docs = []
+    for _ in range(n_docs):
+        words = [rng.choice(vocab) for _ in range(rng.randint(50, 700))]
+        for _ in range(rng.randint(0, 4)):  # paste a copy of an earlier span somewhere later
+            span = rng.randint(5, 40)
+            src = rng.randrange(max(1, len(words) - span))
+            dst = rng.randrange(len(words))
+            words[dst:dst] = words[src : src + span]
+        if rng.random() < 0.3:
+            gram = rng.sample(vocab, rng.randint(2, 4))
+            for _ in range(rng.randint(5, 60)):
+                words[rng.randrange(len(words)) : 0] = gram
+        docs.append(" ".join(words))
+    return docs
+
+
+def test_batch_screen_gives_the_exact_per_document_answers(monkeypatch):
+    monkeypatch.setattr(quality, "_CHUNK_WORDS", 3000)  # several chunks per batch
+    docs = borderline_docs(600, seed=1) + [t for texts in PLANTED.values() for t in texts] + NORMAL
+    cfg = QualityConfig(max_words=None, max_chars=None)
+    expected = [exact_reference(t, cfg) for t in docs]
+    assert check_quality_batch(docs, cfg) == expected
+    reasons = Counter(expected)
+    assert reasons[None] > 50 and sum(v for k, v in reasons.items() if k and "gram" in k) > 50
+    # and the screen really spares most passing documents the exact n-gram counting
+    words = [t.split() for t, r in zip(docs, expected, strict=True) if r is None]
+    assert sum(quality.screen_ngrams(words, cfg)) < len(words) // 2

@@ -292,3 +292,27 @@ def test_write_shards_streams_parts_across_row_group_batches(tmp_path: Path) -> 
     assert rebuilt == all_docs
     assert {s.split for s in written} == {"train", "valid"}
     assert sum(s.docs for s in written) == len(all_docs)
+
+
+@pytest.mark.parametrize("target", [7, 37, 400, 10**5])
+def test_add_batch_writes_the_same_bytes_as_one_document_at_a_time(tmp_path: Path, target: int) -> None:
+    docs = _docs(60, seed=target)
+    sizes = plan_shards(sum(len(d) for d in docs), target)
+    one = ShardWriter(tmp_path / "one", "train", sizes, np.uint16)
+    for i, d in enumerate(docs):
+        one.add(f"d{i}", "s", str(i), d)
+    many = ShardWriter(tmp_path / "many", "train", sizes, np.uint16)
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])])
+    flat = np.concatenate(docs)
+    for lo, hi in ((0, 7), (7, 8), (8, 60)):  # uneven batches, one of a single document
+        ids = [f"d{i}" for i in range(lo, hi)]
+        many.add_batch(
+            ids,
+            ["s"] * len(ids),
+            [str(i) for i in range(lo, hi)],
+            offsets[lo : hi + 1] - offsets[lo],
+            flat[offsets[lo] : offsets[hi]],
+        )
+    assert one.close() == many.close()  # same sizes and sha256 of every file
+    files = sorted(p.relative_to(tmp_path / "one").as_posix() for p in (tmp_path / "one").rglob("*.*"))
+    assert filecmp.cmpfiles(tmp_path / "one", tmp_path / "many", files, shallow=False)[1:] == ([], [])

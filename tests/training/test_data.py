@@ -174,3 +174,23 @@ def test_batched_reads_match_single_reads_and_a_plain_dataloader(tiny, tmp_path:
     assert len(plain) == len(ours) > 0
     for a, b in zip(plain, ours, strict=True):
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], b["labels"])
+
+
+def test_documents_of_sample_trace_every_token_to_a_document(tiny, tmp_path: Path) -> None:
+    manifest, _, _ = tiny
+    eos = manifest.tokenizer.eos_id
+    ds = make_dataset(tiny, tmp_path, 700)  # samples span several documents and a shard boundary
+    for i in range(len(ds)):
+        docs = ds.documents_of_sample(i)
+        assert sum(d["end"] - d["start"] for d in docs) == 701
+        assert [(d["shard"], d["start"]) for d in docs][0] == ds.sample_to_shards(i)[0][:2]
+        tokens = ds[i]["input_ids"].tolist() + [ds[i]["labels"][-1].item()]
+        pos = 0
+        for d in docs:
+            pos += d["end"] - d["start"]
+            last_piece_ends_here = d["end"] == d["token_start"] + d["tokens"]
+            shard_ends_here = d["end"] == manifest.split_shards("train")[d["shard"]].tokens
+            if last_piece_ends_here and not shard_ends_here:
+                assert tokens[pos - 1] == eos, (i, d)  # every document ends with EOS
+        ids = [d["doc_id"] for d in docs]
+        assert len(set(ids)) >= len(ids) - 1  # only a document split at the shard boundary repeats

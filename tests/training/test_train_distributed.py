@@ -1,0 +1,180 @@
+"""Two real ranks over gloo under torchrun, through ``training.launch.run_local``, on the tiny fixture dataset.
+
+One uninterrupted ZeRO-2 run is the reference; resume, kill -9 and killed-mid-save runs must reproduce its
+per-step losses bit for bit (CPU, fp32, same world size). Losses are read from the metrics JSONL, where they
+are written with full float precision.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.tiny_dataset import build_tiny_dataset
+from training.checkpoint import CRASH_IN_SAVE_ENV, RECORD_NAME, list_tags, tag_for_step
+from training.launch import run_local
+from training.metrics import read_metrics
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+MAX_STEPS = 18  # 16 samples per step, 161 samples per epoch: the run crosses an epoch boundary
+BASE = {
+    "preset": "tiny",
+    "model": {"d_model": 64, "n_layer": 2},
+    "seq_len": 64,
+    "micro_batch_size": 4,
+    "grad_accum_steps": 2,
+    "max_steps": MAX_STEPS,
+    "warmup_steps": 3,
+    "lr": 3e-3,
+    "checkpoint_interval": 6,
+    "keep_last": 3,
+    "eval_interval": 6,
+    "eval_batches": 1,
+    "log_interval": 1,
+    "num_workers": 1,
+    "zero_stage": 2,
+    "tensorboard": False,
+    "pg_timeout_s": 60,
+}
+RUN_TIMEOUT_S = 240
+STEP_LINE = re.compile(r"^\[Rank (\d)\] .* step (\d+)/\d+ loss ([0-9.]+) \(this rank ([0-9.]+)\)")
+
+
+@pytest.fixture(scope="module")
+def manifest_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_tiny_dataset(tmp_path_factory.mktemp("tiny-store"))
+
+
+def train(manifest_uri: str, out: Path, *, lines: list[str] | None = None, on_line=None, **kw) -> int:
+    overrides = {**BASE, "output_dir": str(out), **kw.pop("overrides", {})}
+    sink = lines if lines is not None else []
+
+    def collect(line: str) -> None:
+        sink.append(line)
+        if on_line is not None:
+            on_line(line)
+
+    return run_local(manifest_uri, None, 2, overrides=overrides, on_line=collect, timeout_s=RUN_TIMEOUT_S, **kw)
+
+
+def losses(out: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in read_metrics(out)}
+
+
+@pytest.fixture(scope="module")
+def reference(manifest_uri: str, tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    out = tmp_path_factory.mktemp("reference")
+    lines: list[str] = []
+    assert train(manifest_uri, out, lines=lines) == 0, "\n".join(lines[-40:])
+    result = losses(out)
+    assert sorted(result) == list(range(1, MAX_STEPS + 1))
+    return result
+
+
+def assert_loss_falls(by_step: dict[int, float]) -> None:
+    first = sum(by_step[s] for s in range(1, 4)) / 3
+    last = sum(by_step[s] for s in range(MAX_STEPS - 2, MAX_STEPS + 1)) / 3
+    assert last < first - 0.5, (first, last)
+
+
+def assert_rank_averaged_logging(lines: list[str], by_step: dict[int, float]) -> None:
+    """Both ranks log every step with a [Rank N] prefix: the same averaged loss, their own local losses."""
+    seen: dict[int, dict[int, tuple[float, float]]] = {}
+    for line in lines:
+        match = STEP_LINE.match(line)
+        if match:
+            rank, step, avg, local = int(match[1]), int(match[2]), float(match[3]), float(match[4])
+            seen.setdefault(step, {})[rank] = (avg, local)
+    assert sorted(seen) == list(range(1, MAX_STEPS + 1))
+    for step, ranks in seen.items():
+        assert set(ranks) == {0, 1}
+        (avg0, local0), (avg1, local1) = ranks[0], ranks[1]
+        assert avg0 == avg1 and avg0 == pytest.approx(by_step[step], abs=1e-6)
+        assert avg0 == pytest.approx((local0 + local1) / 2, abs=2e-6)
+    assert any(ranks[0][1] != ranks[1][1] for ranks in seen.values()), "ranks saw the same data"
+
+
+def test_zero2_loss_falls_and_is_rank_averaged(manifest_uri: str, tmp_path: Path) -> None:
+    lines: list[str] = []
+    assert train(manifest_uri, tmp_path, lines=lines) == 0, "\n".join(lines[-40:])
+    by_step = losses(tmp_path)
+    assert_loss_falls(by_step)
+    assert_rank_averaged_logging(lines, by_step)
+    assert list_tags(tmp_path / "checkpoints") == [tag_for_step(s) for s in (18, 12, 6)]
+    evals = read_metrics(tmp_path, "eval")
+    assert [e["step"] for e in evals] == [6, 12, 18] and evals[-1]["loss"] < evals[0]["loss"]
+
+
+def test_zero1_loss_falls_and_is_rank_averaged(manifest_uri: str, tmp_path: Path) -> None:
+    lines: list[str] = []
+    code = train(manifest_uri, tmp_path, lines=lines, overrides={"zero_stage": 1, "keep_last": 1})
+    assert code == 0, "\n".join(lines[-40:])
+    by_step = losses(tmp_path)
+    assert_loss_falls(by_step)
+    assert_rank_averaged_logging(lines, by_step)
+    assert list_tags(tmp_path / "checkpoints") == [tag_for_step(18)]
+
+
+def test_stop_and_resume_is_bitwise_exact(manifest_uri: str, reference: dict[int, float], tmp_path: Path) -> None:
+    lines: list[str] = []
+    assert train(manifest_uri, tmp_path, lines=lines, stop_at_step=9) == 0, "\n".join(lines[-40:])
+    assert sorted(losses(tmp_path)) == list(range(1, 10))
+    assert train(manifest_uri, tmp_path, lines=lines) == 0, "\n".join(lines[-40:])
+    assert any("resumed from" in line and tag_for_step(9) in line for line in lines)
+    assert losses(tmp_path) == reference  # every step, bit for bit
+    start = [r for r in read_metrics_all(tmp_path) if r["kind"] == "start"]
+    assert [r["resumed_from"] for r in start] == [None, 9]
+
+
+def read_metrics_all(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_kill_9_of_a_rank_restarts_and_resumes_exactly(
+    manifest_uri: str, reference: dict[int, float], tmp_path: Path
+) -> None:
+    pids: dict[int, int] = {}
+    killed: list[int] = []
+
+    def killer(line: str) -> None:
+        match = re.match(r"^\[Rank 1\] .* pid (\d+), rank 1 of 2", line)
+        if match:
+            pids[1] = int(match[1])
+        step = STEP_LINE.match(line)
+        if step and step[1] == "1" and int(step[2]) == 8 and not killed:
+            os.kill(pids[1], signal.SIGKILL)
+            killed.append(pids[1])
+
+    lines: list[str] = []
+    code = train(manifest_uri, tmp_path, lines=lines, on_line=killer, max_restarts=1)
+    assert killed, "the run never reached step 8"
+    assert code == 0, "\n".join(lines[-60:])
+    records = read_metrics_all(tmp_path)
+    assert [r["resumed_from"] for r in records if r["kind"] == "start"] == [None, 6]
+    assert [r["step"] for r in records if r["kind"] == "end"] == [MAX_STEPS]
+    assert {r["attempt"] for r in records if r["kind"] == "train" and r["step"] > 6} >= {1}
+    assert losses(tmp_path) == reference
+
+
+def test_rank_killed_mid_save_resumes_from_previous_complete(
+    manifest_uri: str, reference: dict[int, float], tmp_path: Path
+) -> None:
+    lines: list[str] = []
+    code = train(manifest_uri, tmp_path, lines=lines, env={CRASH_IN_SAVE_ENV: "12:1"})
+    assert code != 0
+    torn = tmp_path / "checkpoints" / tag_for_step(12)
+    assert (torn / "mp_rank_00_model_states.pt").is_file() and not (torn / RECORD_NAME).exists()
+    assert not (tmp_path / "checkpoints" / "latest").exists()
+    lines.clear()
+    assert train(manifest_uri, tmp_path, lines=lines) == 0, "\n".join(lines[-40:])
+    text = "\n".join(lines)
+    assert "skipping checkpoint step-00000012: step-00000012: no COMPLETE.json" in text
+    assert re.search(r"\[Rank 1\] .*resumed from .*step-00000006", text)
+    assert losses(tmp_path) == reference
+    assert (torn / RECORD_NAME).is_file()  # the redone save of step 12 committed
