@@ -247,11 +247,12 @@ def _keys(results: list[dict[str, Any]]) -> list[str]:
     return [r["key"] for r in results]
 
 
-def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]]) -> str:
-    """Work folder key: the config fingerprint + every input's fingerprint (size, etag/mtime)."""
+def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]], plans: list[dict[str, Any]]) -> str:
+    """Work folder key: the config fingerprint, every input's fingerprint (size, etag/mtime) and the part plan."""
     h = hashlib.sha256(cfg.fingerprint().encode())
     for i in inputs:
         h.update(json.dumps([i["uri"], i["size"], i["etag"]]).encode())
+    h.update(json.dumps(plans, sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 
@@ -309,7 +310,7 @@ def build_corpus(
     plans, input_list = planned["plans"], planned["inputs"]
     n = len(plans)
     store = open_store(cfg.output, s3=cfg.s3)
-    ctx = BuildContext(store_uri=store.uri, work=f"work/{build_key(cfg, input_list)}", config=cfg.to_dict()).to_json()
+    ctx = BuildContext(store_uri=store.uri, work=f"work/{build_key(cfg, input_list, plans)}", config=cfg.to_dict()).to_json()
     c = _ctx(ctx)
     log.info("build %s: %d input object(s) in %d part(s); work folder %s", cfg.name, len(input_list), n, store.uri_of(c.work))
     stage_progress.start({s: n for s in ("ingest", "boilerplate", "clean", "exact dedup", "signatures", "near dedup", "tokenize")})

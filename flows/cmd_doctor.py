@@ -24,30 +24,54 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--master-addr", help="rendezvous host (default: $MASTER_ADDR)")
     p.add_argument("--master-port", type=int, help="rendezvous port (default: $MASTER_PORT or 29500)")
-    p.add_argument("--expect-master", action="store_true",
-                   help="the rendezvous server should already be listening: a closed port is a FAIL")
-    p.add_argument("--hostfile", help="DeepSpeed hostfile: every node must resolve and accept passwordless ssh")
+    p.add_argument(
+        "--expect-master",
+        action="store_true",
+        help="the rendezvous server should already be listening: a closed port is a FAIL",
+    )
+    p.add_argument(
+        "--hostfile", help="DeepSpeed hostfile: every node must resolve and accept passwordless ssh"
+    )
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto", help="all-reduce backend")
     p.add_argument("--allreduce-mib", type=float, help="all-reduce buffer size in MiB (default 4)")
-    p.add_argument("--timeout", type=float, dest="timeout_s", help="deadline of process checks in s (default 60)")
-    p.add_argument("--connect-timeout", type=float, dest="connect_timeout_s",
-                   help="deadline of each name lookup and TCP connect in s (default 3)")
+    p.add_argument(
+        "--timeout", type=float, dest="timeout_s", help="deadline of process checks in s (default 60)"
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        dest="connect_timeout_s",
+        help="deadline of each name lookup and TCP connect in s (default 3)",
+    )
     p.add_argument("--store", help="object store to probe: s3://bucket/prefix or a local path/file:// URI")
-    p.add_argument("--s3-endpoint", dest="s3_endpoint_url", help="S3-compatible endpoint (MinIO: http://host:9000)")
+    p.add_argument(
+        "--s3-endpoint", dest="s3_endpoint_url", help="S3-compatible endpoint (MinIO: http://host:9000)"
+    )
     p.add_argument("--cache-dir", help="shard cache folder (default runs/train/shard-cache, the trainer's)")
     p.add_argument("--checkpoint-dir", help="checkpoint folder (default runs/train)")
     p.add_argument("--min-free-gib", type=float, help="FAIL below this much free disk (default 10)")
-    p.add_argument("--train-config", help="TrainConfig YAML: dry-run its DeepSpeed config, check its cache and "
-                   "output folders' disk")
+    p.add_argument(
+        "--train-config",
+        help="TrainConfig YAML: dry-run its DeepSpeed config, check its cache and output folders' disk",
+    )
     p.add_argument("--deepspeed-config", help="a raw DeepSpeed JSON/YAML config to dry-run instead")
-    p.add_argument("--world-size", type=int, help="ranks the config must fit (default: hostfile slots, else 1)")
+    p.add_argument(
+        "--world-size", type=int, help="ranks the config must fit (default: hostfile slots, else 1)"
+    )
     p.add_argument("--only", type=_csv, default=(), help="comma list of checks to run")
     p.add_argument("--skip", type=_csv, default=(), help="comma list of checks to skip")
-    p.add_argument("--during", metavar="RUN_DIR",
-                   help="instead of the preflight: read a running job's metrics and advise (GPU use, data wait, comm)")
+    p.add_argument(
+        "--during",
+        metavar="RUN_DIR",
+        help="instead of the preflight: read a running job's metrics and advise (GPU use, data wait, comm)",
+    )
     p.add_argument("--last", type=int, default=50, help="with --during: steps to summarise (default 50)")
-    p.add_argument("--busbw", type=float, help="with --during: measured bus bandwidth in GB/s, to estimate the "
-                   "communication share when the trainer does not log it")
+    p.add_argument(
+        "--busbw",
+        type=float,
+        help="with --during: measured bus bandwidth in GB/s, to estimate the "
+        "communication share when the trainer does not log it",
+    )
     p.set_defaults(func=run)
 
 
@@ -62,17 +86,39 @@ def _config(args: argparse.Namespace):
                 world = sum(h.slots for h in parse_hostfile(f.read()))
         except ValueError:
             world = None  # the hostfile check reports the bad line
-    fields = ("master_addr", "master_port", "hostfile", "allreduce_mib", "timeout_s", "connect_timeout_s",
-              "store", "s3_endpoint_url", "cache_dir", "checkpoint_dir", "min_free_gib", "deepspeed_config")
+    fields = (
+        "master_addr",
+        "master_port",
+        "hostfile",
+        "allreduce_mib",
+        "timeout_s",
+        "connect_timeout_s",
+        "store",
+        "s3_endpoint_url",
+        "cache_dir",
+        "checkpoint_dir",
+        "min_free_gib",
+        "deepspeed_config",
+    )
     overrides = {name: getattr(args, name) for name in fields}
     if args.train_config:
         from training.config import load_train_config
 
         train_cfg = load_train_config(args.train_config)
-        overrides["cache_dir"] = overrides["cache_dir"] or train_cfg.cache_dir or f"{train_cfg.output_dir}/shard-cache"
+        overrides["cache_dir"] = (
+            overrides["cache_dir"] or train_cfg.cache_dir or f"{train_cfg.output_dir}/shard-cache"
+        )
         overrides["checkpoint_dir"] = overrides["checkpoint_dir"] or train_cfg.output_dir
-    return DoctorConfig.from_env(os.environ, expect_master=args.expect_master, backend=args.backend,
-                                 world_size=world, train_config=args.train_config, only=args.only, skip=args.skip, **overrides)
+    return DoctorConfig.from_env(
+        os.environ,
+        expect_master=args.expect_master,
+        backend=args.backend,
+        world_size=world,
+        train_config=args.train_config,
+        only=args.only,
+        skip=args.skip,
+        **overrides,
+    )
 
 
 @contextlib.contextmanager

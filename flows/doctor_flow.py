@@ -25,7 +25,13 @@ def run_check(cfg: DoctorConfig, name: str) -> list[dict]:
         logger.exception("check %s crashed", name)
         results = [CheckResult(name, Status.FAIL, f"check crashed: {type(exc).__name__}: {exc}")]
     for r in results:
-        log = logger.error if r.status is Status.FAIL else logger.warning if r.status is Status.WARN else logger.info
+        log = (
+            logger.error
+            if r.status is Status.FAIL
+            else logger.warning
+            if r.status is Status.WARN
+            else logger.info
+        )
         log("[%s] %s: %s%s", r.status.value, r.name, r.message, f" | fix: {r.fix}" if r.fix else "")
     return [r.to_json() for r in results]
 
@@ -46,9 +52,17 @@ def doctor_flow(
 ) -> list[dict]:
     """Preflight of the worker that runs this flow; fails the run when a check fails (unless fail_on_fail=False)."""
     cfg = DoctorConfig.from_env(
-        os.environ, master_addr=master_addr, master_port=master_port, hostfile=hostfile, store=store,
-        s3_endpoint_url=s3_endpoint_url, train_config=train_config, deepspeed_config=deepspeed_config,
-        world_size=world_size, only=tuple(only or ()), skip=tuple(skip or ()),
+        os.environ,
+        master_addr=master_addr,
+        master_port=master_port,
+        hostfile=hostfile,
+        store=store,
+        s3_endpoint_url=s3_endpoint_url,
+        train_config=train_config,
+        deepspeed_config=deepspeed_config,
+        world_size=world_size,
+        only=tuple(only or ()),
+        skip=tuple(skip or ()),
     )
     found: list[dict] = []
     for name in CHECK_NAMES:

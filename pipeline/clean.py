@@ -69,6 +69,11 @@ _CONTROL_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200d\u206
 _UNICODE_SPACE_RE = re.compile("[\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]")
 _UNICODE_LINE_RE = re.compile("[\u2028\u2029\x85]")
 _TRAILING_SPACE_RE = re.compile(r"[ \t]+(?=\n)")
+# Every non-ASCII character that surrogate repair, control stripping or Unicode-space mapping acts on.
+_SPECIAL_RE = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200d\u2060\ufeff\ud800-\udfff"
+    "\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000\u2028\u2029]"
+)
 NORMALIZATIONS = ("NFC", "NFKC")
 
 
@@ -224,10 +229,12 @@ def strip_controls(text: str, counts: Counter[str]) -> str:
     return pattern.sub("", text)
 
 
-def normalize_whitespace(text: str, max_blank_lines: int) -> str:
+def normalize_whitespace(text: str, max_blank_lines: int, unicode_spaces: bool = True) -> str:
+    """Step 4; ``unicode_spaces=False`` skips the Unicode space/separator scan (the caller knows there are
+    none)."""
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if not text.isascii():
+    if unicode_spaces and not text.isascii():
         if _UNICODE_LINE_RE.search(text):
             text = _UNICODE_LINE_RE.sub("\n", text)
         if _UNICODE_SPACE_RE.search(text):
@@ -241,19 +248,30 @@ def normalize_whitespace(text: str, max_blank_lines: int) -> str:
 
 
 def normalize_text(text: str, cfg: CleanConfig, counts: Counter[str]) -> str:
-    """Steps 0-4 of the module docstring (everything before boilerplate and quality)."""
-    text = repair_surrogates(text, counts)
-    if cfg.fix_mojibake and needs_ftfy(text):
-        fixed = ftfy.fix_text(text, FTFY_CONFIG)
-        if fixed != text:
-            counts["mojibake_fixed"] += 1
-            text = fixed
-    if cfg.strip_control:
+    """Steps 0-4 of the module docstring (everything before boilerplate and quality).
+
+    Non-ASCII text is scanned once for every character steps 0, 2 and 4 act on; when there is none (most
+    documents), those steps are skipped, unless ftfy or the normalisation changed the text.
+    """
+    if text.isascii():
+        special = False
+    else:
+        special = _SPECIAL_RE.search(text) is not None
+        if special:
+            text = repair_surrogates(text, counts)
+        if cfg.fix_mojibake and needs_ftfy(text):
+            fixed = ftfy.fix_text(text, FTFY_CONFIG)
+            if fixed != text:
+                counts["mojibake_fixed"] += 1
+                text, special = fixed, True
+    if cfg.strip_control and (special or text.isascii()):
         text = strip_controls(text, counts)
     if not text.isascii():
-        text = unicodedata.normalize(cfg.normalization, text)
+        normalized = unicodedata.normalize(cfg.normalization, text)
+        if normalized is not text:
+            text, special = normalized, True
     if cfg.normalize_whitespace:
-        text = normalize_whitespace(text, cfg.max_blank_lines)
+        text = normalize_whitespace(text, cfg.max_blank_lines, unicode_spaces=special)
     return text
 
 

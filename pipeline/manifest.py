@@ -61,7 +61,14 @@ _NOT_CONTENT = ("created_at", "lineage")
 
 
 class DatasetConflictError(AlreadyExistsError):
-    """A different manifest was already published under this dataset id (a racing or diverging publisher)."""
+    """A different manifest was already published under this dataset id (a racing or diverging publisher).
+
+    ``existing_uri`` names the manifest that won, so a caller may choose to use it instead.
+    """
+
+    def __init__(self, message: str, *, existing_uri: str):
+        super().__init__(message)
+        self.existing_uri = existing_uri
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -328,11 +335,15 @@ def publish_dataset(
         log.info("published %s", root_store.uri_of(manifest_key))
     except AlreadyExistsError:
         existing = json.loads(root_store.get_bytes(manifest_key))
-        if _content(existing) != _content(manifest.to_json()):
+        mine, theirs = _content(manifest.to_json()), _content(existing)
+        differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        if differ:
             raise DatasetConflictError(
                 f"{root_store.uri_of(manifest_key)} already holds a different manifest for dataset id "
-                f"{manifest.dataset_id} (another publisher won the race, or stats/inputs differ); "
-                "its shards are intact: use the existing dataset or publish under another name"
+                f"{manifest.dataset_id} (fields that differ: {', '.join(differ)}). The shards are the same "
+                "content (same id), so another publisher won a race or the metadata changed: use the "
+                "existing dataset, or publish under another name",
+                existing_uri=root_store.uri_of(manifest_key),
             ) from None
         log.info(
             "dataset %s already published at %s: nothing to do",

@@ -70,18 +70,30 @@ def _hash_file(path: Path, *, sync: bool) -> str:
 
 
 def _tag_files(tag_dir: Path) -> list[Path]:
-    return sorted(p for p in tag_dir.rglob("*") if p.is_file() and p.name != RECORD_NAME and ".tmp" not in p.name)
+    return sorted(
+        p for p in tag_dir.rglob("*") if p.is_file() and p.name != RECORD_NAME and ".tmp" not in p.name
+    )
 
 
 def write_complete_record(tag_dir: str | Path, *, step: int, meta: Mapping[str, Any]) -> dict[str, Any]:
     """Hash (and fsync) every file of the tag, then atomically publish the record. Rank 0 only."""
     tag_dir = Path(tag_dir)
     files = [
-        {"path": p.relative_to(tag_dir).as_posix(), "size": p.stat().st_size, "sha256": _hash_file(p, sync=True)}
+        {
+            "path": p.relative_to(tag_dir).as_posix(),
+            "size": p.stat().st_size,
+            "sha256": _hash_file(p, sync=True),
+        }
         for p in _tag_files(tag_dir)
     ]
-    record = {"format": RECORD_FORMAT, "tag": tag_dir.name, "step": step, "created_at": time.time(),
-              **dict(meta), "files": files}
+    record = {
+        "format": RECORD_FORMAT,
+        "tag": tag_dir.name,
+        "step": step,
+        "created_at": time.time(),
+        **dict(meta),
+        "files": files,
+    }
     tmp = tag_dir / f"{RECORD_NAME}.tmp"
     with tmp.open("w", encoding="utf-8") as fh:
         json.dump(record, fh, indent=1)
@@ -127,7 +139,9 @@ def verify_tag(tag_dir: str | Path) -> dict[str, Any]:
         if not path.is_file():
             raise CheckpointError(f"{tag_dir.name}: {rel} is missing")
         if path.stat().st_size != entry["size"]:
-            raise CheckpointError(f"{tag_dir.name}: {rel} has {path.stat().st_size} bytes, record says {entry['size']}")
+            raise CheckpointError(
+                f"{tag_dir.name}: {rel} has {path.stat().st_size} bytes, record says {entry['size']}"
+            )
         if _hash_file(path, sync=False) != entry["sha256"]:
             raise CheckpointError(f"{tag_dir.name}: {rel} does not match its sha256")
     return record
@@ -207,9 +221,16 @@ def _maybe_crash_in_save(step: int) -> None:
         os._exit(17)
 
 
-def save_checkpoint(engine: Any, ckpt_dir: str | Path, *, step: int, client_state: Mapping[str, Any],
-                    meta: Mapping[str, Any], keep_last: int,
-                    extra_files: Mapping[str, bytes] | None = None) -> Path:
+def save_checkpoint(
+    engine: Any,
+    ckpt_dir: str | Path,
+    *,
+    step: int,
+    client_state: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    keep_last: int,
+    extra_files: Mapping[str, bytes] | None = None,
+) -> Path:
     """Collective: every rank calls it. Returns the tag folder once rank 0 has committed it.
 
     ``meta`` goes into the JSON record (readable without unpickling); ``extra_files`` (name -> bytes, e.g. the
@@ -244,8 +265,9 @@ def _broadcast_tag(tag: str | None) -> str | None:
     return box[0]
 
 
-def load_checkpoint(engine: Any, ckpt_dir: str | Path, *, dataset_id: str,
-                    allow_dataset_change: bool) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def load_checkpoint(
+    engine: Any, ckpt_dir: str | Path, *, dataset_id: str, allow_dataset_change: bool
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """Collective: restore the newest verified checkpoint; ``(client_state, record)`` or None when none exists.
 
     Rank 0 picks the tag (verifying newest first) and broadcasts it; the first rank of every other node verifies
@@ -272,7 +294,9 @@ def load_checkpoint(engine: Any, ckpt_dir: str | Path, *, dataset_id: str,
     if own_rng.is_file():
         restore_rng_state(torch.load(own_rng, weights_only=True))
     else:
-        logger.warning("%s has no RNG state for rank %d (world size changed); keeping the seeded RNG", tag, _rank())
+        logger.warning(
+            "%s has no RNG state for rank %d (world size changed); keeping the seeded RNG", tag, _rank()
+        )
     logger.info("resumed from %s (step %s)", tag_dir, record["step"])
     return dict(client_state or {}), record
 

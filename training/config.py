@@ -43,7 +43,9 @@ class BatchPlan:
 class TrainConfig:
     # model
     preset: str = "tiny"
-    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig field overrides, e.g. {tie_embeddings: false}
+    model: dict[str, Any] = field(
+        default_factory=dict
+    )  # ModelConfig field overrides, e.g. {tie_embeddings: false}
     seq_len: int = 256
     # batch: give grad_accum_steps OR global_batch_size (neither: accumulation 1)
     micro_batch_size: int = 8
@@ -61,6 +63,7 @@ class TrainConfig:
     zero_stage: int = 1
     precision: Precision = "bf16"  # forced to fp32 on CPU
     zero_bucket_size: int | None = None  # None: 1e5 elements on CPU, 2e8 on GPU
+    compile: bool = False  # torch.compile the model through DeepSpeed (GPU only; ignored on CPU)
     seed: int = 1234
     # output, checkpoints, evaluation, logging
     output_dir: str = "runs/train"
@@ -85,30 +88,51 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {', '.join(PRESETS)}; got {self.preset!r}")
-        for name in ("seq_len", "micro_batch_size", "max_steps", "checkpoint_interval", "keep_last",
-                     "eval_interval", "log_interval"):
+        for name in (
+            "seq_len",
+            "micro_batch_size",
+            "max_steps",
+            "checkpoint_interval",
+            "keep_last",
+            "eval_interval",
+            "log_interval",
+        ):
             _require(getattr(self, name) >= 1, name, "must be >= 1", getattr(self, name))
         for name in ("grad_accum_steps", "global_batch_size", "zero_bucket_size"):
             value = getattr(self, name)
             _require(value is None or value >= 1, name, "must be >= 1 (or left out)", value)
         if self.grad_accum_steps is not None and self.global_batch_size is not None:
-            raise ValueError("give grad_accum_steps or global_batch_size, not both (one determines the other)")
+            raise ValueError(
+                "give grad_accum_steps or global_batch_size, not both (one determines the other)"
+            )
         _require(self.lr > 0, "lr", "must be > 0", self.lr)
         _require(0.0 <= self.min_lr_ratio <= 1.0, "min_lr_ratio", "must be in [0, 1]", self.min_lr_ratio)
-        _require(0 <= self.warmup_steps < self.max_steps, "warmup_steps", "must be in [0, max_steps)",
-                 self.warmup_steps)
+        _require(
+            0 <= self.warmup_steps < self.max_steps,
+            "warmup_steps",
+            "must be in [0, max_steps)",
+            self.warmup_steps,
+        )
         _require(self.weight_decay >= 0, "weight_decay", "must be >= 0", self.weight_decay)
-        _require(all(0 <= b < 1 for b in self.adam_betas) and len(self.adam_betas) == 2, "adam_betas",
-                 "must be two numbers in [0, 1)", self.adam_betas)
+        _require(
+            all(0 <= b < 1 for b in self.adam_betas) and len(self.adam_betas) == 2,
+            "adam_betas",
+            "must be two numbers in [0, 1)",
+            self.adam_betas,
+        )
         _require(self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 disables clipping)", self.grad_clip)
         _require(self.zero_stage in (0, 1, 2, 3), "zero_stage", "must be 0, 1, 2 or 3", self.zero_stage)
-        _require(self.eval_batches >= 0, "eval_batches", "must be >= 0 (0 disables evaluation)",
-                 self.eval_batches)
+        _require(
+            self.eval_batches >= 0, "eval_batches", "must be >= 0 (0 disables evaluation)", self.eval_batches
+        )
         _require(self.num_workers >= 0, "num_workers", "must be >= 0", self.num_workers)
         _require(self.cache_max_bytes > 0, "cache_max_bytes", "must be > 0", self.cache_max_bytes)
-        _require(10 <= self.pg_timeout_s <= 3600, "pg_timeout_s",
-                 "must be in [10, 3600] seconds (60-300 is sensible: a stuck rank should fail the job fast)",
-                 self.pg_timeout_s)
+        _require(
+            10 <= self.pg_timeout_s <= 3600,
+            "pg_timeout_s",
+            "must be in [10, 3600] seconds (60-300 is sensible: a stuck rank should fail the job fast)",
+            self.pg_timeout_s,
+        )
 
     def plan_batch(self, world_size: int) -> BatchPlan:
         """Micro batch, accumulation and world size; refuses a global batch the ranks cannot split evenly."""
@@ -122,7 +146,9 @@ class TrainConfig:
                     f"{self.micro_batch_size} x world size {world_size} = {per_step}; change one of them"
                 )
             accum = self.global_batch_size // per_step
-        return BatchPlan(micro_batch_size=self.micro_batch_size, grad_accum_steps=accum, world_size=world_size)
+        return BatchPlan(
+            micro_batch_size=self.micro_batch_size, grad_accum_steps=accum, world_size=world_size
+        )
 
     def effective_precision(self, on_cpu: bool) -> Precision:
         return "fp32" if on_cpu else self.precision
@@ -166,7 +192,9 @@ def to_deepspeed_config(cfg: TrainConfig, *, world_size: int, on_cpu: bool) -> d
         "contiguous_gradients": True,
     }
     if cfg.zero_stage == 3:
-        zero.update(stage3_prefetch_bucket_size=bucket, stage3_param_persistence_threshold=min(bucket, 10_000))
+        zero.update(
+            stage3_prefetch_bucket_size=bucket, stage3_param_persistence_threshold=min(bucket, 10_000)
+        )
     generated: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.grad_accum_steps,
@@ -221,7 +249,9 @@ def train_config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ValueError(f"unknown TrainConfig field(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        raise ValueError(
+            f"unknown TrainConfig field(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
+        )
     return TrainConfig(**{k: _coerce(hints[k], v, k) for k, v in data.items()})
 
 

@@ -47,8 +47,13 @@ class CheckResult:
     data: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status.value, "message": self.message, "fix": self.fix,
-                "data": self.data}
+        return {
+            "name": self.name,
+            "status": self.status.value,
+            "message": self.message,
+            "fix": self.fix,
+            "data": self.data,
+        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,7 +107,9 @@ class DoctorConfig:
             try:
                 kwargs["master_port"] = int(environ["MASTER_PORT"])
             except ValueError:
-                raise ValueError(f"MASTER_PORT must be a port number, got {environ['MASTER_PORT']!r}") from None
+                raise ValueError(
+                    f"MASTER_PORT must be a port number, got {environ['MASTER_PORT']!r}"
+                ) from None
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kwargs)
 
@@ -120,23 +127,41 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 def check_versions(cfg: DoctorConfig) -> list[CheckResult]:
     """Python, torch and DeepSpeed are importable and new enough."""
     py = ".".join(map(str, sys.version_info[:3]))
-    results = [CheckResult("python", Status.PASS, f"Python {py} ({sys.executable})")
-               if sys.version_info[:2] >= MIN_PYTHON else
-               CheckResult("python", Status.FAIL, f"Python {py} is older than 3.10",
-                           "install Python >= 3.10 and rerun infra/setup_env.sh")]
+    results = [
+        CheckResult("python", Status.PASS, f"Python {py} ({sys.executable})")
+        if sys.version_info[:2] >= MIN_PYTHON
+        else CheckResult(
+            "python",
+            Status.FAIL,
+            f"Python {py} is older than 3.10",
+            "install Python >= 3.10 and rerun infra/setup_env.sh",
+        )
+    ]
     for module, minimum in (("torch", MIN_TORCH), ("deepspeed", MIN_DEEPSPEED)):
         try:
             mod = __import__(module)
         except Exception as exc:  # an import can fail with anything (missing .so, bad CUDA libs)
-            results.append(CheckResult(module, Status.FAIL, f"cannot import {module}: {type(exc).__name__}: {exc}",
-                                       "run infra/setup_env.sh (it installs torch for this machine, then DeepSpeed)"))
+            results.append(
+                CheckResult(
+                    module,
+                    Status.FAIL,
+                    f"cannot import {module}: {type(exc).__name__}: {exc}",
+                    "run infra/setup_env.sh (it installs torch for this machine, then DeepSpeed)",
+                )
+            )
             continue
         version = str(mod.__version__)
         need = ".".join(map(str, minimum))
         ok = _version_tuple(version) >= minimum
-        results.append(CheckResult(module, Status.PASS if ok else Status.FAIL, f"{module} {version}",
-                                   "" if ok else f"upgrade to {module} >= {need} (infra/setup_env.sh)",
-                                   {"version": version}))
+        results.append(
+            CheckResult(
+                module,
+                Status.PASS if ok else Status.FAIL,
+                f"{module} {version}",
+                "" if ok else f"upgrade to {module} >= {need} (infra/setup_env.sh)",
+                {"version": version},
+            )
+        )
     return results
 
 
@@ -146,8 +171,13 @@ def _nvidia_smi() -> dict[str, Any] | None:
     if not exe:
         return None
     try:
-        query = subprocess.run([exe, "--query-gpu=driver_version,name", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=20, check=True).stdout
+        query = subprocess.run(
+            [exe, "--query-gpu=driver_version,name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
         header = subprocess.run([exe], capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         return {"error": f"nvidia-smi failed: {exc}"}
@@ -165,33 +195,77 @@ def check_gpu(cfg: DoctorConfig) -> list[CheckResult]:
     smi = _nvidia_smi()
     built = torch.version.cuda
     if smi is None and not torch.cuda.is_available():
-        return [CheckResult("gpu", Status.WARN, "no GPU: CPU/gloo mode (no nvidia-smi, torch.cuda unavailable)",
-                            "fine for tests and the tiny preset; on a GPU server install the NVIDIA driver, "
-                            "then rerun infra/setup_env.sh", {"gpus": 0, "torch_cuda": built})]
+        return [
+            CheckResult(
+                "gpu",
+                Status.WARN,
+                "no GPU: CPU/gloo mode (no nvidia-smi, torch.cuda unavailable)",
+                "fine for tests and the tiny preset; on a GPU server install the NVIDIA driver, "
+                "then rerun infra/setup_env.sh",
+                {"gpus": 0, "torch_cuda": built},
+            )
+        ]
     if smi is not None and "error" in smi:
-        return [CheckResult("gpu", Status.FAIL, smi["error"], "check the NVIDIA driver install (nvidia-smi must run)")]
-    if built is None:
-        return [CheckResult("gpu", Status.FAIL,
-                            f"torch {torch.__version__} is a CPU build but nvidia-smi sees {len(smi['gpus'])} GPU(s) "
-                            f"(driver {smi['driver']})", "rerun infra/setup_env.sh: it installs the CUDA wheel "
-                            "matching the driver", smi)]
+        return [
+            CheckResult(
+                "gpu", Status.FAIL, smi["error"], "check the NVIDIA driver install (nvidia-smi must run)"
+            )
+        ]
+    if built is None and smi is not None:
+        return [
+            CheckResult(
+                "gpu",
+                Status.FAIL,
+                f"torch {torch.__version__} is a CPU build but nvidia-smi sees {len(smi['gpus'])} GPU(s) "
+                f"(driver {smi['driver']})",
+                "rerun infra/setup_env.sh: it installs the CUDA wheel matching the driver",
+                smi,
+            )
+        ]
     data = {"torch_cuda": built, "gpus": torch.cuda.device_count(), **(smi or {})}
     driver_cuda = (smi or {}).get("driver_cuda", "")
-    if driver_cuda and _version_tuple(built)[:2] > _version_tuple(driver_cuda)[:2]:
-        return [CheckResult("gpu", Status.FAIL, f"torch is built for CUDA {built} but the driver supports only "
-                            f"CUDA {driver_cuda}", "upgrade the NVIDIA driver, or rerun infra/setup_env.sh to get "
-                            "a torch wheel for this driver", data)]
+    if driver_cuda and built and _version_tuple(built)[:2] > _version_tuple(driver_cuda)[:2]:
+        return [
+            CheckResult(
+                "gpu",
+                Status.FAIL,
+                f"torch is built for CUDA {built} but the driver supports only CUDA {driver_cuda}",
+                "upgrade the NVIDIA driver, or rerun infra/setup_env.sh to get a torch wheel for this driver",
+                data,
+            )
+        ]
     if not torch.cuda.is_available():
-        return [CheckResult("gpu", Status.FAIL, f"torch (CUDA {built}) cannot use the GPUs", "check "
-                            "CUDA_VISIBLE_DEVICES and that the driver is loaded (nvidia-smi)", data)]
+        return [
+            CheckResult(
+                "gpu",
+                Status.FAIL,
+                f"torch (CUDA {built}) cannot use the GPUs",
+                "check CUDA_VISIBLE_DEVICES and that the driver is loaded (nvidia-smi)",
+                data,
+            )
+        ]
     try:
         data["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     except Exception as exc:  # torch built without NCCL
-        return [CheckResult("gpu", Status.FAIL, f"NCCL unavailable in torch: {exc}", "install a CUDA torch wheel "
-                            "(they bundle NCCL) via infra/setup_env.sh", data)]
+        return [
+            CheckResult(
+                "gpu",
+                Status.FAIL,
+                f"NCCL unavailable in torch: {exc}",
+                "install a CUDA torch wheel (they bundle NCCL) via infra/setup_env.sh",
+                data,
+            )
+        ]
     names = ", ".join(sorted(set((smi or {}).get("gpus", [])))) or "?"
-    return [CheckResult("gpu", Status.PASS, f"{data['gpus']} GPU(s) [{names}], driver {data.get('driver', '?')}, "
-                        f"CUDA {built}, NCCL {data['nccl']}", data=data)]
+    return [
+        CheckResult(
+            "gpu",
+            Status.PASS,
+            f"{data['gpus']} GPU(s) [{names}], driver {data.get('driver', '?')}, "
+            f"CUDA {built}, NCCL {data['nccl']}",
+            data=data,
+        )
+    ]
 
 
 def _free_gib(path: str) -> tuple[Path, float]:
@@ -209,7 +283,7 @@ def check_disk(cfg: DoctorConfig) -> list[CheckResult]:
         where, free = _free_gib(path)
         data = {"path": str(path), "filesystem_of": str(where), "free_gib": round(free, 2)}
         msg = f"{free:.1f} GiB free for {label} at {path} (filesystem of {where})"
-        fix = (f"free space, or point the {label} at a larger disk (need >= {cfg.min_free_gib:g} GiB)")
+        fix = f"free space, or point the {label} at a larger disk (need >= {cfg.min_free_gib:g} GiB)"
         if free < cfg.min_free_gib:
             results.append(CheckResult(f"disk:{label}", Status.FAIL, msg, fix, data))
         elif free < 2 * cfg.min_free_gib:
@@ -220,11 +294,17 @@ def check_disk(cfg: DoctorConfig) -> list[CheckResult]:
 
 
 _STORE_HINTS = (
-    ("NoCredentials", "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE (boto3's credential chain)"),
+    (
+        "NoCredentials",
+        "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE (boto3's credential chain)",
+    ),
     ("NoSuchBucket", "create the bucket first (aws s3 mb s3://BUCKET, or the MinIO console)"),
     ("' does not exist", "create the bucket first (aws s3 mb s3://BUCKET, or the MinIO console)"),
     ("AccessDenied", "the credentials lack s3:PutObject/GetObject/DeleteObject on this prefix"),
-    ("InvalidAccessKeyId", "the access key is unknown to this endpoint: check AWS_ACCESS_KEY_ID and --s3-endpoint"),
+    (
+        "InvalidAccessKeyId",
+        "the access key is unknown to this endpoint: check AWS_ACCESS_KEY_ID and --s3-endpoint",
+    ),
     ("SignatureDoesNotMatch", "the secret key is wrong for this access key"),
     ("connect", "the endpoint is unreachable: check --s3-endpoint (MinIO: http://HOST:9000) and the network"),
 )
@@ -256,15 +336,31 @@ def check_store(cfg: DoctorConfig) -> list[CheckResult]:
         store.delete(key)
         left = store.exists(key)
     except Exception as exc:  # every backend error becomes a FAIL with a hint, never a traceback
-        return [CheckResult("store", Status.FAIL, f"{cfg.store}: {type(exc).__name__}: {exc}", _store_fix(exc))]
+        return [
+            CheckResult("store", Status.FAIL, f"{cfg.store}: {type(exc).__name__}: {exc}", _store_fix(exc))
+        ]
     if back != payload or left:
         what = "read back different bytes" if back != payload else "probe object still exists after delete"
-        return [CheckResult("store", Status.FAIL, f"{cfg.store}: {what}", "check the store's consistency settings")]
+        return [
+            CheckResult(
+                "store", Status.FAIL, f"{cfg.store}: {what}", "check the store's consistency settings"
+            )
+        ]
     mib = len(payload) / 2**20
-    data = {"probe_mib": mib, "write_mib_s": round(mib / max(t1 - t0, 1e-9), 1),
-            "read_mib_s": round(mib / max(t2 - t1, 1e-9), 1)}
-    return [CheckResult("store", Status.PASS, f"{cfg.store}: write/read/delete ok, write {data['write_mib_s']} "
-                        f"MiB/s, read {data['read_mib_s']} MiB/s ({mib:g} MiB probe)", data=data)]
+    data = {
+        "probe_mib": mib,
+        "write_mib_s": round(mib / max(t1 - t0, 1e-9), 1),
+        "read_mib_s": round(mib / max(t2 - t1, 1e-9), 1),
+    }
+    return [
+        CheckResult(
+            "store",
+            Status.PASS,
+            f"{cfg.store}: write/read/delete ok, write {data['write_mib_s']} "
+            f"MiB/s, read {data['read_mib_s']} MiB/s ({mib:g} MiB probe)",
+            data=data,
+        )
+    ]
 
 
 def _run_network(name: str) -> Callable[[DoctorConfig], list[CheckResult]]:
@@ -302,7 +398,9 @@ CHECKS: dict[str, Callable[[DoctorConfig], list[CheckResult]]] = {
 CHECK_NAMES = tuple(CHECKS)
 
 
-def run_doctor(cfg: DoctorConfig, on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
+def run_doctor(
+    cfg: DoctorConfig, on_result: Callable[[CheckResult], None] | None = None
+) -> list[CheckResult]:
     """Run the selected checks in order. A check that crashes is reported as a FAIL naming the crash."""
     results: list[CheckResult] = []
     for name, check in CHECKS.items():
@@ -313,8 +411,14 @@ def run_doctor(cfg: DoctorConfig, on_result: Callable[[CheckResult], None] | Non
             found = check(cfg)
         except Exception as exc:
             logger.exception("doctor check %s crashed", name)
-            found = [CheckResult(name, Status.FAIL, f"check crashed: {type(exc).__name__}: {exc}",
-                                 "report this with the output of `pileworks doctor --json`")]
+            found = [
+                CheckResult(
+                    name,
+                    Status.FAIL,
+                    f"check crashed: {type(exc).__name__}: {exc}",
+                    "report this with the output of `pileworks doctor --json`",
+                )
+            ]
         logger.debug("check %s took %.2fs", name, time.perf_counter() - t0)
         for result in found:
             results.append(result)
@@ -341,5 +445,11 @@ def exit_code(results: list[CheckResult]) -> int:
 
 
 def to_json(results: list[CheckResult]) -> str:
-    return json.dumps({"results": [r.to_json() for r in results], "summary": summary(results),
-                       "exit_code": exit_code(results)}, indent=2)
+    return json.dumps(
+        {
+            "results": [r.to_json() for r in results],
+            "summary": summary(results),
+            "exit_code": exit_code(results),
+        },
+        indent=2,
+    )

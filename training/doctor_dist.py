@@ -27,15 +27,21 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _allreduce_worker(rank: int, world: int, port: int, backend: str, numel: int, timeout_s: float,
-                      out: Any) -> None:
+def _allreduce_worker(
+    rank: int, world: int, port: int, backend: str, numel: int, timeout_s: float, out: Any
+) -> None:
     """One rank: all-reduce ``rank+1`` over a float32 buffer, check the sum, time ALLREDUCE_ITERS rounds."""
     try:
         import torch
         import torch.distributed as dist
 
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
         device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
         buf = torch.empty(numel, dtype=torch.float32, device=device)
         expected = world * (world + 1) / 2
@@ -93,29 +99,54 @@ def check_allreduce(cfg: DoctorConfig, world: int = 2) -> list[CheckResult]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_allreduce_worker, args=(r, world, port, backend, numel, cfg.timeout_s, out),
-                         daemon=True) for r in range(world)]
+    procs = [
+        ctx.Process(
+            target=_allreduce_worker, args=(r, world, port, backend, numel, cfg.timeout_s, out), daemon=True
+        )
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     got, codes = _gather(procs, out, world, cfg.timeout_s + 30)
     errors = [f"rank {r}: {msg}" for r, msg, _ in got if msg != "ok"]
     if len(got) < world or errors:
         missing = sorted(set(range(world)) - {r for r, _, _ in got})
-        detail = "; ".join(errors) or f"ranks {missing} did not report within {cfg.timeout_s + 30:g} s " \
-                                       f"(exit codes {codes})"
-        return [CheckResult("allreduce", Status.FAIL, f"{world}-process {backend} all-reduce failed: {detail}",
-                            "run with NCCL_DEBUG=INFO; set NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME to a working "
-                            "interface; on GPU check that the driver matches torch (doctor gpu check)",
-                            {"backend": backend})]
+        detail = (
+            "; ".join(errors)
+            or f"ranks {missing} did not report within {cfg.timeout_s + 30:g} s (exit codes {codes})"
+        )
+        return [
+            CheckResult(
+                "allreduce",
+                Status.FAIL,
+                f"{world}-process {backend} all-reduce failed: {detail}",
+                "run with NCCL_DEBUG=INFO; set NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME to a working "
+                "interface; on GPU check that the driver matches torch (doctor gpu check)",
+                {"backend": backend},
+            )
+        ]
     seconds = max(e for _, _, e in got) / ALLREDUCE_ITERS
     size = numel * 4
     algbw = size / seconds / 1e9
     busbw = algbw * 2 * (world - 1) / world
-    data = {"backend": backend, "world": world, "bytes": size, "seconds_per_op": seconds,
-            "algbw_gb_s": round(algbw, 3), "busbw_gb_s": round(busbw, 3)}
-    return [CheckResult("allreduce", Status.PASS, f"{world}-process {backend} all-reduce of {size / 2**20:g} MiB ok: "
-                        f"{seconds * 1e3:.1f} ms, bus bandwidth {busbw:.2f} GB/s (local ranks; the inter-node "
-                        "network is exercised by the master check and the first training step)", data=data)]
+    data = {
+        "backend": backend,
+        "world": world,
+        "bytes": size,
+        "seconds_per_op": seconds,
+        "algbw_gb_s": round(algbw, 3),
+        "busbw_gb_s": round(busbw, 3),
+    }
+    return [
+        CheckResult(
+            "allreduce",
+            Status.PASS,
+            f"{world}-process {backend} all-reduce of {size / 2**20:g} MiB ok: "
+            f"{seconds * 1e3:.1f} ms, bus bandwidth {busbw:.2f} GB/s (local ranks; the inter-node "
+            "network is exercised by the master check and the first training step)",
+            data=data,
+        )
+    ]
 
 
 def load_deepspeed_config(path: str) -> dict[str, Any]:
@@ -149,30 +180,45 @@ def _dryrun_worker(config: dict[str, Any], world: int, port: int, out: Any) -> N
         os.environ.setdefault("DS_ACCELERATOR", "cpu" if on_cpu else "cuda")
         import deepspeed
 
-        if on_cpu:  # the CPU comm layer would JIT-compile a shm all-reduce only inference uses (as the trainer)
+        if (
+            on_cpu
+        ):  # the CPU comm layer would JIT-compile a shm all-reduce only inference uses (as the trainer)
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         import torch
         from deepspeed.runtime.config import DeepSpeedConfig
 
         # This child is a one-rank job of its own: the launcher's variables, on a loopback port.
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        deepspeed.init_distributed("gloo", auto_mpi_discovery=False, verbose=False,
-                                   timeout=datetime.timedelta(seconds=60))
+        os.environ.update(
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        deepspeed.init_distributed(
+            "gloo", auto_mpi_discovery=False, verbose=False, timeout=datetime.timedelta(seconds=60)
+        )
         DeepSpeedConfig(dict(config), mpu=_DataParallelOnly(world))
         one_rank = {k: v for k, v in config.items() if k != "train_batch_size"}
         if "train_micro_batch_size_per_gpu" not in one_rank and "train_batch_size" in config:
             one_rank["train_micro_batch_size_per_gpu"] = max(1, int(config["train_batch_size"]) // world)
         model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16))
         optimizer = None if "optimizer" in config else torch.optim.AdamW(model.parameters(), lr=1e-3)
-        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=one_rank,
-                                          model_parameters=model.parameters())
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=one_rank, model_parameters=model.parameters()
+        )
         x = torch.randn(2, 16, device=engine.device, dtype=next(engine.module.parameters()).dtype)
         loss = engine(x).float().pow(2).mean()
         engine.backward(loss)
         engine.step()
-        out.put(("ok", f"ZeRO stage {engine.zero_optimization_stage()}, micro batch "
-                       f"{engine.train_micro_batch_size_per_gpu()}, loss {loss.item():.4f}"))
+        out.put(
+            (
+                "ok",
+                f"ZeRO stage {engine.zero_optimization_stage()}, micro batch "
+                f"{engine.train_micro_batch_size_per_gpu()}, loss {loss.item():.4f}",
+            )
+        )
     except Exception as exc:
         out.put(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -200,8 +246,14 @@ def check_deepspeed_config(cfg: DoctorConfig) -> list[CheckResult]:
         else:
             config = _trainer_config(cfg, world)
     except (OSError, ValueError) as exc:
-        return [CheckResult("deepspeed", Status.FAIL, f"cannot build the DeepSpeed config: {exc}",
-                            "fix --train-config (a TrainConfig YAML) or --deepspeed-config (a DeepSpeed JSON/YAML)")]
+        return [
+            CheckResult(
+                "deepspeed",
+                Status.FAIL,
+                f"cannot build the DeepSpeed config: {exc}",
+                "fix --train-config (a TrainConfig YAML) or --deepspeed-config (a DeepSpeed JSON/YAML)",
+            )
+        ]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     proc = ctx.Process(target=_dryrun_worker, args=(config, world, _free_port(), out), daemon=True)
@@ -209,12 +261,30 @@ def check_deepspeed_config(cfg: DoctorConfig) -> list[CheckResult]:
     got, codes = _gather([proc], out, 1, cfg.timeout_s)
     source = cfg.deepspeed_config or f"the trainer's config ({cfg.train_config or 'defaults'})"
     if not got:
-        return [CheckResult("deepspeed", Status.FAIL, f"dry run of {source} did not finish within {cfg.timeout_s:g} s"
-                            f" (exit code {codes[0]})", "an op may be compiling at start-up: run `ds_report`")]
+        return [
+            CheckResult(
+                "deepspeed",
+                Status.FAIL,
+                f"dry run of {source} did not finish within {cfg.timeout_s:g} s (exit code {codes[0]})",
+                "an op may be compiling at start-up: run `ds_report`",
+            )
+        ]
     state, detail = got[0]
     if state != "ok":
-        return [CheckResult("deepspeed", Status.FAIL, f"{source} for world size {world}: {detail}",
-                            "fix the config (https://www.deepspeed.ai/docs/config-json/); batch sizes must satisfy "
-                            "train_batch_size = micro_batch * grad_accum * world_size")]
-    return [CheckResult("deepspeed", Status.PASS, f"{source} valid for world size {world}; tiny engine step ok "
-                        f"({detail})", data={"world_size": world})]
+        return [
+            CheckResult(
+                "deepspeed",
+                Status.FAIL,
+                f"{source} for world size {world}: {detail}",
+                "fix the config (https://www.deepspeed.ai/docs/config-json/); batch sizes must satisfy "
+                "train_batch_size = micro_batch * grad_accum * world_size",
+            )
+        ]
+    return [
+        CheckResult(
+            "deepspeed",
+            Status.PASS,
+            f"{source} valid for world size {world}; tiny engine step ok ({detail})",
+            data={"world_size": world},
+        )
+    ]

@@ -60,8 +60,8 @@ def resolve(name: str, timeout_s: float) -> tuple[str | None, str]:
         return None, str(exc)
     finally:
         pool.shutdown(wait=False)
-    v4 = [i[4][0] for i in infos if i[0] == socket.AF_INET]
-    return (v4 or [infos[0][4][0]])[0], ""
+    v4 = [str(i[4][0]) for i in infos if i[0] == socket.AF_INET]
+    return (v4 or [str(infos[0][4][0])])[0], ""
 
 
 def _family(ip: str) -> socket.AddressFamily:
@@ -96,7 +96,7 @@ def tcp_probe(ip: str, port: int, timeout_s: float) -> tuple[str, str]:
             return "open", ""
     except ConnectionRefusedError:
         return "refused", "connection refused"
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         return "timeout", f"no answer within {timeout_s:g} s"
     except OSError as exc:
         if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL):
@@ -108,14 +108,27 @@ def check_master(cfg: DoctorConfig) -> list[CheckResult]:
     """MASTER_ADDR resolves; if it is this host, MASTER_PORT can be bound; else the host answers on the port."""
     addr, port = cfg.master_addr, cfg.master_port
     if not addr:
-        return [CheckResult("master", Status.WARN, "MASTER_ADDR is not set (single-node launchers use 127.0.0.1)",
-                            "for multi-node: export MASTER_ADDR=<IP of the rank-0 node reachable from every node> "
-                            "(source infra/launch/env.sh)")]
+        return [
+            CheckResult(
+                "master",
+                Status.WARN,
+                "MASTER_ADDR is not set (single-node launchers use 127.0.0.1)",
+                "for multi-node: export MASTER_ADDR=<IP of the rank-0 node reachable from every node> "
+                "(source infra/launch/env.sh)",
+            )
+        ]
     ip, why = resolve(addr, cfg.connect_timeout_s)
     if ip is None:
-        return [CheckResult("master", Status.FAIL, f"cannot resolve MASTER_ADDR {addr!r}: {why}",
-                            "use the master's IP address, or add '<ip> " + addr + "' to /etc/hosts on every node "
-                            "(or fix DNS); check for typos", {"master_addr": addr})]
+        return [
+            CheckResult(
+                "master",
+                Status.FAIL,
+                f"cannot resolve MASTER_ADDR {addr!r}: {why}",
+                "use the master's IP address, or add '<ip> " + addr + "' to /etc/hosts on every node "
+                "(or fix DNS); check for typos",
+                {"master_addr": addr},
+            )
+        ]
     data = {"master_addr": addr, "ip": ip, "port": port}
     if is_local_address(ip):
         return [_check_local_master(cfg, addr, ip, data)]
@@ -123,37 +136,74 @@ def check_master(cfg: DoctorConfig) -> list[CheckResult]:
     data["probe"] = state
     where = f"MASTER_ADDR {addr} ({ip})" if ip != addr else f"MASTER_ADDR {addr}"
     if state == "open":
-        return [CheckResult("master", Status.PASS, f"{where} is reachable and port {port} is open", data=data)]
+        return [
+            CheckResult("master", Status.PASS, f"{where} is reachable and port {port} is open", data=data)
+        ]
     if state == "refused":
-        return [CheckResult("master", Status.FAIL if cfg.expect_master else Status.WARN,
-                            f"{where} answers but port {port} is closed (connection refused): nothing listens there"
-                            + (" although the master should be running" if cfg.expect_master else " yet"),
-                            "start rank 0 first; check that MASTER_PORT is the same on every node and that the "
-                            "master's firewall allows it", data)]
-    return [CheckResult("master", Status.FAIL, f"{where} is not an address of this host and is unreachable "
-                        f"({detail})", "check the address (`ip addr` on the master), the route and firewall between "
-                        "the nodes, and NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME", data)]
+        return [
+            CheckResult(
+                "master",
+                Status.FAIL if cfg.expect_master else Status.WARN,
+                f"{where} answers but port {port} is closed (connection refused): nothing listens there"
+                + (" although the master should be running" if cfg.expect_master else " yet"),
+                "start rank 0 first; check that MASTER_PORT is the same on every node and that the "
+                "master's firewall allows it",
+                data,
+            )
+        ]
+    return [
+        CheckResult(
+            "master",
+            Status.FAIL,
+            f"{where} is not an address of this host and is unreachable ({detail})",
+            "check the address (`ip addr` on the master), the route and firewall between "
+            "the nodes, and NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME",
+            data,
+        )
+    ]
 
 
 def _check_local_master(cfg: DoctorConfig, addr: str, ip: str, data: dict) -> CheckResult:
     port = cfg.master_port
     data["local"] = True
     if ipaddress.ip_address(ip).is_loopback and _hostfile_nodes(cfg) > 1:
-        return CheckResult("master", Status.FAIL, f"MASTER_ADDR {addr} is a loopback address but the hostfile "
-                           f"lists {_hostfile_nodes(cfg)} nodes", "set MASTER_ADDR to this node's address on the "
-                           "network the other nodes use", data)
+        return CheckResult(
+            "master",
+            Status.FAIL,
+            f"MASTER_ADDR {addr} is a loopback address but the hostfile lists {_hostfile_nodes(cfg)} nodes",
+            "set MASTER_ADDR to this node's address on the network the other nodes use",
+            data,
+        )
     if port_free(ip, port):
         if cfg.expect_master:
-            return CheckResult("master", Status.FAIL, f"MASTER_ADDR {addr} is this host but nothing listens on "
-                               f"port {port}", "start rank 0 (the rendezvous server) first", data)
-        return CheckResult("master", Status.PASS, f"MASTER_ADDR {addr} ({ip}) is this host; port {port} is free "
-                           "for the rendezvous", data=data)
+            return CheckResult(
+                "master",
+                Status.FAIL,
+                f"MASTER_ADDR {addr} is this host but nothing listens on port {port}",
+                "start rank 0 (the rendezvous server) first",
+                data,
+            )
+        return CheckResult(
+            "master",
+            Status.PASS,
+            f"MASTER_ADDR {addr} ({ip}) is this host; port {port} is free for the rendezvous",
+            data=data,
+        )
     listening = tcp_probe(ip, port, cfg.connect_timeout_s)[0] == "open"
     if cfg.expect_master and listening:
-        return CheckResult("master", Status.PASS, f"MASTER_ADDR {addr} is this host; the rendezvous on port {port} "
-                           "is listening", data=data)
-    return CheckResult("master", Status.FAIL, f"MASTER_ADDR {addr} is this host but port {port} is already in use",
-                       "pick another MASTER_PORT (e.g. 29501) or stop the process holding it (`ss -ltnp`)", data)
+        return CheckResult(
+            "master",
+            Status.PASS,
+            f"MASTER_ADDR {addr} is this host; the rendezvous on port {port} is listening",
+            data=data,
+        )
+    return CheckResult(
+        "master",
+        Status.FAIL,
+        f"MASTER_ADDR {addr} is this host but port {port} is already in use",
+        "pick another MASTER_PORT (e.g. 29501) or stop the process holding it (`ss -ltnp`)",
+        data,
+    )
 
 
 def _hostfile_nodes(cfg: DoctorConfig) -> int:
@@ -179,15 +229,28 @@ def _check_node(node: HostSlots, cfg: DoctorConfig) -> CheckResult:
     name = f"hostfile:{node.host}"
     ip, why = resolve(node.host, cfg.connect_timeout_s)
     if ip is None:
-        return CheckResult(name, Status.FAIL, f"cannot resolve {node.host!r}: {why}",
-                           f"add '<ip> {node.host}' to /etc/hosts on every node, or use IP addresses")
+        return CheckResult(
+            name,
+            Status.FAIL,
+            f"cannot resolve {node.host!r}: {why}",
+            f"add '<ip> {node.host}' to /etc/hosts on every node, or use IP addresses",
+        )
     ok, detail = _ssh_ok(node.host, cfg.connect_timeout_s)
     if not ok:
-        return CheckResult(name, Status.FAIL, f"{node.host} ({ip}): passwordless ssh failed: {detail}",
-                           f"ssh-copy-id {node.host} from this node, accept its host key once (`ssh {node.host} "
-                           "true`), and check sshd runs there", {"ip": ip, "slots": node.slots})
-    return CheckResult(name, Status.PASS, f"{node.host} ({ip}) resolves and accepts passwordless ssh, "
-                       f"{node.slots} slot(s)", data={"ip": ip, "slots": node.slots})
+        return CheckResult(
+            name,
+            Status.FAIL,
+            f"{node.host} ({ip}): passwordless ssh failed: {detail}",
+            f"ssh-copy-id {node.host} from this node, accept its host key once (`ssh {node.host} "
+            "true`), and check sshd runs there",
+            {"ip": ip, "slots": node.slots},
+        )
+    return CheckResult(
+        name,
+        Status.PASS,
+        f"{node.host} ({ip}) resolves and accepts passwordless ssh, {node.slots} slot(s)",
+        data={"ip": ip, "slots": node.slots},
+    )
 
 
 def check_hostfile(cfg: DoctorConfig) -> list[CheckResult]:
@@ -200,10 +263,18 @@ def check_hostfile(cfg: DoctorConfig) -> list[CheckResult]:
         return [CheckResult("hostfile", Status.FAIL, f"{cfg.hostfile}: {exc}", "see infra/hostfile.example")]
     results = []
     if not shutil.which("ssh"):
-        return [CheckResult("hostfile", Status.FAIL, "ssh is not installed", "apt-get install openssh-client")]
+        return [
+            CheckResult("hostfile", Status.FAIL, "ssh is not installed", "apt-get install openssh-client")
+        ]
     if len(nodes) > 1 and not shutil.which("pdsh"):
-        results.append(CheckResult("hostfile", Status.WARN, "pdsh is not installed (DeepSpeed's default multi-node "
-                                   "launcher)", "apt-get install pdsh, or launch with infra/launch/torchrun.sh"))
+        results.append(
+            CheckResult(
+                "hostfile",
+                Status.WARN,
+                "pdsh is not installed (DeepSpeed's default multi-node launcher)",
+                "apt-get install pdsh, or launch with infra/launch/torchrun.sh",
+            )
+        )
     with cf.ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:
         results.extend(pool.map(lambda n: _check_node(n, cfg), nodes))
     return results
@@ -229,17 +300,35 @@ def check_interfaces(cfg: DoctorConfig) -> list[CheckResult]:
             continue
         picked = _matches(spec, names, exact)
         if picked:
-            results.append(CheckResult(f"network:{var}", Status.PASS, f"{var}={spec} selects {', '.join(picked)}"))
+            results.append(
+                CheckResult(f"network:{var}", Status.PASS, f"{var}={spec} selects {', '.join(picked)}")
+            )
         else:
-            results.append(CheckResult(f"network:{var}", Status.FAIL, f"{var}={spec} matches no interface of this "
-                                       f"host ({', '.join(names)})", f"set {var} to the interface that carries the "
-                                       "inter-node traffic (see `ip -br addr`)"))
+            results.append(
+                CheckResult(
+                    f"network:{var}",
+                    Status.FAIL,
+                    f"{var}={spec} matches no interface of this host ({', '.join(names)})",
+                    f"set {var} to the interface that carries the inter-node traffic (see `ip -br addr`)",
+                )
+            )
     ib = Path("/sys/class/infiniband")
     if cfg.env.get("NCCL_IB_DISABLE") == "1" and ib.is_dir() and any(ib.iterdir()):
-        results.append(CheckResult("network:NCCL_IB_DISABLE", Status.WARN, "InfiniBand devices exist but "
-                                   "NCCL_IB_DISABLE=1 sends NCCL over TCP sockets", "unset NCCL_IB_DISABLE unless "
-                                   "IB is broken on this cluster"))
+        results.append(
+            CheckResult(
+                "network:NCCL_IB_DISABLE",
+                Status.WARN,
+                "InfiniBand devices exist but NCCL_IB_DISABLE=1 sends NCCL over TCP sockets",
+                "unset NCCL_IB_DISABLE unless IB is broken on this cluster",
+            )
+        )
     if not results:
-        results.append(CheckResult("network", Status.PASS, f"interfaces: {', '.join(names)}; NCCL/gloo choose "
-                                   "automatically", data={"interfaces": names}))
+        results.append(
+            CheckResult(
+                "network",
+                Status.PASS,
+                f"interfaces: {', '.join(names)}; NCCL/gloo choose automatically",
+                data={"interfaces": names},
+            )
+        )
     return results

@@ -53,14 +53,22 @@ def _default_single_process_env() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
 
 
 def _build_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(addr, port, world_size, is_master=(rank == 0 and not agent_store), timeout=timeout,
-                          multi_tenant=not agent_store)
+    store = dist.TCPStore(
+        addr,
+        port,
+        world_size,
+        is_master=(rank == 0 and not agent_store),
+        timeout=timeout,
+        multi_tenant=not agent_store,
+    )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"pileworks/attempt-{attempt}", store)
 
@@ -88,19 +96,23 @@ def init_distributed(timeout_s: float) -> DistInfo:
     if not dist.is_initialized():
         store = _build_store(rank, world_size, timeout)
         extra = {} if on_cpu else {"device_id": device}
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **extra)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **extra
+        )
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout, verbose=False)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, on_cpu=on_cpu, device=device)
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, on_gpu: bool = False) -> torch.optim.Optimizer:
     """torch AdamW (no DeepSpeed C++ op to build); no weight decay on biases, norms and embeddings' 1-D params."""
     decay, no_decay = [], []
     for param in model.parameters():
         if param.requires_grad:
             (decay if param.dim() >= 2 else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps)
+    # The fused CUDA kernel does the whole update in a few launches; on CPU the default (foreach) path.
+    fused = on_gpu or None
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.adam_betas, eps=cfg.adam_eps, fused=fused)
 
 
 def build_engine(model: torch.nn.Module, cfg: TrainConfig, info: DistInfo) -> tuple[Any, dict[str, Any]]:
@@ -110,12 +122,18 @@ def build_engine(model: torch.nn.Module, cfg: TrainConfig, info: DistInfo) -> tu
     ds_config = to_deepspeed_config(cfg, world_size=info.world_size, on_cpu=info.on_cpu)
     if info.on_cpu and cfg.precision != "fp32":
         logger.info("precision %s requested, running fp32: the CPU path trains in fp32", cfg.precision)
-    optimizer = build_optimizer(model, cfg)
-    schedule = partial(lr_multiplier, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps,
-                       min_lr_ratio=cfg.min_lr_ratio)
+    optimizer = build_optimizer(model.to(info.device), cfg, on_gpu=not info.on_cpu)
+    schedule = partial(
+        lr_multiplier, warmup_steps=cfg.warmup_steps, max_steps=cfg.max_steps, min_lr_ratio=cfg.min_lr_ratio
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=ds_config, dist_init_required=False)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config, dist_init_required=False
+    )
+    if cfg.compile and not info.on_cpu:
+        engine.compile()  # compiles the module in place: state-dict keys, hence checkpoints, stay the same
+    elif cfg.compile:
+        logger.info("compile requested, running eager: compilation is only used on GPU")
     return engine, ds_config
 
 
@@ -133,8 +151,14 @@ def average_across_ranks(value: torch.Tensor) -> float:
     return float(buf.item())
 
 
-def train_step(engine: Any, batches: Iterator[dict[str, torch.Tensor]], *, grad_accum: int,
-               device: torch.device, clock: StepClock) -> torch.Tensor:
+def train_step(
+    engine: Any,
+    batches: Iterator[dict[str, torch.Tensor]],
+    *,
+    grad_accum: int,
+    device: torch.device,
+    clock: StepClock,
+) -> torch.Tensor:
     """One optimizer step of ``grad_accum`` micro batches; returns this rank's mean micro-batch loss."""
     losses = []
     for _ in range(grad_accum):

@@ -55,7 +55,9 @@ class LaunchSpec:
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0; got {self.max_restarts}")
         if self.max_restarts and self.launcher != "torchrun":
-            raise ValueError("max_restarts needs launcher='torchrun' (the deepspeed launcher does not restart)")
+            raise ValueError(
+                "max_restarts needs launcher='torchrun' (the deepspeed launcher does not restart)"
+            )
         if self.hostfile and not Path(self.hostfile).is_file():
             raise ValueError(f"hostfile {self.hostfile} does not exist")
 
@@ -66,8 +68,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def train_args(manifest_uri: str, config_path: str | Path | None, *, allow_dataset_change: bool = False,
-               overrides: Mapping[str, object] | None = None, stop_at_step: int | None = None) -> list[str]:
+def train_args(
+    manifest_uri: str,
+    config_path: str | Path | None,
+    *,
+    allow_dataset_change: bool = False,
+    overrides: Mapping[str, object] | None = None,
+    stop_at_step: int | None = None,
+) -> list[str]:
     """The ``training.train`` arguments (after ``-m training.train``)."""
     args = ["--manifest", manifest_uri]
     if config_path:
@@ -111,8 +119,14 @@ def build_command(spec: LaunchSpec, args: Sequence[str], port: int) -> list[str]
             f"--rdzv-endpoint={spec.master_addr}:{port}", f"--rdzv-id={spec.rdzv_id}",
             "-m", "training.train", *args,
         ]  # fmt: skip
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", f"--master_addr={spec.master_addr}",
-           f"--master_port={port}", "--no_local_rank"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        f"--master_addr={spec.master_addr}",
+        f"--master_port={port}",
+        "--no_local_rank",
+    ]
     if spec.hostfile:
         cmd += [f"--hostfile={spec.hostfile}"]
     else:
@@ -120,8 +134,9 @@ def build_command(spec: LaunchSpec, args: Sequence[str], port: int) -> list[str]
     return [*cmd, "--module", "training.train", *args]
 
 
-def build_launch(spec: LaunchSpec, args: Sequence[str], base_env: Mapping[str, str] | None = None
-                 ) -> tuple[list[str], dict[str, str]]:
+def build_launch(
+    spec: LaunchSpec, args: Sequence[str], base_env: Mapping[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
     port = spec.master_port or free_port()
     return build_command(spec, args, port), build_env(spec, port, base_env)
 
@@ -145,11 +160,22 @@ def kill_process_group(proc: subprocess.Popen | int, grace_s: float = 10.0) -> N
             time.sleep(0.1)
 
 
-def start_local(cmd: Sequence[str], env: Mapping[str, str], cwd: str | Path | None = None) -> subprocess.Popen:
+def start_local(
+    cmd: Sequence[str], env: Mapping[str, str], cwd: str | Path | None = None
+) -> subprocess.Popen:
     """Start the launcher in a new session (its own process group), stdout and stderr merged, line-buffered."""
     logger.info("launching: %s", " ".join(cmd))
-    return subprocess.Popen(list(cmd), env=dict(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, bufsize=1, errors="replace", start_new_session=True)
+    return subprocess.Popen(
+        list(cmd),
+        env=dict(env),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
+        errors="replace",
+        start_new_session=True,
+    )
 
 
 def stream_output(proc: subprocess.Popen, on_line: Callable[[str], None], timeout_s: float | None) -> int:
@@ -157,6 +183,7 @@ def stream_output(proc: subprocess.Popen, on_line: Callable[[str], None], timeou
     timer = None
     timed_out = threading.Event()
     if timeout_s:
+
         def expire() -> None:
             timed_out.set()
             kill_process_group(proc)
@@ -181,21 +208,38 @@ def stream_output(proc: subprocess.Popen, on_line: Callable[[str], None], timeou
     return code
 
 
-def run_local(manifest_uri: str, config_path: str | Path | None, nproc: int = 2, *,
-              launcher: Literal["torchrun", "deepspeed"] = "torchrun", max_restarts: int = 0,
-              allow_dataset_change: bool = False, overrides: Mapping[str, object] | None = None,
-              stop_at_step: int | None = None, on_line: Callable[[str], None] | None = None,
-              timeout_s: float | None = None, env: Mapping[str, str] | None = None, cpu: bool | None = None,
-              cwd: str | Path | None = None, on_start: Callable[[subprocess.Popen], None] | None = None) -> int:
+def run_local(
+    manifest_uri: str,
+    config_path: str | Path | None,
+    nproc: int = 2,
+    *,
+    launcher: Literal["torchrun", "deepspeed"] = "torchrun",
+    max_restarts: int = 0,
+    allow_dataset_change: bool = False,
+    overrides: Mapping[str, object] | None = None,
+    stop_at_step: int | None = None,
+    on_line: Callable[[str], None] | None = None,
+    timeout_s: float | None = None,
+    env: Mapping[str, str] | None = None,
+    cpu: bool | None = None,
+    cwd: str | Path | None = None,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
+) -> int:
     """Train on this machine with ``nproc`` ranks; returns the launcher's exit code (124 on timeout).
 
     ``overrides`` set TrainConfig fields (``--set``); ``env`` adds environment variables; ``on_start`` receives
     the Popen (e.g. to keep it for :func:`kill_process_group`); ``on_line`` gets each output line (default: log).
     """
-    spec = LaunchSpec(launcher=launcher, nproc_per_node=nproc, max_restarts=max_restarts, cpu=cpu,
-                      extra_env=dict(env or {}))
-    args = train_args(manifest_uri, config_path, allow_dataset_change=allow_dataset_change, overrides=overrides,
-                      stop_at_step=stop_at_step)
+    spec = LaunchSpec(
+        launcher=launcher, nproc_per_node=nproc, max_restarts=max_restarts, cpu=cpu, extra_env=dict(env or {})
+    )
+    args = train_args(
+        manifest_uri,
+        config_path,
+        allow_dataset_change=allow_dataset_change,
+        overrides=overrides,
+        stop_at_step=stop_at_step,
+    )
     cmd, full_env = build_launch(spec, args)
     proc = start_local(cmd, full_env, cwd)
     if on_start is not None:

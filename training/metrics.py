@@ -29,7 +29,14 @@ logger = logging.getLogger(__name__)
 METRICS_FILE = "metrics.jsonl"
 
 # Dense peak FLOP/s per GPU for 16-bit matmuls (no sparsity), from the vendors' data sheets.
-PEAK_FLOPS_16BIT = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L4": 121e12, "V100": 125e12}
+PEAK_FLOPS_16BIT = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "A10G": 125e12,
+    "L4": 121e12,
+    "V100": 125e12,
+}
 
 
 def metrics_path(output_dir: str | Path) -> Path:
@@ -149,7 +156,9 @@ def _open_wandb(out: Path, project: str, mode: str, config: dict[str, Any]) -> A
     try:
         import wandb
     except ImportError:
-        logger.warning("wandb is enabled but not installed (pip install 'pileworks[monitoring]'); skipping it")
+        logger.warning(
+            "wandb is enabled but not installed (pip install 'pileworks[monitoring]'); skipping it"
+        )
         return None
     return wandb.init(project=project, mode=mode, dir=str(out), config=config, resume="allow")
 
@@ -157,8 +166,15 @@ def _open_wandb(out: Path, project: str, mode: str, config: dict[str, Any]) -> A
 class StepClock:
     """Splits each optimizer step's wall time into data wait and compute, and turns them into rates."""
 
-    def __init__(self, *, tokens_per_step: int, samples_per_step: int, flops_per_token: float,
-                 world_size: int, peak_flops_per_device: float | None) -> None:
+    def __init__(
+        self,
+        *,
+        tokens_per_step: int,
+        samples_per_step: int,
+        flops_per_token: float,
+        world_size: int,
+        peak_flops_per_device: float | None,
+    ) -> None:
         self.tokens_per_step = tokens_per_step
         self.samples_per_step = samples_per_step
         self.flops_per_token = flops_per_token

@@ -128,7 +128,9 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 
 # ---------------------------------------------------------------- modules
 def rotary_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, cfg.rotary_dim, 2, dtype=torch.float32) / cfg.rotary_dim))
+    inv_freq = 1.0 / (
+        cfg.rotary_base ** (torch.arange(0, cfg.rotary_dim, 2, dtype=torch.float32) / cfg.rotary_dim)
+    )
     t = torch.arange(cfg.max_seq_len, dtype=torch.float32)
     freqs = torch.outer(t, inv_freq)
     emb = torch.cat([freqs, freqs], dim=-1)  # NeoX layout: rotate halves, not interleaved pairs
@@ -222,7 +224,9 @@ class GPT(nn.Module):
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if tokens.shape[1] > self.cfg.max_seq_len:
-            raise ValueError(f"sequence of {tokens.shape[1]} tokens exceeds max_seq_len {self.cfg.max_seq_len}")
+            raise ValueError(
+                f"sequence of {tokens.shape[1]} tokens exceeds max_seq_len {self.cfg.max_seq_len}"
+            )
         x = self.embed(tokens)
         for block in self.blocks:
             x = block(x, self.rope_cos, self.rope_sin)

@@ -40,7 +40,9 @@ class RunReport:
 
 
 def _mean(records: list[dict[str, Any]], key: str) -> float | None:
-    values = [float(r[key]) for r in records if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+    values = [
+        float(r[key]) for r in records if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])
+    ]
     return fmean(values) if values else None
 
 
@@ -55,36 +57,48 @@ def grad_bytes_per_step(start: dict[str, Any], *, on_gpu: bool) -> float | None:
     return params * width * 2 * (world - 1) / world * stage_factor
 
 
-def _comm_share(train: list[dict[str, Any]], start: dict[str, Any], busbw_gb_s: float | None,
-                step_time: float | None) -> tuple[float | None, str]:
+def _comm_share(
+    train: list[dict[str, Any]], start: dict[str, Any], busbw_gb_s: float | None, step_time: float | None
+) -> tuple[float | None, str]:
     logged = _mean(train, "comm_s")
     if logged is not None and step_time:
         return logged / step_time, "logged by the trainer"
     volume = grad_bytes_per_step(start, on_gpu=_mean(train, "mfu") is not None)
     if volume is None:
-        return (0.0, "single rank: no gradient communication") if start.get("world_size") == 1 else \
-               (None, "not measured")
+        return (
+            (0.0, "single rank: no gradient communication")
+            if start.get("world_size") == 1
+            else (None, "not measured")
+        )
     if not busbw_gb_s or not step_time:
         return None, "not measured: pass --busbw GB/s (from `pileworks doctor --only allreduce`)"
-    return min(1.0, volume / (busbw_gb_s * 1e9) / step_time), f"estimated at {busbw_gb_s:g} GB/s bus bandwidth"
+    return min(
+        1.0, volume / (busbw_gb_s * 1e9) / step_time
+    ), f"estimated at {busbw_gb_s:g} GB/s bus bandwidth"
 
 
 def advise(report: RunReport, config: dict[str, Any]) -> list[str]:
     """The FAQ's answers to "GPU utilisation is low", picked by where the step time goes."""
     tips = []
     if report.data_wait_share is not None and report.data_wait_share > DATA_WAIT_HIGH:
-        tips.append(f"data wait is {report.data_wait_share:.0%} of each step: raise num_workers (now "
-                    f"{config.get('num_workers', '?')}), keep the shard cache on local NVMe, and check the store's "
-                    "throughput (`pileworks doctor --store ...`)")
+        tips.append(
+            f"data wait is {report.data_wait_share:.0%} of each step: raise num_workers (now "
+            f"{config.get('num_workers', '?')}), keep the shard cache on local NVMe, and check the store's "
+            "throughput (`pileworks doctor --store ...`)"
+        )
     if report.comm_share is not None and report.comm_share > COMM_HIGH:
-        tips.append(f"communication is about {report.comm_share:.0%} of each step: raise micro_batch_size or "
-                    "grad_accum_steps so each all-reduce covers more compute; use ZeRO stage 1/2 rather than 3 "
-                    f"when memory allows (now {config.get('zero_stage', '?')}); on multi-node make NCCL use "
-                    "InfiniBand (NCCL_DEBUG=INFO shows NET/IB) or set NCCL_SOCKET_IFNAME to the fast NIC")
+        tips.append(
+            f"communication is about {report.comm_share:.0%} of each step: raise micro_batch_size or "
+            "grad_accum_steps so each all-reduce covers more compute; use ZeRO stage 1/2 rather than 3 "
+            f"when memory allows (now {config.get('zero_stage', '?')}); on multi-node make NCCL use "
+            "InfiniBand (NCCL_DEBUG=INFO shows NET/IB) or set NCCL_SOCKET_IFNAME to the fast NIC"
+        )
     if report.gpu_util is not None and report.gpu_util < GPU_UTIL_LOW and not tips:
-        tips.append(f"GPU utilisation is {report.gpu_util:.0f}% with little data wait or communication: raise "
-                    f"micro_batch_size (now {config.get('micro_batch_size', '?')}) while memory allows, use bf16, "
-                    "and raise ZeRO stage only if memory forces it")
+        tips.append(
+            f"GPU utilisation is {report.gpu_util:.0f}% with little data wait or communication: raise "
+            f"micro_batch_size (now {config.get('micro_batch_size', '?')}) while memory allows, use bf16, "
+            "and raise ZeRO stage only if memory forces it"
+        )
     if report.gpu_util is None and report.mfu is None:
         tips.append("no GPU metrics: CPU/gloo run, or NVML missing (pip install 'pileworks[monitoring]')")
     return tips
@@ -104,10 +118,18 @@ def summarize_run(run_dir: str | Path, *, last: int = 50, busbw_gb_s: float | No
     wait = _mean(train, "data_wait_s")
     comm, source = _comm_share(train, start, busbw_gb_s, step_time)
     report = RunReport(
-        run_dir=str(run_dir), steps=len(train), last_step=train[-1].get("step") if train else None,
-        step_time_s=step_time, tokens_per_s=_mean(train, "tokens_per_s"),
-        data_wait_share=(wait / step_time) if wait is not None and step_time else _mean(train, "data_wait_share"),
-        comm_share=comm, comm_source=source, gpu_util=_mean(train, "gpu_util"), mfu=_mean(train, "mfu"),
+        run_dir=str(run_dir),
+        steps=len(train),
+        last_step=train[-1].get("step") if train else None,
+        step_time_s=step_time,
+        tokens_per_s=_mean(train, "tokens_per_s"),
+        data_wait_share=(wait / step_time)
+        if wait is not None and step_time
+        else _mean(train, "data_wait_share"),
+        comm_share=comm,
+        comm_source=source,
+        gpu_util=_mean(train, "gpu_util"),
+        mfu=_mean(train, "mfu"),
     )
     return RunReport(**{**report.__dict__, "advice": advise(report, config) if train else []})
 
@@ -126,5 +148,7 @@ def format_report(report: RunReport) -> str:
         f"  communication  {_pct(report.comm_share)} ({report.comm_source})",
         f"  GPU util       {'n/a' if report.gpu_util is None else f'{report.gpu_util:.0f}%'}, MFU {_pct(report.mfu)}",
     ]
-    lines += [f"  advice: {tip}" for tip in report.advice] or ["  advice: none, the step time is spent computing"]
+    lines += [f"  advice: {tip}" for tip in report.advice] or [
+        "  advice: none, the step time is spent computing"
+    ]
     return "\n".join(lines)

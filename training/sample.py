@@ -83,15 +83,23 @@ def _tokenizer(tag_dir: Path, manifest_uri: str | None) -> Any:
     return Tokenizer.from_str(store.get_bytes(manifest.tokenizer.key).decode("utf-8"))
 
 
-def generate(checkpoint_dir: str | Path, prompt: str, max_new_tokens: int = 64, temperature: float = 0.8,
-             top_k: int | None = 50, seed: int = 0, manifest_uri: str | None = None) -> str:
+def generate(
+    checkpoint_dir: str | Path,
+    prompt: str,
+    max_new_tokens: int = 64,
+    temperature: float = 0.8,
+    top_k: int | None = 50,
+    seed: int = 0,
+    manifest_uri: str | None = None,
+) -> str:
     """Prompt + sampled continuation, decoded with the checkpoint's tokenizer (or the manifest's, if given)."""
-    model, record, tag_dir = load_model(checkpoint_dir)
+    model, _record, tag_dir = load_model(checkpoint_dir)
     tokenizer = _tokenizer(tag_dir, manifest_uri)
     ids = tokenizer.encode(prompt, add_special_tokens=False).ids or [0]
     generator = torch.Generator().manual_seed(seed)
-    out = model.generate(torch.tensor([ids]), max_new_tokens, temperature=temperature, top_k=top_k,
-                         generator=generator)
+    out = model.generate(
+        torch.tensor([ids]), max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
+    )
     return tokenizer.decode(out[0].tolist(), skip_special_tokens=False)
 
 
@@ -104,15 +112,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top-k", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--manifest", default=None, help="take the tokenizer from this manifest instead")
-    parser.add_argument("--to-fp32", default=None, metavar="OUT.pt", help="write the fp32 state dict and stop")
+    parser.add_argument(
+        "--to-fp32", default=None, metavar="OUT.pt", help="write the fp32 state dict and stop"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.to_fp32:
             print(convert_to_fp32(args.checkpoint, args.to_fp32))
         else:
-            print(generate(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k,
-                           args.seed, args.manifest))
+            print(
+                generate(
+                    args.checkpoint,
+                    args.prompt,
+                    args.max_new_tokens,
+                    args.temperature,
+                    args.top_k,
+                    args.seed,
+                    args.manifest,
+                )
+            )
     except (CheckpointError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

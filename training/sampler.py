@@ -25,7 +25,7 @@ import operator
 from collections.abc import Iterator, Sized
 
 import numpy as np
-from torch.utils.data import DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler
 
 _ROUNDS = 6
 _BLOCK = 1 << 16  # positions evaluated per numpy call while iterating: 0.5 MiB of int64
@@ -150,7 +150,7 @@ def _check_layout(n: int, world: int, start: int) -> None:
         raise ValueError(f"start (consumed samples this epoch) must lie in [0, {n}], got {start}")
 
 
-class _Length:
+class _Length(Dataset):
     """A stand-in dataset for DistributedSampler's constructor: only ``len()`` is ever used."""
 
     def __init__(self, n: int):
@@ -180,7 +180,7 @@ class ResumableDistributedSampler(DistributedSampler):
         drop_last: bool = True,
     ):
         try:
-            n = operator.index(dataset_len)  # an int, numpy integer...
+            n = operator.index(dataset_len)  # type: ignore[arg-type]  # an int, numpy integer...
         except TypeError:
             n = len(dataset_len)  # type: ignore[arg-type]
         _check_layout(n, num_replicas, 0)

@@ -50,12 +50,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__)
     parser.add_argument("--manifest", required=True, help="manifest URI (file://, s3:// or a local path)")
     parser.add_argument("--config", default=None, help="TrainConfig YAML/JSON (defaults when left out)")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a config field (VALUE is read as YAML); repeatable")
-    parser.add_argument("--allow-dataset-change", action="store_true",
-                        help="resume a checkpoint that was trained on another dataset id")
-    parser.add_argument("--stop-at-step", type=int, default=None,
-                        help="checkpoint and stop at this step (the LR schedule still runs to max_steps)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a config field (VALUE is read as YAML); repeatable",
+    )
+    parser.add_argument(
+        "--allow-dataset-change",
+        action="store_true",
+        help="resume a checkpoint that was trained on another dataset id",
+    )
+    parser.add_argument(
+        "--stop-at-step",
+        type=int,
+        default=None,
+        help="checkpoint and stop at this step (the LR schedule still runs to max_steps)",
+    )
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -112,8 +124,9 @@ def seed_everything(seed: int) -> None:
 def build_data(cfg: TrainConfig, manifest: Manifest, store: ObjectStore, info: DistInfo) -> tuple[Any, ...]:
     cache = ShardCache(store, cfg.cache_dir or Path(cfg.output_dir) / "shard-cache", cfg.cache_max_bytes)
     train_ds = ShardDataset(manifest, store, cfg.seq_len, "train", cache)
-    sampler = ResumableDistributedSampler(len(train_ds), num_replicas=info.world_size, rank=info.rank,
-                                          seed=cfg.seed)
+    sampler = ResumableDistributedSampler(
+        len(train_ds), num_replicas=info.world_size, rank=info.rank, seed=cfg.seed
+    )
     loader = build_dataloader(train_ds, sampler, cfg.micro_batch_size, num_workers=cfg.num_workers)
     valid_loader = None
     if cfg.eval_batches and manifest.split_shards("valid"):
@@ -122,8 +135,9 @@ def build_data(cfg: TrainConfig, manifest: Manifest, store: ObjectStore, info: D
         except ValueError as exc:
             logger.warning("evaluation disabled: %s", exc)
         else:
-            valid_sampler = ResumableDistributedSampler(len(valid_ds), num_replicas=info.world_size,
-                                                        rank=info.rank, seed=cfg.seed, shuffle=False)
+            valid_sampler = ResumableDistributedSampler(
+                len(valid_ds), num_replicas=info.world_size, rank=info.rank, seed=cfg.seed, shuffle=False
+            )
             if len(valid_sampler) >= cfg.micro_batch_size:
                 valid_loader = build_dataloader(valid_ds, valid_sampler, cfg.micro_batch_size, num_workers=0)
             else:
@@ -131,16 +145,18 @@ def build_data(cfg: TrainConfig, manifest: Manifest, store: ObjectStore, info: D
     return train_ds, sampler, loader, valid_loader
 
 
-def check_equal_steps(n_samples: int, sampler: ResumableDistributedSampler, cfg: TrainConfig,
-                      info: DistInfo, grad_accum: int) -> int:
+def check_equal_steps(
+    n_samples: int, sampler: ResumableDistributedSampler, cfg: TrainConfig, info: DistInfo, grad_accum: int
+) -> int:
     """Preflight: all ranks report their epoch length; refuse to start if their step counts would differ."""
     lengths = [len(sampler)]
     if dist.is_initialized() and info.world_size > 1:
         gathered: list[Any] = [None] * info.world_size
         dist.all_gather_object(gathered, len(sampler))
         lengths = gathered
-    return preflight_steps(n_samples, info.world_size, cfg.micro_batch_size, grad_accum, start=0,
-                           rank_samples=lengths)
+    return preflight_steps(
+        n_samples, info.world_size, cfg.micro_batch_size, grad_accum, start=0, rank_samples=lengths
+    )
 
 
 def fetch_tokenizer(manifest: Manifest, store: ObjectStore) -> bytes:
@@ -152,27 +168,60 @@ def fetch_tokenizer(manifest: Manifest, store: ObjectStore) -> bytes:
 
 def build_run(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> Run:
     manifest, store = load_manifest(args.manifest)
-    model_cfg = model_config_from_preset(cfg.preset, vocab_size=manifest.tokenizer.vocab_size,
-                                         max_seq_len=cfg.seq_len, overrides=cfg.model)
+    model_cfg = model_config_from_preset(
+        cfg.preset, vocab_size=manifest.tokenizer.vocab_size, max_seq_len=cfg.seq_len, overrides=cfg.model
+    )
     seed_everything(cfg.seed)  # identical initial weights on every rank
     model = GPT(model_cfg)
     engine, ds_config = build_engine(model, cfg, info)
     grad_accum = int(ds_config["gradient_accumulation_steps"])
     train_ds, sampler, loader, valid_loader = build_data(cfg, manifest, store, info)
     steps = check_equal_steps(len(train_ds), sampler, cfg, info, grad_accum)
-    logger.info("model %s: %.2fM parameters; %d train samples of %d tokens, %d steps per epoch; batch %d x %d "
-                "accum x %d ranks", cfg.preset, model.num_params() / 1e6, len(train_ds), cfg.seq_len, steps,
-                cfg.micro_batch_size, grad_accum, info.world_size)
-    metrics = MetricsWriter(cfg.output_dir, enabled=info.rank == 0, tensorboard=cfg.tensorboard, wandb=cfg.wandb,
-                            wandb_project=cfg.wandb_project, wandb_mode=cfg.wandb_mode, run_config=cfg.to_dict())
-    return Run(cfg=cfg, info=info, manifest=manifest, manifest_uri=args.manifest, engine=engine,
-               model_cfg=model_cfg, sampler=sampler, loader=loader, valid_loader=valid_loader, metrics=metrics,
-               tokenizer_bytes=fetch_tokenizer(manifest, store), progress=Progress(), grad_accum=grad_accum)
+    logger.info(
+        "model %s: %.2fM parameters; %d train samples of %d tokens, %d steps per epoch; batch %d x %d "
+        "accum x %d ranks",
+        cfg.preset,
+        model.num_params() / 1e6,
+        len(train_ds),
+        cfg.seq_len,
+        steps,
+        cfg.micro_batch_size,
+        grad_accum,
+        info.world_size,
+    )
+    metrics = MetricsWriter(
+        cfg.output_dir,
+        enabled=info.rank == 0,
+        tensorboard=cfg.tensorboard,
+        wandb=cfg.wandb,
+        wandb_project=cfg.wandb_project,
+        wandb_mode=cfg.wandb_mode,
+        run_config=cfg.to_dict(),
+    )
+    return Run(
+        cfg=cfg,
+        info=info,
+        manifest=manifest,
+        manifest_uri=args.manifest,
+        engine=engine,
+        model_cfg=model_cfg,
+        sampler=sampler,
+        loader=loader,
+        valid_loader=valid_loader,
+        metrics=metrics,
+        tokenizer_bytes=fetch_tokenizer(manifest, store),
+        progress=Progress(),
+        grad_accum=grad_accum,
+    )
 
 
 def resume(run: Run, allow_dataset_change: bool) -> int | None:
-    loaded = load_checkpoint(run.engine, run.ckpt_dir, dataset_id=run.manifest.dataset_id,
-                             allow_dataset_change=allow_dataset_change)
+    loaded = load_checkpoint(
+        run.engine,
+        run.ckpt_dir,
+        dataset_id=run.manifest.dataset_id,
+        allow_dataset_change=allow_dataset_change,
+    )
     if loaded is None:
         logger.info("no complete checkpoint in %s: starting from step 0", run.ckpt_dir)
         return None
@@ -183,8 +232,11 @@ def resume(run: Run, allow_dataset_change: bool) -> int | None:
         p.epoch, p.consumed_in_epoch = int(state["epoch"]), int(state["consumed_in_epoch"])
         p.consumed_samples = int(state["consumed_samples"])
     else:
-        logger.warning("dataset changed (%s -> %s): the new data starts at its epoch 0",
-                       state.get("dataset_id"), run.manifest.dataset_id)
+        logger.warning(
+            "dataset changed (%s -> %s): the new data starts at its epoch 0",
+            state.get("dataset_id"),
+            run.manifest.dataset_id,
+        )
     if int(run.engine.global_steps) != p.step:
         raise CheckpointError(f"engine step {run.engine.global_steps} != checkpoint step {p.step}")
     return int(record["step"])
@@ -205,17 +257,33 @@ def batch_stream(run: Run):
 
 def checkpoint(run: Run, uploads: list[threading.Thread]) -> None:
     p, t0 = run.progress, time.perf_counter()
-    client_state = {**dataclasses.asdict(p), "seed": run.cfg.seed, "dataset_id": run.manifest.dataset_id,
-                    "config": run.cfg.to_dict()}
-    meta = {"dataset_id": run.manifest.dataset_id, "manifest_uri": run.manifest_uri,
-            "world_size": run.info.world_size, "zero_stage": run.cfg.zero_stage,
-            "model_config": dataclasses.asdict(run.model_cfg), "progress": dataclasses.asdict(p),
-            "train_config": run.cfg.to_dict()}
+    client_state = {
+        **dataclasses.asdict(p),
+        "seed": run.cfg.seed,
+        "dataset_id": run.manifest.dataset_id,
+        "config": run.cfg.to_dict(),
+    }
+    meta = {
+        "dataset_id": run.manifest.dataset_id,
+        "manifest_uri": run.manifest_uri,
+        "world_size": run.info.world_size,
+        "zero_stage": run.cfg.zero_stage,
+        "model_config": dataclasses.asdict(run.model_cfg),
+        "progress": dataclasses.asdict(p),
+        "train_config": run.cfg.to_dict(),
+    }
     for thread in uploads:
         thread.join()  # an upload must finish before pruning may delete its tag
     uploads.clear()
-    tag_dir = save_checkpoint(run.engine, run.ckpt_dir, step=p.step, client_state=client_state, meta=meta,
-                              keep_last=run.cfg.keep_last, extra_files={"tokenizer.json": run.tokenizer_bytes})
+    tag_dir = save_checkpoint(
+        run.engine,
+        run.ckpt_dir,
+        step=p.step,
+        client_state=client_state,
+        meta=meta,
+        keep_last=run.cfg.keep_last,
+        extra_files={"tokenizer.json": run.tokenizer_bytes},
+    )
     seconds = time.perf_counter() - t0
     logger.info("checkpoint %s saved in %.2fs", tag_dir.name, seconds)
     run.metrics.log("checkpoint", step=p.step, tag=tag_dir.name, seconds=seconds)
@@ -226,21 +294,36 @@ def checkpoint(run: Run, uploads: list[threading.Thread]) -> None:
         uploads.append(thread)
 
 
-def log_step(run: Run, local_loss: float, loss: float, lr: float, timing: dict[str, Any], gpu: GpuMonitor) -> None:
+def log_step(
+    run: Run, local_loss: float, loss: float, lr: float, timing: dict[str, Any], gpu: GpuMonitor
+) -> None:
     p, cfg = run.progress, run.cfg
     run.metrics.log("train", step=p.step, loss=loss, lr=lr, **timing, **gpu.sample())
     if p.step % cfg.log_interval == 0 or p.step == cfg.max_steps:
         mfu = f" mfu {timing['mfu']:.1%}" if timing["mfu"] is not None else ""
-        logger.info("step %d/%d loss %.6f (this rank %.6f) lr %.3e | %.0f tok/s %.1f samples/s step %.3fs "
-                    "data wait %.1f%%%s", p.step, cfg.max_steps, loss, local_loss, lr, timing["tokens_per_s"],
-                    timing["samples_per_s"], timing["step_time_s"], 100 * timing["data_wait_share"], mfu)
+        logger.info(
+            "step %d/%d loss %.6f (this rank %.6f) lr %.3e | %.0f tok/s %.1f samples/s step %.3fs "
+            "data wait %.1f%%%s",
+            p.step,
+            cfg.max_steps,
+            loss,
+            local_loss,
+            lr,
+            timing["tokens_per_s"],
+            timing["samples_per_s"],
+            timing["step_time_s"],
+            100 * timing["data_wait_share"],
+            mfu,
+        )
 
 
 def maybe_evaluate(run: Run) -> None:
     p, cfg = run.progress, run.cfg
     if run.valid_loader is None or not (p.step % cfg.eval_interval == 0 or p.step == cfg.max_steps):
         return
-    loss, batches = evaluate(run.engine, run.valid_loader, max_batches=cfg.eval_batches, device=run.info.device)
+    loss, batches = evaluate(
+        run.engine, run.valid_loader, max_batches=cfg.eval_batches, device=run.info.device
+    )
     logger.info("step %d eval loss %.6f over %d batches per rank", p.step, loss, batches)
     run.metrics.log("eval", step=p.step, loss=loss, batches=batches)
 
@@ -250,8 +333,10 @@ def train_loop(run: Run, stop_at: int) -> None:
     clock = StepClock(
         tokens_per_step=cfg.seq_len * cfg.micro_batch_size * run.grad_accum * info.world_size,
         samples_per_step=cfg.micro_batch_size * run.grad_accum * info.world_size,
-        flops_per_token=flops_per_token(run.model_cfg, cfg.seq_len), world_size=info.world_size,
-        peak_flops_per_device=None if info.on_cpu else peak_flops(torch.cuda.get_device_name()))
+        flops_per_token=flops_per_token(run.model_cfg, cfg.seq_len),
+        world_size=info.world_size,
+        peak_flops_per_device=None if info.on_cpu else peak_flops(torch.cuda.get_device_name()),
+    )
     gpu, uploads, batches = GpuMonitor(), [], batch_stream(run)
     last_saved = p.step
     while p.step < stop_at:
@@ -276,10 +361,16 @@ def run_training(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> 
     run = build_run(args, cfg, info)
     resumed_from = resume(run, args.allow_dataset_change)
     stop_at = min(cfg.max_steps, args.stop_at_step or cfg.max_steps)
-    run.metrics.log("start", world_size=info.world_size, params=sum(x.numel() for x in run.engine.module.parameters()),
-                    flops_per_token=flops_per_token(run.model_cfg, cfg.seq_len), seq_len=cfg.seq_len,
-                    global_batch_size=cfg.micro_batch_size * run.grad_accum * info.world_size,
-                    resumed_from=resumed_from, config=cfg.to_dict())
+    run.metrics.log(
+        "start",
+        world_size=info.world_size,
+        params=sum(x.numel() for x in run.engine.module.parameters()),
+        flops_per_token=flops_per_token(run.model_cfg, cfg.seq_len),
+        seq_len=cfg.seq_len,
+        global_batch_size=cfg.micro_batch_size * run.grad_accum * info.world_size,
+        resumed_from=resumed_from,
+        config=cfg.to_dict(),
+    )
     t0 = time.perf_counter()
     if run.progress.step >= stop_at:
         logger.info("already at step %d (stop at %d): nothing to train", run.progress.step, stop_at)
@@ -300,9 +391,15 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("bad training config: %s", exc)
         return EXIT_USER_ERROR
     info = init_distributed(cfg.pg_timeout_s)
-    logger.info("pid %d, rank %d of %d, local rank %d, %s, attempt %s", os.getpid(), info.rank, info.world_size,
-                info.local_rank, "cpu/gloo" if info.on_cpu else f"{info.device}/nccl",
-                os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    logger.info(
+        "pid %d, rank %d of %d, local rank %d, %s, attempt %s",
+        os.getpid(),
+        info.rank,
+        info.world_size,
+        info.local_rank,
+        "cpu/gloo" if info.on_cpu else f"{info.device}/nccl",
+        os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+    )
     try:
         code = run_training(args, cfg, info)
     except (CheckpointError, ValueError, FileNotFoundError) as exc:

@@ -35,7 +35,10 @@ def read_texts(store: ObjectStore, in_folder: str, refs: np.ndarray) -> dict[int
     is_index, part, row = split_refs(refs)
     out: dict[int, str] = {}
     for p in sorted(set(part[~is_index].tolist())):
-        wanted = {int(r): int(ref) for r, ref in zip(row[(part == p) & ~is_index], refs[(part == p) & ~is_index], strict=True)}
+        wanted = {
+            int(r): int(ref)
+            for r, ref in zip(row[(part == p) & ~is_index], refs[(part == p) & ~is_index], strict=True)
+        }
         offset = 0
         for batch in iter_part_batches(store, in_folder, p):
             for i, rec in enumerate(batch, start=offset):
@@ -46,11 +49,11 @@ def read_texts(store: ObjectStore, in_folder: str, refs: np.ndarray) -> dict[int
 
 
 def _per_source(store: ObjectStore, work: str, num_parts: int, table: pa.Table, dropped: np.ndarray) -> dict:
-    from pipeline.dedup.near import load_signatures
+    from pipeline.dedup.near import folder_key, load_signatures
 
     docs: Counter[str] = Counter()
     for i in range(num_parts):
-        _, info = load_signatures(store, f"{work}/signatures", i)
+        _, info = load_signatures(store, folder_key(work, "signatures"), i)
         docs.update(info.column("source").to_pylist())
     removed = Counter(np.array(table.column("source").to_pylist(), dtype=object)[dropped].tolist())
     return {
@@ -81,7 +84,9 @@ def _sample_pairs(store, in_folder, work, table, clusters: Clusters, cfg: NearDe
         est = estimated_jaccard(sigs[np.searchsorted(refs, rd)], sigs[np.searchsorted(refs, rk)])
         true = None
         if int(rk) in texts:
-            true = round(set_jaccard(set(hasher.shingles(texts[int(rd)])), set(hasher.shingles(texts[int(rk)]))), 4)
+            true = round(
+                set_jaccard(set(hasher.shingles(texts[int(rd)])), set(hasher.shingles(texts[int(rk)]))), 4
+            )
         pairs.append({"dropped": ids[d], "kept": ids[k], "cluster": int(clusters.cluster[d]),
                       "estimated_jaccard": round(float(est), 4), "true_jaccard": true})  # fmt: skip
     return pairs
@@ -137,9 +142,13 @@ def _warnings(report: dict[str, Any]) -> list[str]:
     rate = report["removal_rate_near"]
     out = []
     if report["docs_in"] and rate == 0.0:
-        out.append("removal rate is 0%: no near duplicates found (expected some in web-scale text; check ngram/threshold)")
+        out.append(
+            "removal rate is 0%: no near duplicates found (expected some in web-scale text; check ngram/threshold)"
+        )
     if rate > HIGH_REMOVAL_RATE:
-        out.append(f"removal rate {rate:.1%} is implausibly high (> {HIGH_REMOVAL_RATE:.0%}): check shingling and threshold")
+        out.append(
+            f"removal rate {rate:.1%} is implausibly high (> {HIGH_REMOVAL_RATE:.0%}): check shingling and threshold"
+        )
     return out
 
 
@@ -153,14 +162,20 @@ def format_cluster(store: ObjectStore, run_folder: str, cluster_id: int | None =
     cid = 0 if cluster_id is None else cluster_id
     rows = [r for r in table.to_pylist() if r["cluster"] == cid]
     if not rows:
-        raise ValueError(f"cluster {cid} does not exist (this run has {report['clusters']} clusters, 0 = largest)")
+        raise ValueError(
+            f"cluster {cid} does not exist (this run has {report['clusters']} clusters, 0 = largest)"
+        )
     rows.sort(key=lambda r: (not r["keep"], -r["nbytes"], r["id"]))
     shown = rows[:max_docs]
     texts = read_texts(store, report["input_folder"], np.array([r["ref"] for r in shown], dtype=np.uint64))
     col = max(20, (width - 3 * (len(shown) - 1)) // len(shown))
     columns = []
     for r in shown:
-        head = [f"{'KEPT' if r['keep'] else 'dropped'} {r['id']}"[:col], f"{r['source']} {r['nbytes']} B"[:col], "-" * col]
+        head = [
+            f"{'KEPT' if r['keep'] else 'dropped'} {r['id']}"[:col],
+            f"{r['source']} {r['nbytes']} B"[:col],
+            "-" * col,
+        ]
         body = texts.get(r["ref"], "(document of the persisted index; text not stored)")
         lines = [seg for para in body.splitlines() for seg in (textwrap.wrap(para, col) or [""])]
         columns.append(head + lines[:max_lines])

@@ -1,19 +1,20 @@
 """Near-duplicate removal as steps that hand off through files, each one resumable and able to fan out.
 
-Layout under a work folder ``W`` (``F`` = a store folder of docs parts, the input)::
+Layout under a work folder ``W`` (the input is a folder of docs parts, e.g. the exact-dedup output)::
 
-    W/signatures/part-NNNNN.{sig.npy,docs.parquet,stats.json,done}   per input part   run_signatures_part
-    W/plan.json                                                       once            plan_near_dedup
-    W/bands/part-NNNNN/p-PPPPP.npz  + part-NNNNN.{stats.json,done}    per input part   run_bands_part
-    W/bands/index-NNNNN/...                                           per index part   (same, from_index=True)
+    W/signatures/part-NNNNN.{sig.npz,docs.parquet,stats.json,done}   per input part   run_signatures_part
+    W/plan.json                                                       once             plan_near_dedup
+    W/bands/part-NNNNN/p-PPPPP.npz + part-NNNNN.{stats.json,done}     per input part   run_bands_part
+    W/bands/index-NNNNN/...                                           per index part   (from_index=True)
     W/edges/p-PPPPP.{npz,stats.json,done}                             per partition    run_edges_part
     W/clusters/{clusters.parquet,drop/part-NNNNN.npz,dedup_report.json,stats.json,_SUCCESS}   run_clusters
-    out/part-NNNNN.{parquet,stats.json,done}                          per input part   run_near_filter_part
+    <out>/part-NNNNN.{parquet,stats.json,done} + _SUCCESS             per input part   run_near_filter_part
 
 Every unit writes its outputs, then its stats, then its marker, and reads only inputs whose marker exists; a
-rerun skips marked units. Peak memory per step: signatures, one part's signature matrix (docs x num_perm x 4 B)
-plus a bounded shingle chunk; bands, one part's keys (docs x bands x 16 B); edges, one partition, sized by the
-planner to ``memory_budget_mb``; clusters, the candidate edges and the clustered docs only.
+rerun skips marked units. Arrays are ``.npz`` loaded with ``allow_pickle=False`` (no pickle anywhere).
+Peak memory per step: signatures, one part's matrix (docs x num_perm x 4 B for affine32) plus a shingle chunk of
+at most 2**18 hashes; bands, one part's keys (docs x bands x 16 B); edges, one bucket partition, sized by the
+planner to ``memory_budget_mb``; clusters, the verified edges and the clustered documents only; filter, one part.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import io
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,16 +31,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.dedup import audit
-from pipeline.dedup.clusters import Clusters, choose_keepers, connected_labels
+from pipeline.dedup.clusters import run_clusters
 from pipeline.dedup.lsh import (
+    band_keys,
     candidate_pairs,
     make_refs,
     optimal_params,
     partition_of,
     plan_partitions,
     split_refs,
-    unique_pairs,
 )
 from pipeline.dedup.minhash import HASHES, SCHEMES, SHINGLES, MinHasher, estimated_jaccard
 from pipeline.records import (
@@ -54,7 +55,9 @@ from pipeline.records import (
 from pipeline.storage import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
-DOCS_SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()), ("nbytes", pa.int64()), ("shingles", pa.int64())])
+DOCS_SCHEMA = pa.schema(
+    [("id", pa.string()), ("source", pa.string()), ("nbytes", pa.int64()), ("shingles", pa.int64())]
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,13 +124,13 @@ class NearDedupConfig:
 # ---------------------------------------------------------------- unit files
 
 
-def _put_npz(store: ObjectStore, key: str, **arrays: np.ndarray) -> None:
+def put_npz(store: ObjectStore, key: str, **arrays: np.ndarray) -> None:
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
     store.put_bytes(key, buf.getvalue())
 
 
-def _get_npz(store: ObjectStore, key: str) -> dict[str, np.ndarray]:
+def get_npz(store: ObjectStore, key: str) -> dict[str, np.ndarray]:
     with np.load(io.BytesIO(store.get_bytes(key)), allow_pickle=False) as data:
         return {name: data[name] for name in data.files}
 
@@ -139,26 +142,28 @@ def _finish(store: ObjectStore, unit: str, stats: StageStats) -> StageStats:
     return stats
 
 
-def _done_stats(store: ObjectStore, unit: str) -> StageStats | None:
+def unit_stats(store: ObjectStore, unit: str) -> StageStats | None:
     if not store.exists(f"{unit}.done"):
         return None
     return StageStats.from_json(json.loads(store.get_bytes(f"{unit}.stats.json")))
 
 
-def _require(store: ObjectStore, unit: str) -> None:
+def require_done(store: ObjectStore, unit: str) -> None:
     if not store.exists(f"{unit}.done"):
-        raise FileNotFoundError(f"{store.uri_of(unit)} has no .done marker: run the step that writes it first")
+        raise FileNotFoundError(
+            f"{store.uri_of(unit)} has no .done marker: run the step that writes it first"
+        )
 
 
-def _key(folder: str, name: str) -> str:
+def folder_key(folder: str, name: str) -> str:
     return f"{folder}/{name}" if folder else name
 
 
 def load_signatures(store: ObjectStore, sig_folder: str, index: int) -> tuple[np.ndarray, pa.Table]:
     """One completed signature unit: the (docs, num_perm) matrix and its docs table (id, source, nbytes)."""
-    unit = _key(sig_folder, part_name(index))
-    _require(store, unit)
-    sigs = _get_npz(store, f"{unit}.sig.npz")["sig"]
+    unit = folder_key(sig_folder, part_name(index))
+    require_done(store, unit)
+    sigs = get_npz(store, f"{unit}.sig.npz")["sig"]
     return sigs, pq.ParquetFile(io.BytesIO(store.get_bytes(f"{unit}.docs.parquet"))).read()
 
 
@@ -169,12 +174,13 @@ def run_signatures_part(
     store: ObjectStore, in_folder: str, out_folder: str, index: int, cfg: NearDedupConfig
 ) -> StageStats:
     """Signatures of one docs part: ``sig.npz`` (matrix), ``docs.parquet`` (id, source, bytes), stats, marker."""
-    unit = _key(out_folder, part_name(index))
-    if (stats := _done_stats(store, unit)) is not None:
+    unit = folder_key(out_folder, part_name(index))
+    if (stats := unit_stats(store, unit)) is not None:
         return stats
     t0 = time.perf_counter()
     hasher = cfg.hasher()
-    sigs, cols = [], {"id": [], "source": [], "nbytes": [], "shingles": []}
+    sigs: list[np.ndarray] = []
+    cols: dict[str, list[Any]] = {"id": [], "source": [], "nbytes": [], "shingles": []}
     for batch in iter_part_batches(store, in_folder, index, cfg.batch_docs):
         sig, counts = hasher.signatures([r.text for r in batch])
         sigs.append(sig)
@@ -183,7 +189,7 @@ def run_signatures_part(
         cols["nbytes"] += [len(r.text.encode("utf-8", "surrogatepass")) for r in batch]
         cols["shingles"] += counts.tolist()
     matrix = np.concatenate(sigs) if sigs else np.zeros((0, cfg.num_perm), dtype=hasher.dtype)
-    _put_npz(store, f"{unit}.sig.npz", sig=matrix)
+    put_npz(store, f"{unit}.sig.npz", sig=matrix)
     sink = io.BytesIO()
     pq.write_table(pa.table(cols, schema=DOCS_SCHEMA), sink, compression="zstd")
     store.put_bytes(f"{unit}.docs.parquet", sink.getvalue())
@@ -214,14 +220,17 @@ def open_index(cfg: NearDedupConfig) -> tuple[ObjectStore, int] | None:
 
 def plan_near_dedup(store: ObjectStore, work: str, num_parts: int, cfg: NearDedupConfig) -> dict[str, Any]:
     """Bands, rows and bucket partitions for this build, fixed once in ``plan.json`` so reruns agree."""
-    key = _key(work, "plan.json")
+    key = folder_key(work, "plan.json")
     if store.exists(key):
         return json.loads(store.get_bytes(key))
-    docs = sum(_done_or_fail(store, _key(work, f"signatures/{part_name(i)}")).docs_out for i in range(num_parts))
+    docs = sum(
+        done_stats_or_fail(store, folder_key(work, f"signatures/{part_name(i)}")).docs_out
+        for i in range(num_parts)
+    )
     index = open_index(cfg)
     index_docs = 0
     if index is not None:
-        index_docs = sum(_done_or_fail(index[0], part_name(i)).docs_out for i in range(index[1]))
+        index_docs = sum(done_stats_or_fail(index[0], part_name(i)).docs_out for i in range(index[1]))
     b, r = cfg.bands()
     bp = plan_partitions(docs + index_docs, b, cfg.memory_budget_mb)
     plan = {
@@ -233,8 +242,8 @@ def plan_near_dedup(store: ObjectStore, work: str, num_parts: int, cfg: NearDedu
     return plan
 
 
-def _done_or_fail(store: ObjectStore, unit: str) -> StageStats:
-    stats = _done_stats(store, unit)
+def done_stats_or_fail(store: ObjectStore, unit: str) -> StageStats:
+    stats = unit_stats(store, unit)
     if stats is None:
         raise FileNotFoundError(f"{store.uri_of(unit)} is not done: run the previous step first")
     return stats
@@ -244,21 +253,24 @@ def _done_or_fail(store: ObjectStore, unit: str) -> StageStats:
 
 
 def run_bands_part(
-    store: ObjectStore, work: str, index: int, cfg: NearDedupConfig, plan: dict[str, Any], *, from_index: bool = False
+    store: ObjectStore,
+    work: str,
+    index: int,
+    cfg: NearDedupConfig,
+    plan: dict[str, Any],
+    *,
+    from_index: bool = False,
 ) -> StageStats:
     """Band keys of one signature part, split into one file per bucket partition (keys + doc refs)."""
-    unit = _key(work, f"bands/{'index' if from_index else 'part'}-{index:05d}")
-    if (stats := _done_stats(store, unit)) is not None:
+    unit = folder_key(work, f"bands/{'index' if from_index else 'part'}-{index:05d}")
+    if (stats := unit_stats(store, unit)) is not None:
         return stats
     t0 = time.perf_counter()
     if from_index:
-        istore, _ = open_index(cfg) or (None, 0)
-        sigs, docs = load_signatures(istore, "", index)
+        sigs, docs = load_signatures(_index_store(cfg), "", index)
     else:
-        sigs, docs = load_signatures(store, _key(work, "signatures"), index)
+        sigs, docs = load_signatures(store, folder_key(work, "signatures"), index)
     rows = np.flatnonzero(docs.column("shingles").to_numpy() > 0)  # empty docs would all share one bucket
-    from pipeline.dedup.lsh import band_keys
-
     keys = band_keys(sigs[rows], plan["bands"], plan["rows"]).ravel()
     refs = np.repeat(make_refs(index, rows, index=from_index), plan["bands"])
     parts = partition_of(keys, plan["num_partitions"])
@@ -266,7 +278,7 @@ def run_bands_part(
     bounds = np.searchsorted(parts[order], np.arange(plan["num_partitions"] + 1))
     for p in range(plan["num_partitions"]):
         sel = order[bounds[p] : bounds[p + 1]]
-        _put_npz(store, f"{unit}/p-{p:05d}.npz", keys=keys[sel], refs=refs[sel])
+        put_npz(store, f"{unit}/p-{p:05d}.npz", keys=keys[sel], refs=refs[sel])
     stats = StageStats(stage="near_bands", docs_in=len(docs), docs_out=len(rows))
     stats.extra = {"band_entries": len(keys), "seconds": round(time.perf_counter() - t0, 3)}
     return _finish(store, unit, stats)
@@ -275,19 +287,37 @@ def run_bands_part(
 # ---------------------------------------------------------------- step 3: candidate edges per partition
 
 
-def gather_signatures(store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig) -> np.ndarray:
-    """Signature rows of sorted unique ``refs``, loading each part's matrix once (index parts from the index)."""
-    out = np.zeros((len(refs), cfg.num_perm), dtype=cfg.hasher().dtype)
+def _index_store(cfg: NearDedupConfig) -> ObjectStore:
+    opened = open_index(cfg)
+    if opened is None:
+        raise ValueError("doc refs name persisted-index documents but NearDedupConfig.index_uri is not set")
+    return opened[0]
+
+
+def by_part(
+    store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, pa.Table]]:
+    """For each part the refs point into: (positions in refs, rows, signature matrix, docs table).
+
+    Each part (index parts from the index store) is loaded once, so memory holds one part at a time.
+    """
     is_index, part, row = split_refs(refs)
     istore = None
     for flag, p in sorted(set(zip(is_index.tolist(), part.tolist(), strict=True))):
         sel = np.flatnonzero((is_index == flag) & (part == p))
         if flag:
-            istore = istore or (open_index(cfg) or (None, 0))[0]
-            sigs, _ = load_signatures(istore, "", p)
+            istore = istore or _index_store(cfg)
+            sigs, docs = load_signatures(istore, "", p)
         else:
-            sigs, _ = load_signatures(store, _key(work, "signatures"), p)
-        out[sel] = sigs[row[sel]]
+            sigs, docs = load_signatures(store, folder_key(work, "signatures"), p)
+        yield sel, row[sel], sigs, docs
+
+
+def gather_signatures(store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig) -> np.ndarray:
+    """Signature rows of ``refs`` (index documents' from the persisted index)."""
+    out = np.zeros((len(refs), cfg.num_perm), dtype=cfg.hasher().dtype)
+    for sel, rows, sigs, _ in by_part(store, work, refs, cfg):
+        out[sel] = sigs[rows]
     return out
 
 
@@ -295,15 +325,17 @@ def run_edges_part(
     store: ObjectStore, work: str, partition: int, cfg: NearDedupConfig, plan: dict[str, Any]
 ) -> StageStats:
     """Candidate pairs of one bucket partition, verified by estimated Jaccard when ``cfg.verify``."""
-    unit = _key(work, f"edges/p-{partition:05d}")
-    if (stats := _done_stats(store, unit)) is not None:
+    unit = folder_key(work, f"edges/p-{partition:05d}")
+    if (stats := unit_stats(store, unit)) is not None:
         return stats
     t0 = time.perf_counter()
-    units = [f"part-{i:05d}" for i in range(plan["num_parts"])] + [f"index-{i:05d}" for i in range(plan["index_parts"])]
+    units = [f"part-{i:05d}" for i in range(plan["num_parts"])] + [
+        f"index-{i:05d}" for i in range(plan["index_parts"])
+    ]
     keys, refs = [], []
     for name in units:
-        _require(store, _key(work, f"bands/{name}"))
-        data = _get_npz(store, _key(work, f"bands/{name}/p-{partition:05d}.npz"))
+        require_done(store, folder_key(work, f"bands/{name}"))
+        data = get_npz(store, folder_key(work, f"bands/{name}/p-{partition:05d}.npz"))
         keys.append(data["keys"])
         refs.append(data["refs"])
     u, v, big = candidate_pairs(np.concatenate(keys), np.concatenate(refs), cfg.bucket_window)
@@ -311,96 +343,17 @@ def run_edges_part(
     if cfg.verify and len(u):
         nodes = np.unique(np.concatenate((u, v)))
         sigs = gather_signatures(store, work, nodes, cfg)
-        est = estimated_jaccard(sigs[np.searchsorted(nodes, u)], sigs[np.searchsorted(nodes, v)]).astype(np.float32)
+        est = estimated_jaccard(sigs[np.searchsorted(nodes, u)], sigs[np.searchsorted(nodes, v)]).astype(
+            np.float32
+        )
     ok = est >= cfg.threshold if cfg.verify else np.ones(len(u), dtype=bool)
-    _put_npz(store, f"{unit}.npz", u=u[ok], v=v[ok], est=est[ok])
+    put_npz(store, f"{unit}.npz", u=u[ok], v=v[ok], est=est[ok])
     stats = StageStats(stage="near_edges", docs_in=len(u), docs_out=int(ok.sum()))
-    stats.drop("unverified_pair", int((~ok).sum()))
+    if not ok.all():
+        stats.drop("unverified_pair", int((~ok).sum()))
     stats.extra = {"band_entries": int(sum(len(k) for k in keys)), "buckets_over_window": big,
                    "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
     return _finish(store, unit, stats)
-
-
-# ---------------------------------------------------------------- step 4: clusters (global)
-
-
-def doc_info(store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig) -> pa.Table:
-    """id, source, nbytes of each (sorted unique) ref, reading each docs table once."""
-    is_index, part, row = split_refs(refs)
-    ids = np.empty(len(refs), dtype=object)
-    sources = np.empty(len(refs), dtype=object)
-    nbytes = np.zeros(len(refs), dtype=np.int64)
-    istore = None
-    for flag, p in sorted(set(zip(is_index.tolist(), part.tolist(), strict=True))):
-        sel = np.flatnonzero((is_index == flag) & (part == p))
-        if flag:
-            istore = istore or (open_index(cfg) or (None, 0))[0]
-            _, docs = load_signatures(istore, "", p)
-        else:
-            _, docs = load_signatures(store, _key(work, "signatures"), p)
-        taken = docs.take(pa.array(row[sel]))
-        ids[sel] = taken.column("id").to_pylist()
-        sources[sel] = taken.column("source").to_pylist()
-        nbytes[sel] = taken.column("nbytes").to_numpy()
-    return pa.table({"ref": refs, "id": ids.tolist(), "source": sources.tolist(), "nbytes": nbytes})
-
-
-def run_clusters(
-    store: ObjectStore,
-    in_folder: str,
-    work: str,
-    num_parts: int,
-    cfg: NearDedupConfig,
-    *,
-    exact_stats: StageStats | None = None,
-) -> StageStats:
-    """Union-find over the verified edges, the keep rule, a drop list per part, clusters.parquet and the audit."""
-    folder = _key(work, "clusters")
-    if store.exists(f"{folder}/_SUCCESS"):
-        return StageStats.from_json(json.loads(store.get_bytes(f"{folder}/stats.json")))
-    t0 = time.perf_counter()
-    plan = plan_near_dedup(store, work, num_parts, cfg)
-    us, vs = [], []
-    for p in range(plan["num_partitions"]):
-        _require(store, _key(work, f"edges/p-{p:05d}"))
-        data = _get_npz(store, _key(work, f"edges/p-{p:05d}.npz"))
-        us.append(data["u"])
-        vs.append(data["v"])
-    u, v = unique_pairs(np.concatenate(us), np.concatenate(vs))
-    nodes, labels = connected_labels(u, v)
-    info = doc_info(store, work, nodes, cfg)
-    clusters = choose_keepers(nodes, labels, info.column("nbytes").to_numpy(), np.array(info.column("id").to_pylist(), dtype=str))
-    table = info.append_column("cluster", pa.array(clusters.cluster)).append_column("keep", pa.array(clusters.keep))
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
-    store.put_bytes(f"{folder}/clusters.parquet", sink.getvalue())
-    _write_drop_lists(store, folder, clusters, num_parts)
-    sig_stats = [_done_or_fail(store, _key(work, f"signatures/{part_name(i)}")) for i in range(num_parts)]
-    report = audit.build_report(store, in_folder, work, table, clusters, plan, cfg, sig_stats, exact_stats)
-    store.put_bytes(f"{folder}/dedup_report.json", json.dumps(report, indent=1).encode())
-    dropped = report["removed_near"]
-    stats = StageStats(stage="near_dedup", docs_in=report["docs_in"], docs_out=report["docs_in"] - dropped)
-    stats.drop("near_duplicate", report["removed_near"] - report["removed_near_of_index"])
-    stats.drop("near_duplicate_of_index", report["removed_near_of_index"])
-    stats.extra = {"report": report, "seconds": round(time.perf_counter() - t0, 3)}
-    for warning in report["warnings"]:
-        log.warning("near dedup: %s", warning)
-    store.put_bytes(f"{folder}/stats.json", json.dumps(stats.to_json(), indent=1).encode())
-    store.put_bytes(f"{folder}/_SUCCESS", b"")
-    return stats
-
-
-def _write_drop_lists(store: ObjectStore, folder: str, clusters: Clusters, num_parts: int) -> None:
-    """Per part: the dropped rows, and whether each one duplicates a persisted-index document."""
-    is_index, part, row = split_refs(clusters.refs)
-    has_index = np.zeros(len(clusters.sizes), dtype=bool)
-    has_index[clusters.cluster[is_index]] = True
-    of_index = has_index[clusters.cluster]
-    drop = ~clusters.keep & ~is_index
-    for i in range(num_parts):
-        sel = np.flatnonzero(drop & (part == i))
-        order = np.argsort(row[sel])
-        _put_npz(store, f"{folder}/drop/{part_name(i)}.npz", rows=row[sel][order], of_index=of_index[sel][order])
 
 
 # ---------------------------------------------------------------- step 5: filter
@@ -414,7 +367,7 @@ def run_near_filter_part(
         return read_part_stats(store, out_folder, index)
     if not store.exists(f"{clusters_folder}/_SUCCESS"):
         raise FileNotFoundError(f"{store.uri_of(clusters_folder)} has no _SUCCESS: run run_clusters first")
-    drop = _get_npz(store, f"{clusters_folder}/drop/{part_name(index)}.npz")
+    drop = get_npz(store, f"{clusters_folder}/drop/{part_name(index)}.npz")
     kept, row = [], 0
     stats = StageStats(stage="near_dedup")
     for batch in iter_part_batches(store, in_folder, index):
@@ -426,10 +379,16 @@ def run_near_filter_part(
     stats.docs_out = len(kept)
     stats.bytes_out = text_bytes(kept)
     of_index = int(drop["of_index"].sum())
-    stats.drop("near_duplicate", len(drop["rows"]) - of_index)
-    stats.drop("near_duplicate_of_index", of_index)
+    for reason, n in (
+        ("near_duplicate", len(drop["rows"]) - of_index),
+        ("near_duplicate_of_index", of_index),
+    ):
+        if n:
+            stats.drop(reason, n)
     if stats.docs_in - stats.docs_out != len(drop["rows"]):
-        raise RuntimeError(f"{in_folder}/{part_name(index)}: drop list does not match the part (input changed?)")
+        raise RuntimeError(
+            f"{in_folder}/{part_name(index)}: drop list does not match the part (input changed?)"
+        )
     write_part(store, out_folder, index, kept, stats)
     return stats
 
@@ -451,7 +410,7 @@ def run_near_dedup(
     if not cfg.enabled:
         return _pass_through(store, in_folder, out_folder, num_parts)
     for i in range(num_parts):
-        run_signatures_part(store, in_folder, _key(work, "signatures"), i, cfg)
+        run_signatures_part(store, in_folder, folder_key(work, "signatures"), i, cfg)
     plan = plan_near_dedup(store, work, num_parts, cfg)
     for i in range(num_parts):
         run_bands_part(store, work, i, cfg, plan)
@@ -462,9 +421,9 @@ def run_near_dedup(
     run_clusters(store, in_folder, work, num_parts, cfg, exact_stats=exact_stats)
     total = StageStats(stage="near_dedup")
     for i in range(num_parts):
-        total.merge(run_near_filter_part(store, in_folder, out_folder, i, _key(work, "clusters")))
+        total.merge(run_near_filter_part(store, in_folder, out_folder, i, folder_key(work, "clusters")))
     mark_stage_success(store, out_folder, num_parts)
-    report = json.loads(store.get_bytes(_key(work, "clusters/dedup_report.json")))
+    report = json.loads(store.get_bytes(folder_key(work, "clusters/dedup_report.json")))
     total.extra["report"] = report
     return total
 
@@ -475,7 +434,9 @@ def _pass_through(store: ObjectStore, in_folder: str, out_folder: str, num_parts
         if not part_done(store, out_folder, i):
             records = [r for batch in iter_part_batches(store, in_folder, i) for r in batch]
             n, nbytes = len(records), text_bytes(records)
-            part_stats = StageStats(stage="near_dedup", docs_in=n, docs_out=n, bytes_in=nbytes, bytes_out=nbytes)
+            part_stats = StageStats(
+                stage="near_dedup", docs_in=n, docs_out=n, bytes_in=nbytes, bytes_out=nbytes
+            )
             write_part(store, out_folder, i, records, part_stats)
         total.merge(read_part_stats(store, out_folder, i))
     mark_stage_success(store, out_folder, num_parts)
@@ -488,17 +449,17 @@ def save_index(store: ObjectStore, work: str, num_parts: int, cfg: NearDedupConf
     The index is a folder of signature units (the layout of ``W/signatures``) plus ``index.json`` with the
     signature parameters, which a later build must match. Returns the number of indexed documents.
     """
-    folder = _key(work, "clusters")
+    folder = folder_key(work, "clusters")
     if not store.exists(f"{folder}/_SUCCESS"):
         raise FileNotFoundError(f"{store.uri_of(folder)} has no _SUCCESS: run run_clusters before save_index")
     istore = open_store(index_uri)
     total = 0
     for i in range(num_parts):
-        sigs, docs = load_signatures(store, _key(work, "signatures"), i)
+        sigs, docs = load_signatures(store, folder_key(work, "signatures"), i)
         keep = docs.column("shingles").to_numpy() > 0
-        keep[_get_npz(store, f"{folder}/drop/{part_name(i)}.npz")["rows"]] = False
+        keep[get_npz(store, f"{folder}/drop/{part_name(i)}.npz")["rows"]] = False
         rows = np.flatnonzero(keep)
-        _put_npz(istore, f"{part_name(i)}.sig.npz", sig=sigs[rows])
+        put_npz(istore, f"{part_name(i)}.sig.npz", sig=sigs[rows])
         sink = io.BytesIO()
         pq.write_table(docs.take(pa.array(rows)), sink, compression="zstd")
         istore.put_bytes(f"{part_name(i)}.docs.parquet", sink.getvalue())

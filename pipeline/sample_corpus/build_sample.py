@@ -45,12 +45,31 @@ PACKAGES: dict[str, list[tuple[str, str, str, str]]] = {
         ("debian-faq-ru", "ru", "debian-faq-permissive", "usr/share/doc/debian/FAQ/ru/*.ru.html"),
         ("debian-faq-zh-cn", "zh-cn", "debian-faq-permissive", "usr/share/doc/debian/FAQ/zh-cn/*.zh-cn.html"),
     ],
+    "developers-reference": [
+        ("developers-reference", "en", "GPL-2", "usr/share/developers-reference/*.html"),
+        *[
+            (f"developers-reference-{lang}", lang, "GPL-2", f"usr/share/developers-reference/{lang}/*.html")
+            for lang in ("de", "fr", "ja")
+        ],
+    ],
     "maint-guide": [("maint-guide", "en", "GPL-2+", "usr/share/doc/maint-guide/html/*.en.html")],
     "doc-debian": [("doc-debian", "en", "OPL-1.0/GPL", "usr/share/doc/debian/*")],
 }
 LICENSE_PACKAGE = "base-files"
-LICENSE_NAMES = ("GPL-2", "GPL-3", "LGPL-2.1", "LGPL-3", "Apache-2.0", "MPL-1.1", "MPL-2.0", "GFDL-1.2", "GFDL-1.3",
-                 "Artistic", "BSD", "CC0-1.0")
+LICENSE_NAMES = (
+    "GPL-2",
+    "GPL-3",
+    "LGPL-2.1",
+    "LGPL-3",
+    "Apache-2.0",
+    "MPL-1.1",
+    "MPL-2.0",
+    "GFDL-1.2",
+    "GFDL-1.3",
+    "Artistic",
+    "BSD",
+    "CC0-1.0",
+)
 # (package, document inside it, codec): short chapters re-encoded to legacy codecs, losslessly.
 LEGACY = [
     ("debian-reference-fr", "usr/share/debian-reference/pr01.fr.html", "cp1252"),
@@ -58,9 +77,31 @@ LEGACY = [
     ("debian-reference-ja", "usr/share/debian-reference/pr01.ja.html", "shift_jis"),
     ("debian-reference-zh-cn", "usr/share/debian-reference/pr01.zh-cn.html", "gb18030"),
 ]
-BLOCK_TAGS = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "dt", "dd", "table",
-              "title", "blockquote", "ul", "ol", "dl"}
-SKIP_CLASSES = {"navheader", "navfooter", "toc"}
+BLOCK_TAGS = {
+    "p",
+    "div",
+    "br",
+    "li",
+    "tr",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "pre",
+    "dt",
+    "dd",
+    "table",
+    "title",
+    "blockquote",
+    "ul",
+    "ol",
+    "dl",
+}
+SKIP_CLASSES = {"navheader", "navfooter", "toc", "related", "sphinxsidebar", "footer"}  # DocBook and Sphinx
+# Sphinx pages that are not prose, or (the single-page manual) repeat every chapter
+SKIP_NAMES = {"developers-reference.html", "search.html", "genindex.html"}
 
 
 class _TextExtractor(HTMLParser):
@@ -132,8 +173,9 @@ def fetch(name: str, work: Path) -> Package:
     debs.mkdir(parents=True, exist_ok=True)
     subprocess.run(["apt-get", "download", name], cwd=debs, check=True)
     deb = sorted(debs.glob(f"{name}_*.deb"))[-1]
-    version = subprocess.run(["dpkg-deb", "-f", str(deb), "Version"], check=True, capture_output=True,
-                             text=True).stdout.strip()
+    version = subprocess.run(
+        ["dpkg-deb", "-f", str(deb), "Version"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     root = work / "x" / name
     root.mkdir(parents=True, exist_ok=True)
     subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
@@ -156,11 +198,20 @@ def write_group(out: Path, group: str, packages: dict[str, Package]) -> int:
     for name, lang, license_, pattern in PACKAGES[group]:
         pkg = packages[name]
         for path in sorted(pkg.root.glob(pattern)):
-            if not path.is_file() or (text := read_document(path)) is None or len(text) < 200:
+            if path.name in SKIP_NAMES or not path.is_file():
                 continue
-            meta = {"source": name, "path": str(path.relative_to(pkg.root)), "license": license_,
-                    "version": pkg.version, "lang": lang}
-            lines.append(json.dumps({"text": text, "meta": meta}, ensure_ascii=False, sort_keys=True).encode())
+            if (text := read_document(path)) is None or len(text) < 200:
+                continue
+            meta = {
+                "source": name,
+                "path": str(path.relative_to(pkg.root)),
+                "license": license_,
+                "version": pkg.version,
+                "lang": lang,
+            }
+            lines.append(
+                json.dumps({"text": text, "meta": meta}, ensure_ascii=False, sort_keys=True).encode()
+            )
     raw = b"\n".join(lines) + b"\n"
     (out / f"{group}.jsonl.zst").write_bytes(zstandard.ZstdCompressor(level=19).compress(raw))
     return len(lines)
@@ -184,7 +235,9 @@ def write_legacy(out: Path, packages: dict[str, Package]) -> None:
         if data.decode(codec) != text:
             raise ValueError(f"{name}/{doc} does not round-trip through {codec}")
         stem = Path(doc).name.removesuffix(".html")
-        (folder / f"{name.removeprefix('debian-reference-')}-{stem}.{codec.replace('_', '-')}.txt").write_bytes(data)
+        (
+            folder / f"{name.removeprefix('debian-reference-')}-{stem}.{codec.replace('_', '-')}.txt"
+        ).write_bytes(data)
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ import ftfy
 import zstandard
 
 from pipeline.clean import FTFY_CONFIG, CleanConfig, clean_batch, line_hash, normalize_text
-from pipeline.quality import check_quality
+from pipeline.quality import check_quality_batch
 from pipeline.records import Record
 from pipeline.sample import sample_corpus_path
 
@@ -90,7 +90,12 @@ def bench(name: str, texts: list[str]) -> None:
     counts: Counter[str] = Counter()
     normalized: list[str] = []
     t_norm = cpu_seconds(lambda: normalized.extend(normalize_text(t, cfg, counts) for t in texts))
-    t_quality = cpu_seconds(lambda: [check_quality(t, cfg.quality) for t in normalized])
+    t_quality = cpu_seconds(
+        lambda: [
+            check_quality_batch(normalized[i : i + BATCH], cfg.quality)
+            for i in range(0, len(normalized), BATCH)
+        ]
+    )
     recs = batches(texts)
     t_clean = cpu_seconds(lambda: [clean_batch(b, cfg) for b in recs])
     some_lines = {line_hash(line) for t in texts[:50] for line in t.split("\n")[:3] if len(line) > 20}

@@ -27,6 +27,7 @@ from pipeline.dedup.clusters import choose_keepers, connected_labels
 from pipeline.dedup.lsh import band_keys, candidate_pairs, make_refs, optimal_params
 from pipeline.dedup.minhash import MinHasher
 
+STEPS = ("signatures", "plan", "bands", "edges", "clusters", "filter")
 SAMPLE = Path(__file__).resolve().parents[2] / "pipeline" / "sample_corpus"
 
 
@@ -39,7 +40,10 @@ def load_sample() -> list[tuple[str, str]]:
                 row = json.loads(line)
                 if row.get("meta", {}).get("lang", "en") == "en":
                     docs.append((path.name.split(".")[0], row["text"]))
-    docs += [("licenses", p.read_text(encoding="utf-8", errors="replace")) for p in sorted((SAMPLE / "licenses").glob("*.txt"))]
+    docs += [
+        ("licenses", p.read_text(encoding="utf-8", errors="replace"))
+        for p in sorted((SAMPLE / "licenses").glob("*.txt"))
+    ]
     if not docs:
         raise SystemExit(f"no sample corpus under {SAMPLE}")
     return docs
@@ -73,10 +77,15 @@ def bench_signatures(texts: list[str]) -> None:
 
     rows = []
     dt, _ = timed(update_loop)
-    rows.append(("datasketch MinHash.update loop (sha1, subset, shingling excluded)", sub_mb / dt, len(sub) / dt))
+    rows.append(
+        ("datasketch MinHash.update loop (sha1, subset, shingling excluded)", sub_mb / dt, len(sub) / dt)
+    )
     dt, _ = timed(lambda: MinHash.bulk(shingles))
     rows.append(("datasketch MinHash.bulk (sha1, subset, shingling excluded)", sub_mb / dt, len(sub) / dt))
-    for name, h in (("ours sha1 (bit-identical to MinHash())", hasher_sha1), ("ours xxh64 (== MinHash(hashfunc=))", hasher_fast)):
+    for name, h in (
+        ("ours sha1 (bit-identical to MinHash())", hasher_sha1),
+        ("ours xxh64 (== MinHash(hashfunc=))", hasher_fast),
+    ):
         dt, _ = timed(h.signatures, texts)
         rows.append((name + ", 1 process, shingling included", size / dt, len(texts) / dt))
     # 2 processes: each takes every other document (balanced bytes); the corpus is repeated 4x so the run is
@@ -88,7 +97,9 @@ def bench_signatures(texts: list[str]) -> None:
         cpu = pool.map(_sig_worker, [work[0::2], work[1::2]])
         wall = time.perf_counter() - t0
     rows.append(("ours xxh64, 2 processes (wall clock)", 4 * size / wall, len(work) / wall))
-    rows.append(("ours xxh64, 2 processes (busier worker's CPU time)", 4 * size / max(cpu), len(work) / max(cpu)))
+    rows.append(
+        ("ours xxh64, 2 processes (busier worker's CPU time)", 4 * size / max(cpu), len(work) / max(cpu))
+    )
     print(f"\n== signatures ({size:.1f} MB, {len(texts)} docs, 5-word shingles, 128 perms; load avg "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")  # fmt: skip
     for name, mbs, dps in rows:
@@ -157,7 +168,9 @@ def write_corpus(root: str, docs: list[tuple[str, str]], copies: int, parts: int
     for c in range(copies):
         for i, (src, text) in enumerate(docs):
             # copy 0 = the sample; later copies: 30% near-duplicates (1-3% words changed), 70% heavier edits (30%).
-            body = text if c == 0 else mutate(text, rng, rng.uniform(0.01, 0.03) if rng.random() < 0.3 else 0.3)
+            body = (
+                text if c == 0 else mutate(text, rng, rng.uniform(0.01, 0.03) if rng.random() < 0.3 else 0.3)
+            )
             records.append(Record(f"{src}/{c}/{i}", body, src))
     per = -(-len(records) // parts)
     for p in range(parts):
@@ -186,6 +199,8 @@ def _run_step(root: str, step: str, arg: int, parts: int) -> tuple[float, float]
     t0 = time.process_time()
     if step == "signatures":
         near.run_signatures_part(store, "in", "work/signatures", arg, cfg)
+    elif step == "plan":  # datasketch's parameter search (scipy integration), once per build
+        near.plan_near_dedup(store, "work", parts, cfg)
     elif step == "bands":
         near.run_bands_part(store, "work", arg, cfg, near.plan_near_dedup(store, "work", parts, cfg))
     elif step == "edges":
@@ -201,14 +216,25 @@ def bench_pipeline(docs: list[tuple[str, str]], copies: int, parts: int) -> dict
     root = tempfile.mkdtemp(prefix="pw-bench-near-")
     write_corpus(root, docs, copies, parts)
     result = {}
-    for step in ("signatures", "bands", "edges", "clusters", "filter"):
-        units = 1 if step == "clusters" else parts
+    for step in STEPS:
+        units = 1 if step in ("plan", "clusters") else parts
         if step == "edges":
             units = json.loads(Path(root, "work/plan.json").read_text())["num_partitions"]
         times, rss, over = [], [], []
         for u in range(units):
             # A fresh interpreter per unit, as a worker would run it: its own peak RSS is the step's.
-            cmd = [sys.executable, __file__, "--step", step, "--root", root, "--unit", str(u), "--parts", str(parts)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--step",
+                step,
+                "--root",
+                root,
+                "--unit",
+                str(u),
+                "--parts",
+                str(parts),
+            ]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             dt, peak, base = json.loads(out.strip().splitlines()[-1])
             times.append(dt)
@@ -239,20 +265,26 @@ def main() -> None:
     texts = [t for _, t in docs]
     bench_signatures(texts)
     bench_banding(50_000 if args.quick else 300_000)
-    print("\n== whole near-dedup (each unit in a fresh process; CPU seconds summed over units, peak RSS of the largest)")
+    print(
+        "\n== whole near-dedup (each unit in a fresh process; CPU seconds summed over units, peak RSS of the largest)"
+    )
     scales = [int(x) for x in args.scales.split(",")]
     runs = {}
     for scale in scales:
         runs[scale] = r = bench_pipeline(docs, scale, parts=2 * scale)
-        print(f"  {scale:3d}x: {r['docs']} docs, {r['mb']:.1f} MB, {2 * scale} parts, {r['removed']} near duplicates removed")
-        for step in ("signatures", "bands", "edges", "clusters", "filter"):
+        print(
+            f"  {scale:3d}x: {r['docs']} docs, {r['mb']:.1f} MB, {2 * scale} parts, {r['removed']} near duplicates removed"
+        )
+        for step in STEPS:
             sec, rss, over = r[step]
             print(f"      {step:10s} {sec:7.2f} CPU s  {r['docs'] / max(sec, 1e-9):9.0f} docs/s   peak RSS {rss:7.1f} MiB "
                   f"({over:6.1f} MiB above the imports)")  # fmt: skip
     lo, hi = scales[0], scales[-1]
-    for step in ("signatures", "bands", "edges", "clusters", "filter"):
+    for step in STEPS:
         ratio_t = runs[hi][step][0] / max(runs[lo][step][0], 1e-9)
-        print(f"  {lo}x -> {hi}x {step:10s} time x{ratio_t:5.1f}  peak RSS {runs[lo][step][1]:6.1f} -> {runs[hi][step][1]:6.1f} MiB")
+        print(
+            f"  {lo}x -> {hi}x {step:10s} time x{ratio_t:5.1f}  peak RSS {runs[lo][step][1]:6.1f} -> {runs[hi][step][1]:6.1f} MiB"
+        )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,12 @@ def _pinned(image: str) -> bool:
     if "@sha256:" in image:
         return True
     name, _, tag = image.rpartition(":")
-    return bool(name) and "/" not in tag and tag not in ("latest", "stable", "edge") and bool(re.search(r"\d+\.\d+|\d{4}-", tag))
+    return (
+        bool(name)
+        and "/" not in tag
+        and tag not in ("latest", "stable", "edge")
+        and bool(re.search(r"\d+\.\d+|\d{4}-", tag))
+    )
 
 
 def test_services_present(compose: dict) -> None:
@@ -73,11 +78,15 @@ def test_env_files_exist_and_define_what_commands_use(compose: dict) -> None:
     defined = set(re.findall(r"^([A-Z][A-Z0-9_]*)=", example, flags=re.M))
     for name, svc in compose["services"].items():
         for entry in svc.get("env_file", []):
-            path, required = (entry, True) if isinstance(entry, str) else (entry["path"], entry.get("required", True))
+            path, required = (
+                (entry, True) if isinstance(entry, str) else (entry["path"], entry.get("required", True))
+            )
             assert not required or (INFRA / path).is_file(), f"{name}: required env file {path} missing"
         command = svc.get("command") or []
         text = " ".join(command) if isinstance(command, list) else command
-        missing = set(re.findall(r"\$\$\{?([A-Z][A-Z0-9_]*)", text)) - defined - set(svc.get("environment") or {})
+        missing = (
+            set(re.findall(r"\$\$\{?([A-Z][A-Z0-9_]*)", text)) - defined - set(svc.get("environment") or {})
+        )
         assert not missing, f"{name}: command uses {missing}, which .env.example does not define"
     assert "AWS_SECRET_ACCESS_KEY" in defined and "MINIO_ROOT_PASSWORD" in defined
     assert not (INFRA / ".env").exists() or ".env" in (INFRA / "Dockerfile.dockerignore").read_text()
@@ -87,12 +96,14 @@ def test_dependencies_and_build_paths(compose: dict) -> None:
     services = compose["services"]
     for name, svc in services.items():
         deps = svc.get("depends_on") or {}
-        for dep, cond in (deps.items() if isinstance(deps, dict) else ((d, {}) for d in deps)):
+        for dep, cond in deps.items() if isinstance(deps, dict) else ((d, {}) for d in deps):
             assert dep in services, f"{name} depends on unknown service {dep}"
             condition = cond.get("condition", "service_started")
             assert condition in ("service_started", "service_healthy", "service_completed_successfully")
             if condition == "service_healthy":
-                assert "healthcheck" in services[dep], f"{name} waits for {dep} to be healthy: it has no healthcheck"
+                assert "healthcheck" in services[dep], (
+                    f"{name} waits for {dep} to be healthy: it has no healthcheck"
+                )
         build = svc.get("build")
         if build:
             context = (INFRA / build["context"]).resolve()

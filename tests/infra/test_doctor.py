@@ -36,18 +36,26 @@ def _fake_exe(folder: Path, name: str, body: str) -> Path:
 
 
 # ---------------------------------------------------------------- config
-@pytest.mark.parametrize(("kwargs", "field"), [
-    ({"master_port": 0}, "master_port"), ({"backend": "mpi"}, "backend"), ({"timeout_s": 0}, "timeout_s"),
-    ({"only": ("versions", "nosuch")}, "nosuch"), ({"world_size": 0}, "world_size"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"master_port": 0}, "master_port"),
+        ({"backend": "mpi"}, "backend"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"only": ("versions", "nosuch")}, "nosuch"),
+        ({"world_size": 0}, "world_size"),
+    ],
+)
 def test_config_rejects_bad_values_naming_the_field(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         DoctorConfig(**kwargs)
 
 
 def test_config_from_env_reads_launch_variables() -> None:
-    cfg = DoctorConfig.from_env({"MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29600", "NCCL_DEBUG": "INFO",
-                                 "HOME": "/root"}, hostfile="hf")
+    cfg = DoctorConfig.from_env(
+        {"MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29600", "NCCL_DEBUG": "INFO", "HOME": "/root"},
+        hostfile="hf",
+    )
     assert (cfg.master_addr, cfg.master_port, cfg.hostfile) == ("10.1.2.3", 29600, "hf")
     assert cfg.env == {"MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29600", "NCCL_DEBUG": "INFO"}
     with pytest.raises(ValueError, match="MASTER_PORT must be a port number"):
@@ -75,7 +83,9 @@ def test_master_on_this_host_free_port_passes() -> None:
     port = _free_port()
     [res] = doctor_net.check_master(DoctorConfig(master_addr="127.0.0.1", master_port=port))
     assert res.status is Status.PASS and f"port {port} is free" in res.message
-    [res] = doctor_net.check_master(DoctorConfig(master_addr="127.0.0.1", master_port=port, expect_master=True))
+    [res] = doctor_net.check_master(
+        DoctorConfig(master_addr="127.0.0.1", master_port=port, expect_master=True)
+    )
     assert res.status is Status.FAIL and "nothing listens" in res.message
 
 
@@ -87,16 +97,18 @@ def test_master_port_in_use_fails_unless_the_server_is_expected() -> None:
         [res] = doctor_net.check_master(DoctorConfig(master_addr="127.0.0.1", master_port=port))
         assert res.status is Status.FAIL and f"port {port} is already in use" in res.message
         assert "MASTER_PORT" in res.fix
-        [res] = doctor_net.check_master(DoctorConfig(master_addr="localhost", master_port=port,
-                                                     expect_master=True))
+        [res] = doctor_net.check_master(
+            DoctorConfig(master_addr="localhost", master_port=port, expect_master=True)
+        )
         assert res.status is Status.PASS and "listening" in res.message
 
 
 def test_loopback_master_with_multi_node_hostfile_fails(tmp_path: Path) -> None:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node-a slots=8\nnode-b slots=8\n")
-    [res] = doctor_net.check_master(DoctorConfig(master_addr="127.0.0.1", master_port=_free_port(),
-                                                 hostfile=str(hostfile)))
+    [res] = doctor_net.check_master(
+        DoctorConfig(master_addr="127.0.0.1", master_port=_free_port(), hostfile=str(hostfile))
+    )
     assert res.status is Status.FAIL and "loopback address but the hostfile lists 2 nodes" in res.message
 
 
@@ -111,20 +123,32 @@ def test_tcp_probe_tells_refused_from_open() -> None:
 # ---------------------------------------------------------------- hostfile and ssh
 def test_parse_hostfile() -> None:
     text = "# cluster\nworker-1 slots=8  # first\n\nworker-2 slots=4\n"
-    assert doctor_net.parse_hostfile(text) == [doctor_net.HostSlots("worker-1", 8),
-                                               doctor_net.HostSlots("worker-2", 4)]
-    for bad, why in (("worker-1 8\n", "line 1"), ("a slots=1\na slots=2\n", "listed twice"), ("# x\n", "no hosts")):
+    assert doctor_net.parse_hostfile(text) == [
+        doctor_net.HostSlots("worker-1", 8),
+        doctor_net.HostSlots("worker-2", 4),
+    ]
+    for bad, why in (
+        ("worker-1 8\n", "line 1"),
+        ("a slots=1\na slots=2\n", "listed twice"),
+        ("# x\n", "no hosts"),
+    ):
         with pytest.raises(ValueError, match=why):
             doctor_net.parse_hostfile(bad)
 
 
-def test_hostfile_nodes_resolve_and_need_batch_mode_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hostfile_nodes_resolve_and_need_batch_mode_ssh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     log = tmp_path / "ssh.log"
     # A stand-in ssh: logs its arguments; 127.0.0.1 accepts the key, localhost refuses it.
-    _fake_exe(tmp_path / "bin", "ssh", f'echo "$@" >> {log}\n'
-              'for a in "$@"; do host_prev="$host"; host="$a"; done\n'
-              'if [ "$host_prev" = "127.0.0.1" ]; then exit 0; fi\n'
-              'echo "$host_prev: Permission denied (publickey)." >&2; exit 255\n')
+    _fake_exe(
+        tmp_path / "bin",
+        "ssh",
+        f'echo "$@" >> {log}\n'
+        'for a in "$@"; do host_prev="$host"; host="$a"; done\n'
+        'if [ "$host_prev" = "127.0.0.1" ]; then exit 0; fi\n'
+        'echo "$host_prev: Permission denied (publickey)." >&2; exit 255\n',
+    )
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.1 slots=2\nlocalhost slots=2\n")
@@ -134,8 +158,9 @@ def test_hostfile_nodes_resolve_and_need_batch_mode_ssh(tmp_path: Path, monkeypa
     assert bad.status is Status.FAIL and "passwordless ssh failed" in bad.message
     assert "Permission denied (publickey)" in bad.message and "ssh-copy-id localhost" in bad.fix
     calls = log.read_text().splitlines()
-    assert len(calls) == 2 and all("BatchMode=yes" in c and "ConnectTimeout=3" in c and c.endswith(" true")
-                                   for c in calls)
+    assert len(calls) == 2 and all(
+        "BatchMode=yes" in c and "ConnectTimeout=3" in c and c.endswith(" true") for c in calls
+    )
 
 
 def test_bad_hostfile_line_fails(tmp_path: Path) -> None:
@@ -147,7 +172,9 @@ def test_bad_hostfile_line_fails(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- interfaces, GPU, disk
 def test_socket_ifname_must_match_an_interface() -> None:
-    ok = doctor_net.check_interfaces(DoctorConfig(env={"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}))
+    ok = doctor_net.check_interfaces(
+        DoctorConfig(env={"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"})
+    )
     assert [r.status for r in ok] == [Status.PASS, Status.PASS]
     [bad] = doctor_net.check_interfaces(DoctorConfig(env={"NCCL_SOCKET_IFNAME": "=ib9"}))
     assert bad.status is Status.FAIL and "NCCL_SOCKET_IFNAME==ib9 matches no interface" in bad.message
@@ -157,17 +184,25 @@ def test_socket_ifname_must_match_an_interface() -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU branches need a host without a usable GPU")
-def test_gpu_check_cpu_mode_and_cpu_wheel_on_gpu_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_check_cpu_mode_and_cpu_wheel_on_gpu_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     [res] = doctor.check_gpu(DoctorConfig())
     assert res.status is Status.WARN and res.message.startswith("no GPU: CPU/gloo mode")
     if torch.version.cuda is None:
-        _fake_exe(tmp_path / "bin", "nvidia-smi", 'case "$1" in --query-gpu*) echo "550.54.15, NVIDIA H100";; '
-                  '*) echo "| NVIDIA-SMI 550.54.15  Driver Version: 550.54.15  CUDA Version: 12.4 |";; esac\n')
+        _fake_exe(
+            tmp_path / "bin",
+            "nvidia-smi",
+            'case "$1" in --query-gpu*) echo "550.54.15, NVIDIA H100";; '
+            '*) echo "| NVIDIA-SMI 550.54.15  Driver Version: 550.54.15  CUDA Version: 12.4 |";; esac\n',
+        )
         monkeypatch.setenv("PATH", str(tmp_path / "bin"))
         [res] = doctor.check_gpu(DoctorConfig())
-        assert res.status is Status.FAIL and "is a CPU build but nvidia-smi sees 1 GPU(s) (driver 550.54.15)" \
-            in res.message
+        assert (
+            res.status is Status.FAIL
+            and "is a CPU build but nvidia-smi sees 1 GPU(s) (driver 550.54.15)" in res.message
+        )
         assert "infra/setup_env.sh" in res.fix and res.data["driver_cuda"] == "12.4"
 
 
@@ -199,10 +234,22 @@ def test_allreduce_failure_is_reported_not_raised() -> None:
 @pytest.mark.distributed
 def test_deepspeed_dry_run_catches_batch_mismatch_for_world_size(tmp_path: Path) -> None:
     good = tmp_path / "ds.json"
-    good.write_text(json.dumps({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4,
-                                "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 1}}))
+    good.write_text(
+        json.dumps(
+            {
+                "train_batch_size": 16,
+                "train_micro_batch_size_per_gpu": 4,
+                "gradient_accumulation_steps": 2,
+                "zero_optimization": {"stage": 1},
+            }
+        )
+    )
     [res] = check_deepspeed_config(DoctorConfig(deepspeed_config=str(good), world_size=2))
-    assert res.status is Status.PASS and "valid for world size 2" in res.message and "ZeRO stage 1" in res.message
+    assert (
+        res.status is Status.PASS
+        and "valid for world size 2" in res.message
+        and "ZeRO stage 1" in res.message
+    )
     [res] = check_deepspeed_config(DoctorConfig(deepspeed_config=str(good), world_size=3))
     assert res.status is Status.FAIL and "16 != 4 * 2 * 3" in res.message
 
@@ -227,8 +274,9 @@ def test_store_probe_on_s3_and_missing_bucket(s3_bucket) -> None:
     [res] = doctor.check_store(DoctorConfig(store=s3_bucket.uri, s3_endpoint_url=endpoint, store_probe_mib=1))
     assert res.status is Status.PASS, res.message
     assert "write/read/delete ok" in res.message
-    [res] = doctor.check_store(DoctorConfig(store="s3://pw-no-such-bucket-x/p", s3_endpoint_url=endpoint,
-                                            store_probe_mib=1))
+    [res] = doctor.check_store(
+        DoctorConfig(store="s3://pw-no-such-bucket-x/p", s3_endpoint_url=endpoint, store_probe_mib=1)
+    )
     assert res.status is Status.FAIL and "does not exist" in res.message and "create the bucket" in res.fix
 
 
@@ -239,7 +287,9 @@ def test_runner_reports_a_crashing_check(monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.setitem(doctor.CHECKS, "disk", boom)
     results = doctor.run_doctor(DoctorConfig(only=("disk",)))
-    assert [(r.status, r.message) for r in results] == [(Status.FAIL, "check crashed: RuntimeError: probe exploded")]
+    assert [(r.status, r.message) for r in results] == [
+        (Status.FAIL, "check crashed: RuntimeError: probe exploded")
+    ]
     assert doctor.exit_code(results) == 1
     assert "fix: report this" in doctor.format_result(results[0])
 
@@ -249,8 +299,20 @@ def test_cli_json_and_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = str(server.getsockname()[1])
-        code = cli_main(["doctor", "--only", "versions,master,disk", "--json", "--master-addr", "127.0.0.1",
-                         "--master-port", port, "--min-free-gib", "0"])
+        code = cli_main(
+            [
+                "doctor",
+                "--only",
+                "versions,master,disk",
+                "--json",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+                "--min-free-gib",
+                "0",
+            ]
+        )
     report = json.loads(capsys.readouterr().out)
     by_name = {r["name"]: r for r in report["results"]}
     assert code == 1 and report["exit_code"] == 1
@@ -260,7 +322,9 @@ def test_cli_json_and_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "0 PASS" in capsys.readouterr().err
 
 
-def test_cli_text_output_prints_fixes(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_text_output_prints_fixes(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     assert cli_main(["doctor", "--only", "master"]) == 0
     out = capsys.readouterr().out
@@ -270,15 +334,23 @@ def test_cli_text_output_prints_fixes(capsys: pytest.CaptureFixture[str], monkey
 # ---------------------------------------------------------------- --during: the monitor
 def _write_metrics(run: Path, steps: list[dict], world: int = 2, params: int = 100_000_000) -> None:
     run.mkdir(parents=True, exist_ok=True)
-    lines = [{"kind": "start", "world_size": world, "params": params,
-              "config": {"num_workers": 1, "zero_stage": 3, "micro_batch_size": 4, "precision": "bf16"}}]
+    lines = [
+        {
+            "kind": "start",
+            "world_size": world,
+            "params": params,
+            "config": {"num_workers": 1, "zero_stage": 3, "micro_batch_size": 4, "precision": "bf16"},
+        }
+    ]
     lines += [{"kind": "train", "step": i + 1, **s} for i, s in enumerate(steps)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
 def test_monitor_advises_loader_workers_when_data_wait_dominates(tmp_path: Path) -> None:
-    _write_metrics(tmp_path, [{"step_time_s": 1.0, "data_wait_s": 0.4, "tokens_per_s": 1000.0, "gpu_util": 40.0,
-                               "mfu": 0.1}] * 5)
+    _write_metrics(
+        tmp_path,
+        [{"step_time_s": 1.0, "data_wait_s": 0.4, "tokens_per_s": 1000.0, "gpu_util": 40.0, "mfu": 0.1}] * 5,
+    )
     report = summarize_run(tmp_path)
     assert report.steps == 5 and report.data_wait_share == pytest.approx(0.4)
     assert len(report.advice) == 1 and "raise num_workers (now 1)" in report.advice[0]
@@ -307,6 +379,7 @@ def test_cli_during(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 # ---------------------------------------------------------------- the Prefect flow
+@pytest.mark.slow  # a Prefect test server takes 10-40 s to start on 2 cores
 def test_doctor_flow_reports_artifact_and_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect.testing.utilities import prefect_test_harness
 
@@ -320,8 +393,12 @@ def test_doctor_flow_reports_artifact_and_fails_the_run(monkeypatch: pytest.Monk
         with socket.socket() as server:
             server.bind(("127.0.0.1", 0))
             server.listen()
-            state = doctor_flow(master_addr="127.0.0.1", master_port=server.getsockname()[1], only=["master"],
-                                return_state=True)
+            state = doctor_flow(
+                master_addr="127.0.0.1",
+                master_port=server.getsockname()[1],
+                only=["master"],
+                return_state=True,
+            )
         assert state.is_failed() and "already in use" in str(state.message)
         from prefect.client.orchestration import get_client
 

@@ -38,7 +38,9 @@ def _netns_usable() -> bool:
 
 pytestmark = [
     pytest.mark.distributed,
-    pytest.mark.skipif(not _netns_usable(), reason="needs root, iproute2 and permission to create network namespaces"),
+    pytest.mark.skipif(
+        not _netns_usable(), reason="needs root, iproute2 and permission to create network namespaces"
+    ),
 ]
 
 
@@ -51,8 +53,15 @@ class TwoNodes:
 
     def run(self, ns: str, args: list[str], env: dict[str, str], timeout: float, **kw) -> subprocess.Popen:
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
-        return subprocess.Popen(["ip", "netns", "exec", ns, *args], env=full_env, cwd=ROOT, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+        return subprocess.Popen(
+            ["ip", "netns", "exec", ns, *args],
+            env=full_env,
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            **kw,
+        )
 
 
 def _ip(*args: str) -> None:
@@ -66,8 +75,20 @@ def two_nodes() -> Iterator[TwoNodes]:
     try:
         _ip("netns", "add", nodes.ns_a)
         _ip("netns", "add", nodes.ns_b)
-        _ip("link", "add", nodes.if_a, "netns", nodes.ns_a, "type", "veth", "peer", "name", nodes.if_b,
-            "netns", nodes.ns_b)
+        _ip(
+            "link",
+            "add",
+            nodes.if_a,
+            "netns",
+            nodes.ns_a,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            nodes.if_b,
+            "netns",
+            nodes.ns_b,
+        )
         for ns, ifname, addr in ((nodes.ns_a, nodes.if_a, ADDR_A), (nodes.ns_b, nodes.if_b, ADDR_B)):
             _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", ifname)
             _ip("-n", ns, "link", "set", "lo", "up")
@@ -110,7 +131,7 @@ DDP_JOB = textwrap.dedent("""
     dist.all_gather(gathered, flat)
     same = all(torch.equal(gathered[0], g) for g in gathered)
     print(json.dumps({"rank": rank, "losses": losses, "params_equal": same,
-                      "peer": os.environ["MASTER_ADDR"]}))
+                      "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME")}))
     dist.destroy_process_group()
 """)
 
@@ -123,26 +144,39 @@ def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
 def test_gloo_job_spans_two_namespaces(two_nodes: TwoNodes, tmp_path: Path) -> None:
     script = tmp_path / "ddp_job.py"
     script.write_text(DDP_JOB)
+    # Each "node" sources infra/launch/env.sh, which must pick the veth as the gloo interface on both sides
+    # (on rank 0's node the master address is local, so the route says "lo": the wrong answer for gloo).
+    launch = f"source {ROOT / 'infra/launch/env.sh'} && exec {sys.executable} {script}"
     common = {"MASTER_ADDR": ADDR_A, "MASTER_PORT": "29511", "WORLD_SIZE": "2"}
-    rank0 = two_nodes.run(two_nodes.ns_a, [sys.executable, str(script)],
-                          {**common, "RANK": "0", "GLOO_SOCKET_IFNAME": two_nodes.if_a}, 120)
-    rank1 = two_nodes.run(two_nodes.ns_b, [sys.executable, str(script)],
-                          {**common, "RANK": "1", "GLOO_SOCKET_IFNAME": two_nodes.if_b}, 120)
+    procs = [
+        two_nodes.run(ns, ["bash", "-c", launch], {**common, "RANK": str(rank)}, 120)
+        for rank, ns in enumerate((two_nodes.ns_a, two_nodes.ns_b))
+    ]
     results = []
-    for proc in (rank0, rank1):
+    for proc in procs:
         code, out, err = _finish(proc, 120)
         assert code == 0, f"rank exited {code}: {err[-2000:]}"
         results.append(json.loads(out.strip().splitlines()[-1]))
     assert [r["rank"] for r in results] == [0, 1]
+    assert [r["gloo_ifname"] for r in results] == [two_nodes.if_a, two_nodes.if_b]
     assert all(r["params_equal"] for r in results), "DDP replicas diverged: gradients were not all-reduced"
     assert results[0]["losses"] == results[1]["losses"]  # the rank-averaged loss is one number on both nodes
     losses = results[0]["losses"]
     assert losses[-1] < 0.2 * losses[0], f"loss did not fall: {losses[0]:.4f} -> {losses[-1]:.4f}"
 
 
-TRAIN_SETTINGS = {"preset": "tiny", "seq_len": 32, "micro_batch_size": 4, "max_steps": 6, "warmup_steps": 1,
-                  "num_workers": 0, "eval_batches": 0, "log_interval": 1, "tensorboard": "false",
-                  "checkpoint_interval": 100}
+TRAIN_SETTINGS = {
+    "preset": "tiny",
+    "seq_len": 32,
+    "micro_batch_size": 4,
+    "max_steps": 6,
+    "warmup_steps": 1,
+    "num_workers": 0,
+    "eval_batches": 0,
+    "log_interval": 1,
+    "tensorboard": "false",
+    "checkpoint_interval": 100,
+}
 
 
 @pytest.mark.slow
@@ -157,10 +191,27 @@ def test_trainer_ranks_in_two_namespaces_complete(two_nodes: TwoNodes, tmp_path:
     sets = [arg for k, v in TRAIN_SETTINGS.items() for arg in ("--set", f"{k}={v}")]
     procs = []
     for rank, (ns, ifname) in enumerate(((two_nodes.ns_a, two_nodes.if_a), (two_nodes.ns_b, two_nodes.if_b))):
-        args = [sys.executable, "-m", "training.train", "--manifest", manifest, *sets,
-                "--set", f"output_dir={run_dir}", "--set", f"cache_dir={tmp_path / f'cache{rank}'}"]
-        env = {"MASTER_ADDR": ADDR_A, "MASTER_PORT": "29515", "WORLD_SIZE": "2", "RANK": str(rank),
-               "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": ifname, "DS_ACCELERATOR": "cpu"}
+        args = [
+            sys.executable,
+            "-m",
+            "training.train",
+            "--manifest",
+            manifest,
+            *sets,
+            "--set",
+            f"output_dir={run_dir}",
+            "--set",
+            f"cache_dir={tmp_path / f'cache{rank}'}",
+        ]
+        env = {
+            "MASTER_ADDR": ADDR_A,
+            "MASTER_PORT": "29515",
+            "WORLD_SIZE": "2",
+            "RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "GLOO_SOCKET_IFNAME": ifname,
+            "DS_ACCELERATOR": "cpu",
+        }
         procs.append(two_nodes.run(ns, args, env, 240))
     for rank, proc in enumerate(procs):
         code, _, err = _finish(proc, 240)
@@ -176,9 +227,27 @@ def test_trainer_ranks_in_two_namespaces_complete(two_nodes: TwoNodes, tmp_path:
 
 
 def _doctor(nodes: TwoNodes, ns: str, addr: str, port: int, *extra: str) -> tuple[int, dict]:
-    proc = nodes.run(ns, [sys.executable, "-m", "flows.cli", "doctor", "--only", "master", "--json",
-                          "--master-addr", addr, "--master-port", str(port), "--connect-timeout", "2", *extra],
-                     {}, 60)
+    proc = nodes.run(
+        ns,
+        [
+            sys.executable,
+            "-m",
+            "flows.cli",
+            "doctor",
+            "--only",
+            "master",
+            "--json",
+            "--master-addr",
+            addr,
+            "--master-port",
+            str(port),
+            "--connect-timeout",
+            "2",
+            *extra,
+        ],
+        {},
+        60,
+    )
     code, out, err = _finish(proc, 60)
     assert out.strip(), f"doctor printed nothing (exit {code}): {err[-2000:]}"
     return code, json.loads(out)["results"][0]
@@ -207,11 +276,20 @@ def test_doctor_in_second_namespace_names_wrong_master_and_closed_port(two_nodes
 
 
 def test_doctor_passes_when_rendezvous_listens(two_nodes: TwoNodes) -> None:
-    listener = two_nodes.run(two_nodes.ns_a, [sys.executable, "-c", textwrap.dedent(f"""
+    listener = two_nodes.run(
+        two_nodes.ns_a,
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import socket, sys, time
         s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("{ADDR_A}", 29513)); s.listen(); print("up", flush=True); time.sleep(60)
-    """)], {}, 60)
+    """),
+        ],
+        {},
+        60,
+    )
     try:
         assert listener.stdout is not None and listener.stdout.readline().strip() == "up"
         code, res = _doctor(two_nodes, two_nodes.ns_b, ADDR_A, 29513, "--expect-master")

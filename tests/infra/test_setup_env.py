@@ -16,10 +16,29 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
-SCRIPTS = [INFRA / "setup_env.sh", INFRA / "launch" / "env.sh", INFRA / "launch" / "deepspeed_multinode.sh",
-           INFRA / "launch" / "torchrun_node.sh"]
-TOOLS = ["bash", "sed", "awk", "grep", "head", "cut", "cat", "sha256sum", "env", "dirname", "ip", "getent",
-         "printf", "python3", "python3.11"]
+SCRIPTS = [
+    INFRA / "setup_env.sh",
+    INFRA / "launch" / "env.sh",
+    INFRA / "launch" / "deepspeed_multinode.sh",
+    INFRA / "launch" / "torchrun_node.sh",
+]
+TOOLS = [
+    "bash",
+    "sed",
+    "awk",
+    "grep",
+    "head",
+    "cut",
+    "cat",
+    "sha256sum",
+    "env",
+    "dirname",
+    "ip",
+    "getent",
+    "printf",
+    "python3",
+    "python3.11",
+]
 
 
 @pytest.fixture
@@ -36,8 +55,12 @@ def hermetic(tmp_path: Path) -> dict[str, str]:
         (bin_dir / name).symlink_to(sys.executable)
     links = tmp_path / "wheels"
     links.mkdir()
-    return {"PATH": str(bin_dir), "HOME": str(tmp_path), "PIP_CONFIG_FILE": os.devnull,
-            "PIP_FIND_LINKS": str(links)}
+    return {
+        "PATH": str(bin_dir),
+        "HOME": str(tmp_path),
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_FIND_LINKS": str(links),
+    }
 
 
 def _fake(env: dict[str, str], name: str, body: str) -> None:
@@ -48,12 +71,21 @@ def _fake(env: dict[str, str], name: str, body: str) -> None:
 
 
 def _setup(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(INFRA / "setup_env.sh"), "--dry-run", *args], env=env, text=True,
-                          capture_output=True, timeout=60)
+    return subprocess.run(
+        ["bash", str(INFRA / "setup_env.sh"), "--dry-run", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
 
 
 def _smi(env: dict[str, str], cuda: str) -> None:
-    _fake(env, "nvidia-smi", f'echo "| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: {cuda} |"\n')
+    _fake(
+        env,
+        "nvidia-smi",
+        f'echo "| NVIDIA-SMI 550.54.15   Driver Version: 550.54.15   CUDA Version: {cuda} |"\n',
+    )
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -76,8 +108,10 @@ def test_cpu_plan_for_a_new_environment(hermetic: dict[str, str], tmp_path: Path
     assert "no nvidia-smi: CPU machine, torch 2.13.0 CPU wheel" in out
     plans = [line for line in out.splitlines() if line.startswith("plan: ")]
     assert plans[0].endswith(f"-m venv {env_dir}")
-    assert plans[1] == f"plan: {env_dir}/bin/python -m pip install torch==2.13.0+cpu --index-url " \
-                       "https://download.pytorch.org/whl/cpu"
+    assert (
+        plans[1] == f"plan: {env_dir}/bin/python -m pip install torch==2.13.0+cpu --index-url "
+        "https://download.pytorch.org/whl/cpu"
+    )
     assert plans[2] == f"plan: env DS_BUILD_OPS=0 {env_dir}/bin/python -m pip install deepspeed>=0.15"
     assert plans[3] == f"plan: {env_dir}/bin/python -m pip install -e {ROOT}[dev]"
     assert not env_dir.exists(), "--dry-run must not create anything"
@@ -91,31 +125,42 @@ def test_cpu_plan_uses_a_local_cpu_wheel_mirror(hermetic: dict[str, str], tmp_pa
     assert f"-m pip install -e {ROOT}\n" in proc.stdout
 
 
-@pytest.mark.parametrize(("cuda", "tag"), [("12.4", "cu124"), ("12.5", "cu124"), ("13.0", "cu130"),
-                                           ("12.8", "cu128")])
+@pytest.mark.parametrize(
+    ("cuda", "tag"), [("12.4", "cu124"), ("12.5", "cu124"), ("13.0", "cu130"), ("12.8", "cu128")]
+)
 def test_gpu_plan_matches_the_driver(hermetic: dict[str, str], tmp_path: Path, cuda: str, tag: str) -> None:
     _smi(hermetic, cuda)
     proc = _setup(hermetic, "--env-dir", str(tmp_path / "e"))
     assert proc.returncode == 0, proc.stderr
     assert f"GPU driver 550.54.15 supports CUDA {cuda}: torch 2.13.0 built for {tag}" in proc.stdout
-    assert f"pip install torch==2.13.0+{tag} --index-url https://download.pytorch.org/whl/{tag}\n" in proc.stdout
+    assert (
+        f"pip install torch==2.13.0+{tag} --index-url https://download.pytorch.org/whl/{tag}\n" in proc.stdout
+    )
 
 
 def test_gpu_plan_refuses_a_driver_too_old(hermetic: dict[str, str], tmp_path: Path) -> None:
     _smi(hermetic, "11.4")
     proc = _setup(hermetic, "--env-dir", str(tmp_path / "e"))
     assert proc.returncode == 1
-    assert "supports CUDA 11.4, older than every build" in proc.stderr and "upgrade the NVIDIA driver" in proc.stderr
+    assert (
+        "supports CUDA 11.4, older than every build" in proc.stderr
+        and "upgrade the NVIDIA driver" in proc.stderr
+    )
 
 
 def test_broken_nvidia_smi_is_an_error(hermetic: dict[str, str], tmp_path: Path) -> None:
-    _fake(hermetic, "nvidia-smi", 'echo "NVIDIA-SMI has failed because it could not communicate with the driver"\n'
-          "exit 9\n")
+    _fake(
+        hermetic,
+        "nvidia-smi",
+        'echo "NVIDIA-SMI has failed because it could not communicate with the driver"\nexit 9\n',
+    )
     proc = _setup(hermetic, "--env-dir", str(tmp_path / "e"))
     assert proc.returncode == 1 and "nvidia-smi is installed but fails: NVIDIA-SMI has failed" in proc.stderr
 
 
-@pytest.mark.skipif(not __import__("torch").__version__.endswith("+cpu"), reason="needs a +cpu torch in this env")
+@pytest.mark.skipif(
+    not __import__("torch").__version__.endswith("+cpu"), reason="needs a +cpu torch in this env"
+)
 def test_second_run_on_a_ready_environment_skips_installs(hermetic: dict[str, str]) -> None:
     import deepspeed  # noqa: F401  (installed: the plan must skip it)
     import torch
@@ -131,8 +176,10 @@ def test_second_run_on_a_ready_environment_skips_installs(hermetic: dict[str, st
 
 # ---------------------------------------------------------------- env.sh
 def _source_env(env: dict[str, str]) -> subprocess.CompletedProcess:
-    script = f'set -u; source {INFRA / "launch" / "env.sh"}; rc=$?; ' \
-             'echo "rc=$rc $MASTER_ADDR $MASTER_PORT ${NCCL_SOCKET_IFNAME:-} ${GLOO_SOCKET_IFNAME:-} $NCCL_IB_DISABLE"'
+    script = (
+        f"set -u; source {INFRA / 'launch' / 'env.sh'}; rc=$?; "
+        'echo "rc=$rc $MASTER_ADDR $MASTER_PORT ${NCCL_SOCKET_IFNAME:-} ${GLOO_SOCKET_IFNAME:-} $NCCL_IB_DISABLE"'
+    )
     return subprocess.run(["bash", "-c", script], env=env, text=True, capture_output=True, timeout=30)
 
 
@@ -157,19 +204,41 @@ def test_env_sh_picks_the_interface_routing_to_the_master(hermetic: dict[str, st
 
 # ---------------------------------------------------------------- launch scripts
 def _launch(script: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(INFRA / "launch" / script), *args], env={**env, "PILEWORKS_DRY_RUN": "1"},
-                          text=True, capture_output=True, timeout=30)
+    return subprocess.run(
+        ["bash", str(INFRA / "launch" / script), *args],
+        env={**env, "PILEWORKS_DRY_RUN": "1"},
+        text=True,
+        capture_output=True,
+        timeout=30,
+    )
 
 
 def test_deepspeed_launch_command(hermetic: dict[str, str], tmp_path: Path) -> None:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# nodes\n127.0.0.1 slots=2\n")
-    proc = _launch("deepspeed_multinode.sh", hermetic, str(hostfile), "s3://b/m.json", "--", "--set", "max_steps=5")
+    proc = _launch(
+        "deepspeed_multinode.sh", hermetic, str(hostfile), "s3://b/m.json", "--", "--set", "max_steps=5"
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [
-        "deepspeed", "--hostfile", str(hostfile), "--launcher", "pdsh", "--master_addr", "127.0.0.1",
-        "--master_port", "29500", "--module", "training.train", "--manifest", "s3://b/m.json", "--config",
-        str(ROOT / "training/configs/tiny.yaml"), "--set", "max_steps=5"]
+        "deepspeed",
+        "--hostfile",
+        str(hostfile),
+        "--launcher",
+        "pdsh",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        "29500",
+        "--module",
+        "training.train",
+        "--manifest",
+        "s3://b/m.json",
+        "--config",
+        str(ROOT / "training/configs/tiny.yaml"),
+        "--set",
+        "max_steps=5",
+    ]
 
 
 def test_torchrun_launch_commands(hermetic: dict[str, str]) -> None:
@@ -179,10 +248,29 @@ def test_torchrun_launch_commands(hermetic: dict[str, str]) -> None:
     static = _launch("torchrun_node.sh", {**env, "NODE_RANK": "1"}, "file:///m.json", "my.yaml")
     assert static.returncode == 0, static.stderr
     assert static.stdout.split() == [
-        "torchrun", "--nnodes", "2", "--nproc-per-node", "4", "--max-restarts", "3", "--node-rank", "1",
-        "--master-addr", "127.0.0.1", "--master-port", "29500", "-m", "training.train", "--manifest",
-        "file:///m.json", "--config", "my.yaml"]
-    elastic = _launch("torchrun_node.sh", {**env, "RDZV_BACKEND": "c10d", "MASTER_PORT": "29400"}, "file:///m.json")
+        "torchrun",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "4",
+        "--max-restarts",
+        "3",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        "29500",
+        "-m",
+        "training.train",
+        "--manifest",
+        "file:///m.json",
+        "--config",
+        "my.yaml",
+    ]
+    elastic = _launch(
+        "torchrun_node.sh", {**env, "RDZV_BACKEND": "c10d", "MASTER_PORT": "29400"}, "file:///m.json"
+    )
     assert "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 --rdzv-id pileworks" in elastic.stdout
     no_master = _launch("torchrun_node.sh", {**hermetic, "NNODES": "2", "NODE_RANK": "0"}, "file:///m.json")
     assert no_master.returncode == 2 and "set MASTER_ADDR" in no_master.stderr

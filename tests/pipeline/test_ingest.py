@@ -330,6 +330,10 @@ def test_plan_parts_packs_small_files_and_round_trips(tmp_path: Path) -> None:
     assert [len(p.pieces) for p in plans] == [3, 3, 3, 1]
     assert [PartPlan.from_json(json.loads(json.dumps(p.to_json()))) for p in plans] == plans
     assert plan_parts(inputs, 350) == plans  # deterministic
+    for i in range(2):
+        (tmp_path / f"z{i}.jsonl.zst").write_bytes(b"z" * 100)
+    plans = plan_parts(list_inputs([str(tmp_path / "z*")]), 500)
+    assert [len(p.pieces) for p in plans] == [1, 1]  # weighed as ~400 bytes of text each, not 100
 
 
 # ---------------------------------------------------------------- bad input
@@ -514,6 +518,9 @@ def test_ingest_from_s3(s3_bucket, tmp_path: Path) -> None:
         "/sub/small.jsonl.zst",
         "/t.parquet",
     ]
+    assert inputs[0].size == len(raw) and inputs[0].etag
+    globbed = list_inputs([f"{source}/*.parquet", f"{source}/big.jsonl"], s3_bucket.options)
+    assert [i.uri for i in globbed] == [f"{source}/big.jsonl", f"{source}/t.parquet"]
     records, quarantined, stats = ingest_all([source], target=len(raw) // 4, s3=s3_bucket.options)
     assert quarantined == [] and stats.extra["pieces"] > 3
     assert sorted(r.text for r in records) == sorted([*texts, *texts, "zst doc"])

@@ -169,8 +169,9 @@ def test_republish_identical_is_a_noop_and_different_content_conflicts(tmp_path:
     assert publish_dataset(store, "tiny", folder, later) == first
     assert (tmp_path / "store" / first.split("/store/", 1)[1]).stat().st_mtime_ns == mtime
     other = dataclasses.replace(manifest, stats=manifest.stats | {"extra": {"note": 1}})
-    with pytest.raises(DatasetConflictError, match="different manifest"):
+    with pytest.raises(DatasetConflictError, match="fields that differ: stats") as info:
         publish_dataset(store, "tiny", folder, other)
+    assert info.value.existing_uri == first
 
 
 def test_racing_publishers_leave_one_manifest_and_a_clear_error(store: ObjectStore, tiny) -> None:

@@ -168,7 +168,7 @@ def test_clusters_equal_datasketch_minhashlsh(tmp_path: Path, verify: bool) -> N
 def test_partitions_do_not_change_the_result(tmp_path: Path) -> None:
     parts = mutated_corpus(seed=5)
     results = []
-    for partitions in (1, 8):
+    for partitions in (1, 4):
         store = FileStore(tmp_path / str(partitions))
         write_corpus(store, parts)
         cfg = NearDedupConfig(ngram=3)

@@ -15,8 +15,10 @@ from training.checkpoint import (
     CheckpointError,
     capture_rng_state,
     list_tags,
+    load_checkpoint,
     prune_checkpoints,
     restore_rng_state,
+    rng_file,
     select_resume_tag,
     tag_for_step,
     upload_checkpoint,
@@ -31,7 +33,9 @@ def make_tag(root: Path, step: int, *, commit: bool = True) -> Path:
     tag_dir.mkdir(parents=True)
     (tag_dir / "mp_rank_00_model_states.pt").write_bytes(f"model {step}".encode() * 100)
     for rank in range(2):
-        (tag_dir / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(bytes([rank, step % 256]) * 50)
+        (tag_dir / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(
+            bytes([rank, step % 256]) * 50
+        )
     (tag_dir / "sub").mkdir()
     (tag_dir / "sub" / "extra.bin").write_bytes(b"x" * 10)
     if commit:
@@ -96,7 +100,10 @@ def test_resume_falls_back_past_torn_and_corrupt_tags(tmp_path: Path, caplog) ->
     assert list_tags(tmp_path) == [tag_for_step(30), tag_for_step(20), tag_for_step(10)]
     with caplog.at_level("WARNING"):
         assert select_resume_tag(tmp_path) == tag_for_step(10)
-    assert "skipping checkpoint step-00000030" in caplog.text and "skipping checkpoint step-00000020" in caplog.text
+    assert (
+        "skipping checkpoint step-00000030" in caplog.text
+        and "skipping checkpoint step-00000020" in caplog.text
+    )
     assert select_resume_tag(tmp_path / "nothing-here") is None
 
 
@@ -137,3 +144,29 @@ def test_upload_copies_a_verified_tag_record_last(tmp_path: Path) -> None:
     _flip_byte(tag_dir / "mp_rank_00_model_states.pt")
     with pytest.raises(CheckpointError):
         upload_checkpoint(tag_dir, store)  # a damaged tag is never published
+
+
+class FakeEngine:
+    """Stands in for a DeepSpeed engine in a single process: records what it was asked to load."""
+
+    def __init__(self) -> None:
+        self.loaded: list[tuple[str, str]] = []
+
+    def load_checkpoint(self, load_dir: str, tag: str, **_: object) -> tuple[str, dict]:
+        self.loaded.append((load_dir, tag))
+        return f"{load_dir}/{tag}", {"step": 4}
+
+
+def test_another_dataset_is_refused_unless_allowed(tmp_path: Path) -> None:
+    tag_dir = tmp_path / tag_for_step(4)
+    tag_dir.mkdir()
+    torch.save(capture_rng_state(), rng_file(tag_dir, 0))
+    write_complete_record(tag_dir, step=4, meta={"dataset_id": "old-data"})
+    engine = FakeEngine()
+    with pytest.raises(CheckpointError, match="--allow-dataset-change"):
+        load_checkpoint(engine, tmp_path, dataset_id="new-data", allow_dataset_change=False)
+    assert engine.loaded == []  # refused before anything was unpickled
+    state, record = load_checkpoint(engine, tmp_path, dataset_id="new-data", allow_dataset_change=True)
+    assert state == {"step": 4} and record["dataset_id"] == "old-data"
+    assert engine.loaded == [(str(tmp_path), tag_dir.name)]
+    assert load_checkpoint(engine, tmp_path / "empty", dataset_id="x", allow_dataset_change=False) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def test_loader_type_errors_name_the_field() -> None:
         train_config_from_dict({"micro_batch_size": "eight"})
     with pytest.raises(ValueError, match="precision must be one of 'bf16', 'fp16', 'fp32'"):
         train_config_from_dict({"precision": "fp8"})
-    with pytest.raises(ValueError, match="unknown TrainConfig field.*lerning_rate"):
+    with pytest.raises(ValueError, match=r"unknown TrainConfig field.*lerning_rate"):
         train_config_from_dict({"lerning_rate": 1e-3})
     with pytest.raises(ValueError, match="tensorboard must be true or false"):
         train_config_from_dict({"tensorboard": "yes"})
@@ -109,6 +110,6 @@ def test_lr_schedule_warmup_then_cosine() -> None:
     assert warm == sorted(warm) and warm[0] == pytest.approx(0.1) and warm[-1] == pytest.approx(1.0)
     decay = [lr_multiplier(s, **kw) for s in range(10, 111)]
     assert decay[0] == pytest.approx(1.0) and decay[-1] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(decay, decay[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(decay))
     assert lr_multiplier(60, **kw) == pytest.approx(0.55)  # halfway: the mean of peak and floor
     assert lr_multiplier(500, **kw) == pytest.approx(0.1)  # past the end: stays at the floor

@@ -183,8 +183,8 @@ def test_documents_of_sample_trace_every_token_to_a_document(tiny, tmp_path: Pat
     for i in range(len(ds)):
         docs = ds.documents_of_sample(i)
         assert sum(d["end"] - d["start"] for d in docs) == 701
-        assert [(d["shard"], d["start"]) for d in docs][0] == ds.sample_to_shards(i)[0][:2]
-        tokens = ds[i]["input_ids"].tolist() + [ds[i]["labels"][-1].item()]
+        assert (docs[0]["shard"], docs[0]["start"]) == ds.sample_to_shards(i)[0][:2]
+        tokens = [*ds[i]["input_ids"].tolist(), ds[i]["labels"][-1].item()]
         pos = 0
         for d in docs:
             pos += d["end"] - d["start"]

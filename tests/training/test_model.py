@@ -126,13 +126,15 @@ def test_presets_have_their_nominal_sizes() -> None:
 
 
 def test_preset_overrides_and_validation() -> None:
-    cfg = model_config_from_preset("tiny", vocab_size=512, max_seq_len=64, overrides={"tie_embeddings": False})
+    cfg = model_config_from_preset(
+        "tiny", vocab_size=512, max_seq_len=64, overrides={"tie_embeddings": False}
+    )
     assert cfg.tie_embeddings is False and cfg.max_seq_len == 64 and cfg.vocab_size == 512
     with pytest.raises(ValueError, match="preset must be one of"):
         model_config_from_preset("7b", vocab_size=512, max_seq_len=64)
     with pytest.raises(ValueError, match="unknown field"):
         model_config_from_preset("tiny", vocab_size=512, max_seq_len=64, overrides={"layers": 3})
-    with pytest.raises(ValueError, match="divisible by model.n_head"):
+    with pytest.raises(ValueError, match=r"divisible by model\.n_head"):
         replace(cfg, d_model=100, n_head=3)
 
 

@@ -19,6 +19,7 @@ from tests.fixtures.tiny_dataset import build_tiny_dataset
 from training.checkpoint import CRASH_IN_SAVE_ENV, RECORD_NAME, list_tags, tag_for_step
 from training.launch import run_local
 from training.metrics import read_metrics
+from training.sample import convert_to_fp32, generate, load_model
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -60,7 +61,9 @@ def train(manifest_uri: str, out: Path, *, lines: list[str] | None = None, on_li
         if on_line is not None:
             on_line(line)
 
-    return run_local(manifest_uri, None, 2, overrides=overrides, on_line=collect, timeout_s=RUN_TIMEOUT_S, **kw)
+    return run_local(
+        manifest_uri, None, 2, overrides=overrides, on_line=collect, timeout_s=RUN_TIMEOUT_S, **kw
+    )
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -68,11 +71,17 @@ def losses(out: Path) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def reference(manifest_uri: str, tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+def reference_run(manifest_uri: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """The uninterrupted ZeRO-2 run: its output folder and its merged log lines."""
     out = tmp_path_factory.mktemp("reference")
     lines: list[str] = []
     assert train(manifest_uri, out, lines=lines) == 0, "\n".join(lines[-40:])
-    result = losses(out)
+    return out, lines
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run: tuple[Path, list[str]]) -> dict[int, float]:
+    result = losses(reference_run[0])
     assert sorted(result) == list(range(1, MAX_STEPS + 1))
     return result
 
@@ -100,15 +109,37 @@ def assert_rank_averaged_logging(lines: list[str], by_step: dict[int, float]) ->
     assert any(ranks[0][1] != ranks[1][1] for ranks in seen.values()), "ranks saw the same data"
 
 
-def test_zero2_loss_falls_and_is_rank_averaged(manifest_uri: str, tmp_path: Path) -> None:
-    lines: list[str] = []
-    assert train(manifest_uri, tmp_path, lines=lines) == 0, "\n".join(lines[-40:])
-    by_step = losses(tmp_path)
+def test_zero2_loss_falls_and_is_rank_averaged(reference_run: tuple[Path, list[str]]) -> None:
+    out, lines = reference_run
+    by_step = losses(out)
     assert_loss_falls(by_step)
     assert_rank_averaged_logging(lines, by_step)
-    assert list_tags(tmp_path / "checkpoints") == [tag_for_step(s) for s in (18, 12, 6)]
-    evals = read_metrics(tmp_path, "eval")
+    assert list_tags(out / "checkpoints") == [tag_for_step(s) for s in (18, 12, 6)]
+    evals = read_metrics(out, "eval")
     assert [e["step"] for e in evals] == [6, 12, 18] and evals[-1]["loss"] < evals[0]["loss"]
+    assert not any("Traceback" in line for line in lines)
+
+
+def test_checkpoint_converts_to_fp32_and_generates(
+    reference_run: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    import torch
+
+    out, _ = reference_run
+    tag_dir = out / "checkpoints" / tag_for_step(MAX_STEPS)
+    model, record, used = load_model(out / "checkpoints")  # the newest verified tag
+    assert used == tag_dir and record["step"] == MAX_STEPS
+    # fp32 training: the ZeRO-merged fp32 master weights equal the module weights DeepSpeed saved.
+    module = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)[
+        "module"
+    ]
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, module[name].float()), name
+    path = convert_to_fp32(tag_dir, tmp_path / "model.pt")
+    assert set(torch.load(path, weights_only=True)) >= {"embed.weight", "ln_final.weight"}
+    text = generate(out / "checkpoints", "The model", max_new_tokens=12, temperature=0.8, top_k=20, seed=1)
+    assert text.startswith("The model") and len(text) > len("The model")
+    assert text == generate(tag_dir, "The model", max_new_tokens=12, temperature=0.8, top_k=20, seed=1)
 
 
 def test_zero1_loss_falls_and_is_rank_averaged(manifest_uri: str, tmp_path: Path) -> None:
@@ -121,7 +152,9 @@ def test_zero1_loss_falls_and_is_rank_averaged(manifest_uri: str, tmp_path: Path
     assert list_tags(tmp_path / "checkpoints") == [tag_for_step(18)]
 
 
-def test_stop_and_resume_is_bitwise_exact(manifest_uri: str, reference: dict[int, float], tmp_path: Path) -> None:
+def test_stop_and_resume_is_bitwise_exact(
+    manifest_uri: str, reference: dict[int, float], tmp_path: Path
+) -> None:
     lines: list[str] = []
     assert train(manifest_uri, tmp_path, lines=lines, stop_at_step=9) == 0, "\n".join(lines[-40:])
     assert sorted(losses(tmp_path)) == list(range(1, 10))
