@@ -10,9 +10,20 @@ length rule is measured over the non-CJK words only, and skipped when fewer than
 non-CJK (a CJK "word" of one character says nothing about gibberish). Thai, Lao, Khmer and Myanmar, which
 are also written without spaces, are not special-cased: documents in them look like few long words.
 
-Speed: everything is done with C-level ``str`` methods, ``set``/``zip``/``dict`` built-ins and numpy over
-word hashes; the n-gram rules run only when a cheap upper bound says they could fail (see
-``_top_ngram_reason`` and ``_dup_ngram_reason``).
+Rules, in the order checked (the reason names are the drop counters of the clean stage): ``too_short_chars``,
+``too_long_chars``, ``too_few_words``, ``too_many_words``, ``mean_word_length``, ``symbol_ratio`` (``#``,
+``...`` and ``…`` per word), ``bullet_lines`` (lines starting with a bullet or dash), ``ellipsis_lines``,
+``dup_line_fraction``, ``dup_line_char_fraction``, ``dup_para_fraction``, ``dup_para_char_fraction`` (items
+equal to an earlier item, by count and by characters; blank lines ignored), ``top_{n}gram_fraction``
+(characters of the most frequent word n-gram, times its count when it occurs more than once, over all word
+characters) and ``dup_{n}gram_fraction`` (word characters inside occurrences of an n-gram that repeat an
+earlier occurrence, each character counted once). Documents that are mostly CJK skip the two n-gram
+families: their "words" would be single characters (the line and paragraph rules still apply).
+
+Speed: the per-document rules use C-level ``str`` methods and ``set``/``map`` built-ins, no Python loop over
+characters or words. The n-gram rules, the costly ones, are screened for a whole batch at once with numpy
+(:func:`screen_ngrams`, sound upper bounds); only documents that might fail get the exact per-document
+count. ``check_quality_batch`` gives exactly the answers of ``check_quality`` on each document.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ hostfile (deepspeed) or a rendezvous endpoint (torchrun) on every node.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -90,9 +91,8 @@ def train_args(
 
 
 def _yaml_scalar(value: object) -> str:
-    import json
-
-    return json.dumps(value) if not isinstance(value, str) else value  # JSON is YAML; strings stay bare
+    """JSON is YAML: strings are quoted so that ``"123"`` or ``"yes"`` stay strings on the other side."""
+    return json.dumps(value)
 
 
 def build_env(spec: LaunchSpec, port: int, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -391,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.error("bad training config: %s", exc)
         return EXIT_USER_ERROR
     info = init_distributed(cfg.pg_timeout_s)
+    setup_rank_logging(info.rank)  # again: importing deepspeed installed its own unprefixed handler
     logger.info(
         "pid %d, rank %d of %d, local rank %d, %s, attempt %s",
         os.getpid(),

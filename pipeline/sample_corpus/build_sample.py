@@ -46,9 +46,9 @@ PACKAGES: dict[str, list[tuple[str, str, str, str]]] = {
         ("debian-faq-zh-cn", "zh-cn", "debian-faq-permissive", "usr/share/doc/debian/FAQ/zh-cn/*.zh-cn.html"),
     ],
     "developers-reference": [
-        ("developers-reference", "en", "GPL-2", "usr/share/developers-reference/*.html"),
+        ("developers-reference", "en", "GPL-2+", "usr/share/developers-reference/*.html"),
         *[
-            (f"developers-reference-{lang}", lang, "GPL-2", f"usr/share/developers-reference/{lang}/*.html")
+            (f"developers-reference-{lang}", lang, "GPL-2+", f"usr/share/developers-reference/{lang}/*.html")
             for lang in ("de", "fr", "ja")
         ],
     ],
@@ -99,28 +99,30 @@ BLOCK_TAGS = {
     "ol",
     "dl",
 }
-SKIP_CLASSES = {"navheader", "navfooter", "toc", "related", "sphinxsidebar", "footer"}  # DocBook and Sphinx
+# navigation of DocBook and Sphinx pages, and Sphinx's "¶" permalinks
+SKIP_CLASSES = {"navheader", "navfooter", "toc", "related", "sphinxsidebar", "footer", "headerlink"}
 # Sphinx pages that are not prose, or (the single-page manual) repeat every chapter
 SKIP_NAMES = {"developers-reference.html", "search.html", "genindex.html"}
 
 
 class _TextExtractor(HTMLParser):
-    """DocBook HTML -> text: block elements become line breaks, <pre> keeps its layout, navigation is dropped."""
+    """DocBook/Sphinx HTML -> text: blocks become line breaks, <pre> keeps its layout, navigation is dropped."""
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.out: list[str] = []
         self.pre = 0
-        self.skip_depth = 0  # >0 while inside a skipped subtree (counts nested divs)
+        self.skip_tag = ""  # the element type of the skipped subtree we are in, if any
+        self.skip_depth = 0  # >0 while inside it (counts nested elements of that type)
         self.in_head = False
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         classes = set((dict(attrs).get("class") or "").split())
         if self.skip_depth:
-            self.skip_depth += tag == "div"
+            self.skip_depth += tag == self.skip_tag
             return
-        if tag == "div" and classes & SKIP_CLASSES:
-            self.skip_depth = 1
+        if classes & SKIP_CLASSES:
+            self.skip_tag, self.skip_depth = tag, 1
             return
         if tag in ("head", "script", "style"):
             self.in_head = True
@@ -131,7 +133,7 @@ class _TextExtractor(HTMLParser):
 
     def handle_endtag(self, tag: str) -> None:
         if self.skip_depth:
-            self.skip_depth -= tag == "div"
+            self.skip_depth -= tag == self.skip_tag
             return
         if tag in ("head", "script", "style"):
             self.in_head = False

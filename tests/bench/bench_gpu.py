@@ -114,7 +114,7 @@ def measure(args: argparse.Namespace, work: Path, compile_model: bool) -> dict[s
     return {
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
         "preset": cfg.preset, "params": sum(p.numel() for p in engine.module.parameters()),
-        "seq_len": cfg.seq_len, "micro_batch": cfg.micro_batch_size, "compiled": compile_model,
+        "seq_len": cfg.seq_len, "micro_batch": cfg.micro_batch_size, "compiled": compile_model and on_gpu,
         "zero_stage": cfg.zero_stage, "steps": args.steps, "tokens_per_s": tokens_per_s,
         "step_time_s": elapsed / args.steps, "data_wait_share": wait / elapsed,
         "mfu": tokens_per_s * fpt / peak if peak else None, "peak_flops": peak,

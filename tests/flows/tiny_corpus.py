@@ -20,7 +20,7 @@ WORDS = (
 # Small enough for a 2-core machine to run the whole flow in well under a minute per build.
 TINY_OVERRIDES: dict[str, Any] = {
     "name": "tiny",
-    "ingest.target_part_bytes": 2048,
+    "ingest.target_part_bytes": 6144,
     "clean.boilerplate.min_docs": 3,
     "dedup.near.num_perm": 32,
     "tokenize.vocab_size": 300,

@@ -3,16 +3,20 @@ German, Chinese and Japanese paragraphs pass, and the sample corpus' CJK documen
 
 from __future__ import annotations
 
+import glob
+import json
 import random
 import string
 from collections import Counter
 
 import pytest
+import zstandard
 
 from pipeline import quality
 from pipeline.clean import CleanConfig, clean_batch
 from pipeline.quality import QualityConfig, check_quality, check_quality_batch, count_words
 from pipeline.records import Record
+from pipeline.sample import sample_corpus_path
 
 WORDS = ["the", "of", "and", "to", "in", "is", "was", "that", "for", "on", "with", "as", "by", "at", "from", "his", "her", "which", "an", "have", "are", "were", "this", "be", "had", "not", "river", "garden", "morning", "village", "teacher", "window", "market", "winter", "summer", "letter", "evening", "station", "mountain", "forest", "carefully", "slowly", "quietly", "walked", "opened", "painted", "carried", "noticed", "remembered", "gathered", "travelled", "explained", "bright", "narrow", "ancient", "gentle", "heavy", "yellow", "silent", "distant", "crowded", "familiar"]
 GERMAN = (
@@ -200,3 +204,19 @@ def test_batch_screen_gives_the_exact_per_document_answers(monkeypatch):
     # and the screen really spares most passing documents the exact n-gram counting
     words = [t.split() for t, r in zip(docs, expected, strict=True) if r is None]
     assert sum(quality.screen_ngrams(words, cfg)) < len(words) // 2
+
+
+def test_sample_corpus_cjk_and_european_documents_are_kept():
+    records = []
+    for path in sorted(glob.glob(str(sample_corpus_path() / "*.jsonl.zst"))):
+        with open(path, "rb") as f:
+            data = zstandard.ZstdDecompressor().stream_reader(f).read()
+        for k, line in enumerate(data.splitlines()):
+            doc = json.loads(line)
+            records.append(Record(f"{doc['meta'].get('lang')}-{path}-{k}", doc["text"], "sample"))
+    out, stats = clean_batch(records, CleanConfig())
+    kept = Counter(r.id.split("-")[0] for r in out)
+    total = Counter(r.id.split("-")[0] for r in records)
+    for lang in ("ja", "zh", "de", "fr", "ru"):
+        assert kept[lang] == total[lang] > 10, lang
+    assert stats.docs_out >= 0.97 * stats.docs_in

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.tiny_dataset import build_tiny_dataset
-from training.checkpoint import CRASH_IN_SAVE_ENV, RECORD_NAME, list_tags, tag_for_step
+from training.checkpoint import CRASH_IN_SAVE_ENV, RECORD_NAME, list_tags, tag_for_step, verify_tag
 from training.launch import run_local
 from training.metrics import read_metrics
 from training.sample import convert_to_fp32, generate, load_model
@@ -144,12 +144,17 @@ def test_checkpoint_converts_to_fp32_and_generates(
 
 def test_zero1_loss_falls_and_is_rank_averaged(manifest_uri: str, tmp_path: Path) -> None:
     lines: list[str] = []
-    code = train(manifest_uri, tmp_path, lines=lines, overrides={"zero_stage": 1, "keep_last": 1})
+    upload = tmp_path / "uploaded"
+    overrides = {"zero_stage": 1, "keep_last": 1, "checkpoint_upload_uri": upload.as_uri()}
+    code = train(manifest_uri, tmp_path / "run", lines=lines, overrides=overrides)
     assert code == 0, "\n".join(lines[-40:])
-    by_step = losses(tmp_path)
+    by_step = losses(tmp_path / "run")
     assert_loss_falls(by_step)
     assert_rank_averaged_logging(lines, by_step)
-    assert list_tags(tmp_path / "checkpoints") == [tag_for_step(18)]
+    assert list_tags(tmp_path / "run" / "checkpoints") == [tag_for_step(18)]
+    # every committed tag was uploaded, record included, even those pruned locally since
+    assert list_tags(upload) == [tag_for_step(s) for s in (18, 12, 6)]
+    verify_tag(upload / tag_for_step(18))
 
 
 def test_stop_and_resume_is_bitwise_exact(
