@@ -12,7 +12,9 @@ from pipeline.records import StageStats
 STAGE_ORDER = ("ingest", "clean", "exact_dedup", "near_dedup", "tokenize", "shard")
 
 
-def build_summary(manifest_uri: str, stats: dict[str, StageStats], cfg: CorpusConfig, seconds: float) -> dict[str, Any]:
+def build_summary(
+    manifest_uri: str, stats: dict[str, StageStats], cfg: CorpusConfig, seconds: float
+) -> dict[str, Any]:
     manifest, _ = load_manifest(manifest_uri, s3=cfg.s3)
     dropped: dict[str, int] = {}
     for name in STAGE_ORDER:
@@ -26,18 +28,22 @@ def build_summary(manifest_uri: str, stats: dict[str, StageStats], cfg: CorpusCo
         "dataset_id": manifest.dataset_id,
         "docs_in": ingest.docs_in,
         "bytes_in": int(ingest.extra.get("raw_bytes", ingest.bytes_in)),
-        "docs_out": sum(s.docs for s in manifest.shards if s.split == "train") + sum(
-            s.docs for s in manifest.shards if s.split != "train"
-        ),
+        "docs_out": sum(s.docs for s in manifest.shards if s.split == "train")
+        + sum(s.docs for s in manifest.shards if s.split != "train"),
         "quarantined": sum(ingest.dropped.values()),
         "dropped": dropped,
-        "exact_duplicates": int(stats["exact_dedup"].dropped.get("exact_duplicate", 0)) if "exact_dedup" in stats else 0,
-        "near_duplicates": sum(int(v) for k, v in stats["near_dedup"].dropped.items()) if "near_dedup" in stats else 0,
+        "exact_duplicates": int(stats["exact_dedup"].dropped.get("exact_duplicate", 0))
+        if "exact_dedup" in stats
+        else 0,
+        "near_duplicates": sum(int(v) for k, v in stats["near_dedup"].dropped.items())
+        if "near_dedup" in stats
+        else 0,
         "tokens": {split: info["tokens"] for split, info in manifest.splits.items()},
         "shards": {split: info["shards"] for split, info in manifest.splits.items()},
         "stages": {name: stats[name].to_json() for name in STAGE_ORDER if name in stats},
         "shard_table": [
-            {"split": s.split, "key": s.key, "tokens": s.tokens, "docs": s.docs, "sha256": s.sha256} for s in manifest.shards
+            {"split": s.split, "key": s.key, "tokens": s.tokens, "docs": s.docs, "sha256": s.sha256}
+            for s in manifest.shards
         ],
         "seconds": round(seconds, 2),
     }
@@ -64,27 +70,35 @@ def publish_build_artifacts(summary: dict[str, Any]) -> None:
     from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 
     create_table_artifact(stage_rows(summary), key="stage-stats", description="Documents and bytes per stage")
-    create_table_artifact(summary["shard_table"], key="shards", description=f"Shards of dataset {summary['dataset_id']}")
+    create_table_artifact(
+        summary["shard_table"], key="shards", description=f"Shards of dataset {summary['dataset_id']}"
+    )
     create_link_artifact(
         summary["manifest_uri"], link_text=f"manifest {summary['dataset_id']}", key="manifest",
         description="The published dataset's manifest",
     )  # fmt: skip
     report = summary["stages"].get("near_dedup", {}).get("extra", {}).get("report")
     if report:
-        create_markdown_artifact(dedup_markdown(report), key="dedup-audit", description="MinHash near-dedup audit")
+        create_markdown_artifact(
+            dedup_markdown(report), key="dedup-audit", description="MinHash near-dedup audit"
+        )
 
 
 def dedup_markdown(report: dict[str, Any]) -> str:
     lines = ["# Near-duplicate removal", ""]
     lines.append(f"- documents in: {report.get('docs_in')}")
     lines.append(f"- removed as exact duplicates: {report.get('removed_exact')}")
-    lines.append(f"- removed as near duplicates: {report.get('removed_near')} ({report.get('removal_rate_near', 0):.2%})")
+    lines.append(
+        f"- removed as near duplicates: {report.get('removed_near')} ({report.get('removal_rate_near', 0):.2%})"
+    )
     lines.append(f"- clusters: {report.get('clusters')}; params: `{json.dumps(report.get('params', {}))}`")
     for warning in report.get("warnings", []):
         lines.append(f"- **warning**: {warning}")
     hist = report.get("cluster_size_histogram", {})
     if hist:
-        lines += ["", "| cluster size | clusters |", "|---|---|"] + [f"| {k} | {v} |" for k, v in hist.items()]
+        lines += ["", "| cluster size | clusters |", "|---|---|"] + [
+            f"| {k} | {v} |" for k, v in hist.items()
+        ]
     per_source = report.get("per_source", {})
     if per_source:
         lines += ["", "| source | docs | removed | rate |", "|---|---|---|---|"]

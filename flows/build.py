@@ -9,9 +9,11 @@ of a failed flow redoes only the units without a marker.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -59,26 +61,46 @@ def _s3(cfg: CorpusConfig) -> S3Options:
     return cfg.s3
 
 
+# ---------------------------------------------------------------- failures name the stage and the part
+
+
+class StageFailed(RuntimeError):
+    """A stage failed; the message names the stage and the part so the run page says where to look."""
+
+
+@contextlib.contextmanager
+def stage_errors(stage: str, part: int | None = None) -> Iterator[None]:
+    try:
+        yield
+    except StageFailed:
+        raise
+    except Exception as exc:
+        where = f"stage {stage!r}" + (f" part {part}" if part is not None else "")
+        raise StageFailed(f"{where} failed: {type(exc).__name__}: {exc}") from exc
+
+
 # ---------------------------------------------------------------- per-part units (cached across builds)
 
 
 def _unit(c: BuildContext, stage: str, key: str, folder: str, index: int, run: Any) -> dict[str, Any]:
     """Restore the unit from an earlier build when its key matches, else run it; then register it."""
     store = c.store()
-    unitcache.restore(store, stage, key, folder, index)
-    with stage_progress.step(stage):
-        stats = run(store)
-    unitcache.record(store, stage, key, folder, index)
-    return {"stats": stats.to_json(), "key": key}
+    with stage_errors(stage, index):
+        reused = unitcache.restore(store, stage, key, folder, index)
+        with stage_progress.step(stage):
+            stats = run(store)
+        unitcache.record(store, stage, key, folder, index)
+    return {"stats": stats.to_json(), "key": key, "reused": reused}
 
 
 @task(name="plan-inputs", cache_policy=NO_CACHE, **IO_RETRIES)
 def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
     """List the raw objects with their fingerprints and pack them into parts of similar byte size."""
-    cfg = config_from_dict(config)
-    inputs = ingest.list_inputs(list(cfg.resolved_inputs()), s3=cfg.s3, extensions=cfg.ingest.extensions)
-    plans = ingest.plan_parts(inputs, cfg.ingest.target_part_bytes, cfg=cfg.ingest, s3=cfg.s3)
-    return {"inputs": [i.to_json() for i in inputs], "plans": [p.to_json() for p in plans]}
+    with stage_errors("plan-inputs"):
+        cfg = config_from_dict(config)
+        inputs = ingest.list_inputs(list(cfg.resolved_inputs()), s3=cfg.s3, extensions=cfg.ingest.extensions)
+        plans = ingest.plan_parts(inputs, cfg.ingest.target_part_bytes, cfg=cfg.ingest, s3=cfg.s3)
+        return {"inputs": [i.to_json() for i in inputs], "plans": [p.to_json() for p in plans]}
 
 
 @task(name="ingest", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -100,18 +122,21 @@ def boilerplate_count_task(ctx: dict[str, Any], index: int, upstream: str) -> di
 
 @task(name="boilerplate-merge", cache_policy=NO_CACHE)
 def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> str:
-    c = _ctx(ctx)
-    key = c.folder("boilerplate/lines.npy")
-    n = boilerplate.merge_boilerplate(c.store(), c.folder("boilerplate"), num_parts, c.cfg.clean, key)
-    get_run_logger().info("boilerplate: %d line(s) repeated across many documents will be removed", n)
-    return key
+    with stage_errors("boilerplate-merge"):
+        c = _ctx(ctx)
+        key = c.folder("boilerplate/lines.npy")
+        n = boilerplate.merge_boilerplate(c.store(), c.folder("boilerplate"), num_parts, c.cfg.clean, key)
+        get_run_logger().info("boilerplate: %d line(s) repeated across many documents will be removed", n)
+        return key
 
 
 @task(name="clean", cache_policy=NO_CACHE)
 def clean_task(ctx: dict[str, Any], index: int, upstream: str, boilerplate_key: str) -> dict[str, Any]:
     c = _ctx(ctx)
     bp = boilerplate_key if c.cfg.clean.boilerplate.enabled else None
-    key = unitcache.unit_key("clean", upstream, c.config["clean"], unitcache.content_hash(c.store(), boilerplate_key))
+    key = unitcache.unit_key(
+        "clean", upstream, c.config["clean"], unitcache.content_hash(c.store(), boilerplate_key)
+    )
     return _unit(c, "clean", key, c.folder("clean"), index,
                  lambda st: clean.run_clean_part(st, c.folder("ingest"), c.folder("clean"), index, c.cfg.clean, bp))  # fmt: skip
 
@@ -126,8 +151,11 @@ def exact_hash_task(ctx: dict[str, Any], index: int, upstream: str) -> dict[str,
 
 @task(name="exact-resolve", cache_policy=NO_CACHE)
 def exact_resolve_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> dict[str, Any]:
-    c = _ctx(ctx)
-    return exact.resolve_exact_duplicates(c.store(), c.folder("exact/hash"), num_parts, c.folder("exact/drop")).to_json()
+    with stage_errors("exact-resolve"):
+        c = _ctx(ctx)
+        return exact.resolve_exact_duplicates(
+            c.store(), c.folder("exact/hash"), num_parts, c.folder("exact/drop")
+        ).to_json()
 
 
 @task(name="exact-filter", cache_policy=NO_CACHE)
@@ -150,33 +178,45 @@ def signatures_task(ctx: dict[str, Any], index: int, in_folder: str, upstream: s
 
 @task(name="near-plan", cache_policy=NO_CACHE)
 def near_plan_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> dict[str, Any]:
-    c = _ctx(ctx)
-    return near.plan_near_dedup(c.store(), c.folder("near"), num_parts, c.cfg.dedup.near)
+    with stage_errors("near-plan"):
+        c = _ctx(ctx)
+        return near.plan_near_dedup(c.store(), c.folder("near"), num_parts, c.cfg.dedup.near)
 
 
 @task(name="lsh-bands", cache_policy=NO_CACHE)
-def bands_task(ctx: dict[str, Any], index: int, plan: dict[str, Any], from_index: bool = False) -> dict[str, Any]:
-    c = _ctx(ctx)
-    return near.run_bands_part(c.store(), c.folder("near"), index, c.cfg.dedup.near, plan, from_index=from_index).to_json()
+def bands_task(
+    ctx: dict[str, Any], index: int, plan: dict[str, Any], from_index: bool = False
+) -> dict[str, Any]:
+    with stage_errors("lsh-bands"):
+        c = _ctx(ctx)
+        return near.run_bands_part(
+            c.store(), c.folder("near"), index, c.cfg.dedup.near, plan, from_index=from_index
+        ).to_json()
 
 
 @task(name="lsh-edges", cache_policy=NO_CACHE)
 def edges_task(ctx: dict[str, Any], partition: int, plan: dict[str, Any], _wait: list[Any]) -> dict[str, Any]:
-    c = _ctx(ctx)
-    return near.run_edges_part(c.store(), c.folder("near"), partition, c.cfg.dedup.near, plan).to_json()
+    with stage_errors("lsh-edges"):
+        c = _ctx(ctx)
+        return near.run_edges_part(c.store(), c.folder("near"), partition, c.cfg.dedup.near, plan).to_json()
 
 
 @task(name="near-clusters", cache_policy=NO_CACHE)
 def clusters_task(
     ctx: dict[str, Any], in_folder: str, num_parts: int, exact_stats: dict[str, Any] | None, _wait: list[Any]
 ) -> dict[str, Any]:
-    c = _ctx(ctx)
-    es = StageStats.from_json(exact_stats) if exact_stats else None
-    return near.run_clusters(c.store(), in_folder, c.folder("near"), num_parts, c.cfg.dedup.near, exact_stats=es).to_json()
+    with stage_errors("near-clusters"):
+        c = _ctx(ctx)
+        es = StageStats.from_json(exact_stats) if exact_stats else None
+        return near.run_clusters(
+            c.store(), in_folder, c.folder("near"), num_parts, c.cfg.dedup.near, exact_stats=es
+        ).to_json()
 
 
 @task(name="near-filter", cache_policy=NO_CACHE)
-def near_filter_task(ctx: dict[str, Any], index: int, in_folder: str, upstream: str, _wait: Any) -> dict[str, Any]:
+def near_filter_task(
+    ctx: dict[str, Any], index: int, in_folder: str, upstream: str, _wait: Any
+) -> dict[str, Any]:
     c = _ctx(ctx)
     drop = unitcache.content_hash(c.store(), f"{c.folder('near/clusters/drop')}/{part_name(index)}.npz")
     key = unitcache.unit_key("near-filter", upstream, drop)
@@ -191,24 +231,36 @@ def near_filter_task(ctx: dict[str, Any], index: int, in_folder: str, upstream: 
 def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: list[Any]) -> str:
     """Train (or load) the tokenizer. A trained tokenizer is pinned per dataset name and tokenizer config, so a
     scheduled rebuild keeps its token ids and re-tokenizes only the parts that changed."""
-    c = _ctx(ctx)
-    store, cfg = c.store(), c.cfg
-    key = c.folder("tokenizer.json")
-    pin = f"cache/tokenizers/{unitcache.unit_key('tokenizer', cfg.name, c.config['tokenize'])}.json"
-    if cfg.tokenize.tokenizer is None and cfg.pin_tokenizer and store.exists(pin) and not store.exists(key):
-        store.copy(pin, key)
-        get_run_logger().info("reusing the pinned tokenizer of dataset %s (%s)", cfg.name, store.uri_of(pin))
-    sha = tokenize.run_train_tokenizer(store, in_folder, num_parts, key, cfg.tokenize, s3=cfg.s3)
-    if cfg.tokenize.tokenizer is None and not store.exists(pin):
-        store.copy(key, pin)
-    get_run_logger().info("tokenizer %s (sha256 %s)", key, sha[:12])
-    return key
+    with stage_errors("train-tokenizer"):
+        c = _ctx(ctx)
+        store, cfg = c.store(), c.cfg
+        key = c.folder("tokenizer.json")
+        pin = f"cache/tokenizers/{unitcache.unit_key('tokenizer', cfg.name, c.config['tokenize'])}.json"
+        if (
+            cfg.tokenize.tokenizer is None
+            and cfg.pin_tokenizer
+            and store.exists(pin)
+            and not store.exists(key)
+        ):
+            store.copy(pin, key)
+            get_run_logger().info(
+                "reusing the pinned tokenizer of dataset %s (%s)", cfg.name, store.uri_of(pin)
+            )
+        sha = tokenize.run_train_tokenizer(store, in_folder, num_parts, key, cfg.tokenize, s3=cfg.s3)
+        if cfg.tokenize.tokenizer is None and not store.exists(pin):
+            store.copy(key, pin)
+        get_run_logger().info("tokenizer %s (sha256 %s)", key, sha[:12])
+        return key
 
 
 @task(name="tokenize", cache_policy=NO_CACHE)
-def tokenize_task(ctx: dict[str, Any], index: int, in_folder: str, upstream: str, tokenizer_key: str) -> dict[str, Any]:
+def tokenize_task(
+    ctx: dict[str, Any], index: int, in_folder: str, upstream: str, tokenizer_key: str
+) -> dict[str, Any]:
     c = _ctx(ctx)
-    key = unitcache.unit_key("tokenize", upstream, unitcache.content_hash(c.store(), tokenizer_key), c.config["tokenize"])
+    key = unitcache.unit_key(
+        "tokenize", upstream, unitcache.content_hash(c.store(), tokenizer_key), c.config["tokenize"]
+    )
     return _unit(c, "tokenize", key, c.folder("tokens"), index,
                  lambda st: tokenize.run_tokenize_part(st, in_folder, c.folder("tokens"), index, tokenizer_key, c.cfg.tokenize))  # fmt: skip
 
@@ -223,14 +275,15 @@ def publish_task(
     lineage: dict[str, Any],
     _wait: list[Any],
 ) -> str:
-    c = _ctx(ctx)
-    cfg = c.cfg
-    return tokenize.run_shard_and_publish(
-        c.store(), c.folder("tokens"), num_parts, tokenizer_key, cfg.shard, cfg.name,
-        inputs=inputs, stats={k: StageStats.from_json(v) for k, v in stats.items()},
-        config=cfg.to_dict() | {"output": None, "s3": None}, lineage=lineage,
-        eos_token=cfg.tokenize.eos_token, pad_token=cfg.tokenize.pad_token,
-    )  # fmt: skip
+    with stage_errors("shard-and-publish"):
+        c = _ctx(ctx)
+        cfg = c.cfg
+        return tokenize.run_shard_and_publish(
+            c.store(), c.folder("tokens"), num_parts, tokenizer_key, cfg.shard, cfg.name,
+            inputs=inputs, stats={k: StageStats.from_json(v) for k, v in stats.items()},
+            config=cfg.to_dict() | {"output": None, "s3": None}, lineage=lineage,
+            eos_token=cfg.tokenize.eos_token, pad_token=cfg.tokenize.pad_token,
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------- the flow
@@ -247,6 +300,11 @@ def _keys(results: list[dict[str, Any]]) -> list[str]:
     return [r["key"] for r in results]
 
 
+def _note_reuse(reuse: dict[str, list[int]], stage: str, results: list[dict[str, Any]]) -> None:
+    """Count, per stage, the units restored from earlier builds (rebuilds report it in the summary)."""
+    reuse[stage] = [sum(bool(r.get("reused")) for r in results), len(results)]
+
+
 def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]], plans: list[dict[str, Any]]) -> str:
     """Work folder key: the config fingerprint, every input's fingerprint (size, etag/mtime) and the part plan."""
     h = hashlib.sha256(cfg.fingerprint().encode())
@@ -260,10 +318,19 @@ def ingest_keys(cfg: CorpusConfig, plans: list[dict[str, Any]], inputs: list[dic
     """A part's key: its plan plus the fingerprint (size, ETag/mtime) of every object it reads."""
     fp = {i["uri"]: [i["size"], i["etag"]] for i in inputs}
     ing = cfg.to_dict()["ingest"]
-    return [unitcache.unit_key("ingest", p["pieces"], [fp.get(x["uri"]) for x in p["pieces"]], ing) for p in plans]
+    return [
+        unitcache.unit_key("ingest", p["pieces"], [fp.get(x["uri"]) for x in p["pieces"]], ing) for p in plans
+    ]
 
 
-def run_dedup(ctx: dict[str, Any], cfg: CorpusConfig, n: int, keys: list[str], stats: dict[str, StageStats]) -> tuple[str, list[str]]:
+def run_dedup(
+    ctx: dict[str, Any],
+    cfg: CorpusConfig,
+    n: int,
+    keys: list[str],
+    stats: dict[str, StageStats],
+    reuse: dict[str, list[int]],
+) -> tuple[str, list[str]]:
     """Exact then near dedup; returns the folder of the deduplicated parts and their unit keys."""
     c = _ctx(ctx)
     folder = c.folder("clean")
@@ -277,18 +344,27 @@ def run_dedup(ctx: dict[str, Any], cfg: CorpusConfig, n: int, keys: list[str], s
     if not cfg.dedup.near.enabled:
         return folder, keys
     sigs = signatures_task.map(unmapped(ctx), range(n), unmapped(folder), keys).result()
+    _note_reuse(reuse, "signatures", sigs)
     plan = near_plan_task(ctx, n, sigs)
     bands = bands_task.map(unmapped(ctx), range(n), unmapped(plan)).result()
     if plan["index_parts"]:
-        bands += bands_task.map(unmapped(ctx), range(plan["index_parts"]), unmapped(plan), from_index=True).result()
-    edges = edges_task.map(unmapped(ctx), range(plan["num_partitions"]), unmapped(plan), unmapped(bands)).result()
+        bands += bands_task.map(
+            unmapped(ctx), range(plan["index_parts"]), unmapped(plan), from_index=True
+        ).result()
+    edges = edges_task.map(
+        unmapped(ctx), range(plan["num_partitions"]), unmapped(plan), unmapped(bands)
+    ).result()
     exact_json = stats["exact_dedup"].to_json() if "exact_dedup" in stats else None
     clusters = clusters_task(ctx, folder, n, exact_json, edges)
-    results = near_filter_task.map(unmapped(ctx), range(n), unmapped(folder), keys, unmapped(clusters)).result()
+    results = near_filter_task.map(
+        unmapped(ctx), range(n), unmapped(folder), keys, unmapped(clusters)
+    ).result()
     stats["near_dedup"] = _merge("near_dedup", results)
     report_key = c.folder("near/clusters/dedup_report.json")
     report = json.loads(c.store().get_bytes(report_key))
-    stats["near_dedup"].extra["report"] = {k: v for k, v in report.items() if k not in ("sampled_pairs", "largest_clusters")}
+    stats["near_dedup"].extra["report"] = {
+        k: v for k, v in report.items() if k not in ("sampled_pairs", "largest_clusters")
+    }
     stats["near_dedup"].extra["report_key"] = report_key
     mark_stage_success(c.store(), c.folder("dedup"), n)
     return c.folder("dedup"), _keys(results)
@@ -310,28 +386,50 @@ def build_corpus(
     plans, input_list = planned["plans"], planned["inputs"]
     n = len(plans)
     store = open_store(cfg.output, s3=cfg.s3)
-    ctx = BuildContext(store_uri=store.uri, work=f"work/{build_key(cfg, input_list, plans)}", config=cfg.to_dict()).to_json()
+    ctx = BuildContext(
+        store_uri=store.uri, work=f"work/{build_key(cfg, input_list, plans)}", config=cfg.to_dict()
+    ).to_json()
     c = _ctx(ctx)
-    log.info("build %s: %d input object(s) in %d part(s); work folder %s", cfg.name, len(input_list), n, store.uri_of(c.work))
-    stage_progress.start({s: n for s in ("ingest", "boilerplate", "clean", "exact dedup", "signatures", "near dedup", "tokenize")})
+    log.info(
+        "build %s: %d input object(s) in %d part(s); work folder %s",
+        cfg.name,
+        len(input_list),
+        n,
+        store.uri_of(c.work),
+    )
+    stage_progress.start(
+        {
+            s: n
+            for s in ("ingest", "boilerplate", "clean", "exact dedup", "signatures", "near dedup", "tokenize")
+        }
+    )
     stats: dict[str, StageStats] = {}
     results = ingest_task.map(unmapped(ctx), plans, ingest_keys(cfg, plans, input_list)).result()
+    reuse: dict[str, list[int]] = {}
+    _note_reuse(reuse, "ingest", results)
     stats["ingest"], keys = _merge("ingest", results), _keys(results)
     mark_stage_success(store, c.folder("ingest"), n)
     counts = boilerplate_count_task.map(unmapped(ctx), range(n), keys).result()
     bp_key = boilerplate_merge_task(ctx, n, counts)
     results = clean_task.map(unmapped(ctx), range(n), keys, unmapped(bp_key)).result()
+    _note_reuse(reuse, "clean", results)
     stats["clean"], keys = _merge("clean", results), _keys(results)
     mark_stage_success(store, c.folder("clean"), n)
-    dedup_folder, keys = run_dedup(ctx, cfg, n, keys, stats)
+    dedup_folder, keys = run_dedup(ctx, cfg, n, keys, stats, reuse)
     tok_key = tokenizer_task(ctx, dedup_folder, n, [])
-    results = tokenize_task.map(unmapped(ctx), range(n), unmapped(dedup_folder), keys, unmapped(tok_key)).result()
+    results = tokenize_task.map(
+        unmapped(ctx), range(n), unmapped(dedup_folder), keys, unmapped(tok_key)
+    ).result()
     mark_stage_success(store, c.folder("tokens"), n)
     stats["tokenize"] = _merge("tokenize", results)
+    _note_reuse(reuse, "tokenize", results)
     lineage = {"prefect_flow_run_id": _flow_run_id(), "build_key": c.work.split("/")[-1]}
-    manifest_uri = publish_task(ctx, n, tok_key, input_list, {k: v.to_json() for k, v in stats.items()}, lineage, results)
+    manifest_uri = publish_task(
+        ctx, n, tok_key, input_list, {k: v.to_json() for k, v in stats.items()}, lineage, results
+    )
     stage_progress.stop()
     summary = artifacts.build_summary(manifest_uri, stats, cfg, time.perf_counter() - started)
+    summary["reused_units"] = reuse
     artifacts.publish_build_artifacts(summary)
     log.info("published %s (dataset %s) in %.1f s", manifest_uri, summary["dataset_id"], summary["seconds"])
     return summary

@@ -8,7 +8,9 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("janitor", help="abort dangling multipart uploads / temp files under a store root")
     p.add_argument("--output", required=True, help="store root: a folder, file:// or s3://bucket/prefix")
-    p.add_argument("--older-than", type=float, default=3600.0, help="only uploads started this many seconds ago")
+    p.add_argument(
+        "--older-than", type=float, default=3600.0, help="only uploads started this many seconds ago"
+    )
     p.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (MinIO, Ceph, ...)")
     p.set_defaults(func=run)
 

@@ -7,7 +7,9 @@ from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve deployments: scheduled corpus rebuilds and one-click prepare-and-train")
+    p = sub.add_parser(
+        "serve", help="serve deployments: scheduled corpus rebuilds and one-click prepare-and-train"
+    )
     p.add_argument("--cron", default="0 3 * * *", help="rebuild schedule (cron, default daily 03:00)")
     p.add_argument("--timezone", default="UTC")
     p.add_argument("--config", help="corpus YAML for the scheduled rebuild (default: the embedded one)")

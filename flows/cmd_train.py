@@ -11,13 +11,19 @@ from flows.cmd_build import add_build_arguments, parse_overrides, print_summary
 
 def register(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("train", help="train on a published dataset with DeepSpeed (local ranks)")
-    t.add_argument("--manifest", required=True, help="manifest URI, dataset folder or datasets/<name> (follows latest)")
+    t.add_argument(
+        "--manifest", required=True, help="manifest URI, dataset folder or datasets/<name> (follows latest)"
+    )
     _train_arguments(t)
-    t.add_argument("--allow-dataset-change", action="store_true", help="resume a checkpoint made on another dataset")
+    t.add_argument(
+        "--allow-dataset-change", action="store_true", help="resume a checkpoint made on another dataset"
+    )
     t.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a rank failure")
     t.set_defaults(func=run_train)
 
-    r = sub.add_parser("run", help="prepare the corpus and train on it (the one-click flow), then print a sample")
+    r = sub.add_parser(
+        "run", help="prepare the corpus and train on it (the one-click flow), then print a sample"
+    )
     add_build_arguments(r)
     _train_arguments(r, config_flag="--train-config")
     r.add_argument("--prompt", default="Debian is", help="prompt for the sample printed at the end")
@@ -36,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _train_arguments(p: argparse.ArgumentParser, config_flag: str = "--config") -> None:
     p.add_argument(config_flag, dest="train_config", help="train YAML (default: training/configs/tiny.yaml)")
     p.add_argument("--nproc", type=int, default=2, help="ranks on this machine (default 2)")
-    p.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE", help="override a TrainConfig field")
+    p.add_argument(
+        "--train-set", action="append", default=[], metavar="KEY=VALUE", help="override a TrainConfig field"
+    )
     p.add_argument("--timeout", type=float, default=None, help="kill the job after this many seconds")
 
 
@@ -78,5 +86,7 @@ def run_prepare_and_train(args: argparse.Namespace) -> int:
 def run_sample(args: argparse.Namespace) -> int:
     from training.sample import generate
 
-    print(generate(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed))
+    print(
+        generate(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed)
+    )
     return 0

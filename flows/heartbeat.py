@@ -150,7 +150,11 @@ class _Beater(threading.Thread):
         except Exception as exc:
             self.failures += 1
             if self.failures == 1:  # once per outage, not every beat
-                logger.warning("heartbeat: Prefect API unreachable (%s); writing %s", exc, heartbeat_file(self.flow_run_id))
+                logger.warning(
+                    "heartbeat: Prefect API unreachable (%s); writing %s",
+                    exc,
+                    heartbeat_file(self.flow_run_id),
+                )
         write_file_beat(beat)
 
 

@@ -21,7 +21,9 @@ def make_task_runner(spec: str) -> Any:
         except ImportError as exc:
             raise ValueError("the dask task runner needs `pip install pileworks[dask]`") from exc
         if spec == "dask":
-            return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True})
+            return DaskTaskRunner(
+                cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True}
+            )
         return DaskTaskRunner(address="tcp://" + spec.split("://", 1)[1])
     raise ValueError(f"--task-runner must be local, process, dask or dask://host:port; got {spec!r}")
 

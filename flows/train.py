@@ -97,7 +97,9 @@ def prepare_and_train(
     timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """The one-click flow: build (or reuse) the corpus, then train on it."""
-    summary = build_corpus(config_path=corpus_config, inputs=inputs, output=output, overrides=corpus_overrides)
+    summary = build_corpus(
+        config_path=corpus_config, inputs=inputs, output=output, overrides=corpus_overrides
+    )
     overrides = dict(train_overrides or {})
     if "output_dir" not in overrides:
         base = resolved_train_config(train_config, overrides).output_dir

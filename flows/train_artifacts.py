@@ -35,7 +35,9 @@ def training_result(output_dir: str) -> dict[str, Any]:
         "tokens_per_s": sum(r.get("tokens_per_s", 0.0) for r in warm) / len(warm),
         "data_wait_share": sum(r.get("data_wait_share", 0.0) for r in warm) / len(warm),
         "eval": evals,
-        "history": [{"step": r["step"], "loss": r["loss"], "tokens_per_s": r.get("tokens_per_s")} for r in train],
+        "history": [
+            {"step": r["step"], "loss": r["loss"], "tokens_per_s": r.get("tokens_per_s")} for r in train
+        ],
     }
 
 

@@ -29,15 +29,22 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from re import _constants as sre_constants
-from re import _parser as sre_parser
+from typing import Literal
 
 import ftfy
 import xxhash
 from ftfy.badness import BADNESS_RE
 
 from pipeline.quality import QualityConfig, check_quality_batch
+
+try:  # the regex parser that re itself uses, to read ftfy's BADNESS_RE (see needs_ftfy)
+    from re import _constants as sre_constants  # type: ignore[attr-defined]
+    from re import _parser as sre_parser  # type: ignore[attr-defined]
+except ImportError:  # Python 3.10
+    import sre_constants
+    import sre_parse as sre_parser
 from pipeline.records import Record, StageStats, iter_part_batches, part_done, read_part_stats, write_part
 from pipeline.storage import ObjectStore
 
@@ -102,7 +109,7 @@ def _element_chars(op: object, av: object) -> set[str] | None:
     return chars
 
 
-def _commonness(chars: set[str]) -> int:
+def _commonness(chars: AbstractSet[str]) -> int:
     """Rough cost of searching for a character set: letters of Latin-1/Greek/Cyrillic are frequent."""
     alphabet = ("\u00c0" <= c <= "\u00ff" or "\u0370" <= c <= "\u04ff" for c in chars)
     return sum(
@@ -117,7 +124,8 @@ def _badness_prefilter() -> tuple[re.Pattern[str], int]:
         raise RuntimeError("ftfy.badness.BADNESS_RE is no longer one alternation; update needs_ftfy")
     required: set[str] = set()
     for branch in av[1]:
-        options = [c for c in (_element_chars(o, a) for o, a in branch.data) if c and min(c) > "\x7f"]
+        elements = (_element_chars(o, a) for o, a in branch.data)
+        options: list[set[str]] = [c for c in elements if c and min(c) > "\x7f"]
         if not options:
             raise RuntimeError("a BADNESS_RE branch has no non-ASCII element; update needs_ftfy")
         required |= min(options, key=_commonness)
@@ -162,7 +170,7 @@ class BoilerplateConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class CleanConfig:
-    normalization: str = "NFC"
+    normalization: Literal["NFC", "NFKC"] = "NFC"
     fix_mojibake: bool = True
     strip_control: bool = True
     normalize_whitespace: bool = True

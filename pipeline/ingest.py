@@ -13,7 +13,6 @@ Three steps, each a pure function over small serialisable values so a flow can f
 from __future__ import annotations
 
 import glob
-import io
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -26,7 +25,7 @@ import pyarrow as pa
 
 from pipeline import ingest_readers as readers
 from pipeline import ingest_streams as streams
-from pipeline.encoding import bom_encoding, is_line_safe
+from pipeline.encoding import is_line_safe
 from pipeline.records import (
     Quarantined,
     Record,
@@ -337,64 +336,19 @@ def plan_parts(
 # ---------------------------------------------------------------- reading
 
 
-def _read_piece(
-    piece: Piece, ctx: readers.ReadContext, store: ObjectStore, key: str
-) -> Iterator[readers.Item]:
-    base, _, compression = piece.fmt.partition(".")
-    if base == "parquet":
-        with streams.open_seekable(store, key, piece.size) as f:
-            yield from readers.read_parquet(ctx, f, piece.start, piece.end)
-        return
-    if compression:
-        dec = streams.DecompressingReader(store.open_read(key), compression)
-        with io.BufferedReader(dec, buffer_size=1 << 20) as f:
-            try:
-                yield from _read_text_stream(piece, ctx, f, lambda: dec.error)
-            finally:  # compressed bytes, replacing the decompressed count _read_text_stream added
-                ctx.bytes_read = dec.compressed_bytes
-        return
-    bom = readers.sniff_bom(store, key) if piece.start > 0 else None
-    with store.open_read(key) if piece.start == 0 else streams.open_seekable(store, key, piece.size) as f:
-        if piece.start > 0:
-            if bom is not None and not is_line_safe(bom):
-                log.warning(
-                    "ingest: %s is %s and cannot be read from byte %d; skipped", piece.uri, bom, piece.start
-                )
-                return
-            f.seek(piece.start - 1)
-        yield from _read_text_stream(piece, ctx, f, readers.no_stream_error)
-
-
-def _read_text_stream(
-    piece: Piece, ctx: readers.ReadContext, f: Any, stream_error: readers.StreamError
-) -> Iterator[readers.Item]:
-    cfg = ctx.cfg
-    base = piece.fmt.partition(".")[0]
-    if base == "txt" and cfg.txt_mode == "file":
-        yield from readers.read_txt_file(ctx, f, stream_error)
-        return
-    if base == "txt" and piece.start == 0:
-        bom = bom_encoding(f.peek(4)[:4])
-        if bom is not None and not is_line_safe(bom):
-            yield from readers.read_text_paragraphs_unsafe(ctx, f, bom)
-            ctx.bytes_read += piece.size
-            return
-    end = piece.end
-    lines = streams.LineReader(f, piece.start, None if base == "txt" else end, cfg.max_doc_bytes)
-    try:
-        if base == "txt":
-            yield from readers.read_txt_paragraphs(ctx, lines, end, stream_error)
-        else:
-            yield from readers.read_jsonl(ctx, lines, compressed="." in piece.fmt, stream_error=stream_error)
-    finally:  # the bytes this range owns (its last line may run past `end`: that is the next range's share)
-        owned_end = lines.pos if piece.end is None else min(lines.pos, piece.end)
-        ctx.bytes_read += max(owned_end - piece.start, 0)
+# Permanent conditions of one object: quarantined as "read_error" and the part goes on. Any other I/O error
+# (a network outage, S3 throttling past the store's retries) propagates, so the unit fails as a whole and
+# its task is retried: a transient failure must not become a part that is silently missing records.
+UNREADABLE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
 def ingest_part(
     plan: PartPlan, cfg: IngestConfig, s3: S3Options | None = None
 ) -> tuple[list[Record], list[Quarantined], StageStats]:
-    """Read every piece of ``plan``: (records, quarantined, stats). Never raises for bad or missing input."""
+    """Read every piece of ``plan``: (records, quarantined, stats).
+
+    Bad or missing input is quarantined, never raised; transient I/O errors are raised (see UNREADABLE).
+    """
     stats = StageStats(stage="ingest")
     records: list[Record] = []
     quarantined: list[Quarantined] = []
@@ -402,10 +356,10 @@ def ingest_part(
     for piece in plan.pieces:
         ctx = readers.ReadContext(uri=piece.uri, fmt=piece.fmt, cfg=cfg)
         try:
-            for item in _read_piece(piece, ctx, *stores.locate(piece.uri)):
+            for item in readers.read_piece(piece, ctx, *stores.locate(piece.uri)):
                 (records if isinstance(item, Record) else quarantined).append(item)  # type: ignore[arg-type]
-        except (OSError, StorageError, pa.ArrowException) as e:  # records read before the failure are kept
-            reason = "read_error" if isinstance(e, (OSError, StorageError)) else "corrupt_file"
+        except (*UNREADABLE, pa.ArrowException) as e:  # records read before the failure are kept
+            reason = "corrupt_file" if isinstance(e, pa.ArrowException) else "read_error"
             log.warning("ingest: %s %s: %s", reason, piece.uri, e)
             quarantined.append(ctx.quarantine(f"B{piece.start}", reason, f"{type(e).__name__}: {e}"))
         stats.bytes_in += ctx.bytes_read

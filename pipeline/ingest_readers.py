@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,19 +31,21 @@ from pipeline.encoding import (
     UndecodableError,
     bom_encoding,
     decode_bytes,
+    is_line_safe,
 )
-from pipeline.ingest_streams import LineReader
+from pipeline.ingest_streams import DecompressingReader, LineReader, open_seekable
 from pipeline.records import QUARANTINE_SAMPLE_BYTES, Quarantined, Record
 from pipeline.storage import ObjectStore
 
 if TYPE_CHECKING:
-    from pipeline.ingest import IngestConfig
+    from pipeline.ingest import IngestConfig, Piece
+
+log = logging.getLogger(__name__)
 
 Item = Record | Quarantined
-_JSON = json.JSONDecoder(
-    strict=False
-)  # one decoder (json.loads builds one per call with options); strict=False
-# accepts raw control characters (NUL...) inside strings: removing them is clean's job, not a reason to drop
+# One decoder (json.loads with options builds one per call). strict=False accepts raw control characters
+# (NUL...) inside strings: removing them is clean's job, not a reason to drop the document.
+_JSON = json.JSONDecoder(strict=False)
 MAX_META_FIELD_CHARS = 2048  # longer top-level string fields are not copied into meta
 
 
@@ -120,7 +123,7 @@ def _document(ctx: ReadContext, pos: str, obj: Any, encoding: str) -> Item:
     text = obj.get(cfg.text_field)
     if text is None:
         return ctx.quarantine(
-            pos, "missing_text", f"no {cfg.text_field!r} field", json.dumps(obj)[:4096].encode()
+            pos, "missing_text", f"no {cfg.text_field!r} field", json.dumps(obj, default=str)[:4096].encode()
         )
     if isinstance(text, bytes):
         try:
@@ -176,7 +179,7 @@ def _json_line(ctx: ReadContext, pos: str, data: bytes) -> Item:
     except UndecodableError as e:
         return ctx.quarantine(pos, "undecodable", str(e), data)
     try:
-        obj = _JSON.decode(text)
+        obj = _JSON.decode(text.lstrip("\ufeff"))  # a UTF-8 BOM (Windows tools) before the first line
     except (ValueError, RecursionError) as e:
         return ctx.quarantine(pos, "malformed_json", str(e)[:200], data)
     return _document(ctx, pos, obj, encoding)
@@ -325,3 +328,57 @@ def read_parquet(ctx: ReadContext, f: BinaryIO, first_group: int, end_group: int
             for obj in pa.Table.from_batches([batch]).to_pylist():
                 yield _document(ctx, f"row{row}", obj, "utf-8")
                 row += 1
+
+
+# ---------------------------------------------------------------- pieces
+
+
+def read_piece(piece: Piece, ctx: ReadContext, store: ObjectStore, key: str) -> Iterator[Item]:
+    """Records and quarantined items of one piece, by format; I/O errors propagate to the caller."""
+    base, _, compression = piece.fmt.partition(".")
+    if base == "parquet":
+        with open_seekable(store, key, piece.size) as f:
+            yield from read_parquet(ctx, f, piece.start, piece.end)
+        return
+    if compression:
+        dec = DecompressingReader(store.open_read(key), compression)
+        with io.BufferedReader(dec, buffer_size=1 << 20) as f:
+            try:
+                yield from _read_text_stream(piece, ctx, f, lambda: dec.error)
+            finally:  # compressed bytes, replacing the decompressed count _read_text_stream added
+                ctx.bytes_read = dec.compressed_bytes
+        return
+    bom = sniff_bom(store, key) if piece.start > 0 else None
+    with store.open_read(key) if piece.start == 0 else open_seekable(store, key, piece.size) as f:
+        if piece.start > 0:
+            if bom is not None and not is_line_safe(bom):
+                log.warning(
+                    "ingest: %s is %s and cannot be read from byte %d; skipped", piece.uri, bom, piece.start
+                )
+                return
+            f.seek(piece.start - 1)
+        yield from _read_text_stream(piece, ctx, f, no_stream_error)
+
+
+def _read_text_stream(piece: Piece, ctx: ReadContext, f: Any, stream_error: StreamError) -> Iterator[Item]:
+    cfg = ctx.cfg
+    base = piece.fmt.partition(".")[0]
+    if base == "txt" and cfg.txt_mode == "file":
+        yield from read_txt_file(ctx, f, stream_error)
+        return
+    if base == "txt" and piece.start == 0:
+        bom = bom_encoding(f.peek(4)[:4])
+        if bom is not None and not is_line_safe(bom):
+            yield from read_text_paragraphs_unsafe(ctx, f, bom)
+            ctx.bytes_read += piece.size
+            return
+    end = piece.end
+    lines = LineReader(f, piece.start, None if base == "txt" else end, cfg.max_doc_bytes)
+    try:
+        if base == "txt":
+            yield from read_txt_paragraphs(ctx, lines, end, stream_error)
+        else:
+            yield from read_jsonl(ctx, lines, compressed="." in piece.fmt, stream_error=stream_error)
+    finally:  # the bytes this range owns (its last line may run past `end`: that is the next range's share)
+        owned_end = lines.pos if piece.end is None else min(lines.pos, piece.end)
+        ctx.bytes_read += max(owned_end - piece.start, 0)

@@ -284,6 +284,7 @@ def load_checkpoint(
             f"checkpoint {tag} was trained on dataset {record.get('dataset_id')}, this run reads dataset "
             f"{dataset_id}; pass --allow-dataset-change to continue training on the new data"
         )
+    _check_world_size(record, tag)
     _barrier()
     load_path, client_state = engine.load_checkpoint(
         str(ckpt_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
@@ -299,6 +300,17 @@ def load_checkpoint(
         )
     logger.info("resumed from %s (step %s)", tag_dir, record["step"])
     return dict(client_state or {}), record
+
+
+def _check_world_size(record: Mapping[str, Any], tag: str) -> None:
+    """DeepSpeed's ZeRO loader refuses another data-parallel size; say so before it fails mid-load."""
+    saved, now = record.get("world_size"), dist.get_world_size() if dist.is_initialized() else 1
+    if int(record.get("zero_stage", 0)) > 0 and saved is not None and saved != now:
+        raise CheckpointError(
+            f"checkpoint {tag} holds ZeRO-{record['zero_stage']} optimizer shards of {saved} ranks and this job "
+            f"has {now}: DeepSpeed cannot re-partition them on load; resume with {saved} ranks, or convert the "
+            "tag to a universal checkpoint (python -m deepspeed.checkpoint.ds_to_universal) and load that"
+        )
 
 
 def upload_checkpoint(tag_dir: str | Path, store: Any, prefix: str = "") -> int:

@@ -191,10 +191,6 @@ def to_deepspeed_config(cfg: TrainConfig, *, world_size: int, on_cpu: bool) -> d
         "overlap_comm": not on_cpu,
         "contiguous_gradients": True,
     }
-    if cfg.zero_stage in (1, 2):
-        # Each rank reads every rank's optimizer shard on load and re-partitions it, so a job can resume
-        # on another number of ranks (the sampler re-divides the epoch's remaining samples the same way).
-        zero["elastic_checkpoint"] = True
     if cfg.zero_stage == 3:
         zero.update(
             stage3_prefetch_bucket_size=bucket, stage3_param_persistence_threshold=min(bucket, 10_000)

@@ -95,6 +95,16 @@ def _gather(procs: list[Any], out: Any, n: int, timeout_s: float) -> tuple[list[
 def check_allreduce(cfg: DoctorConfig, world: int = 2) -> list[CheckResult]:
     """Two local ranks all-reduce ``allreduce_mib`` MiB; bus bandwidth = size/time * 2(n-1)/n (nccl-tests)."""
     backend = _pick_backend(cfg)
+    if backend == "nccl" and not _cuda():
+        return [
+            CheckResult(
+                "allreduce",
+                Status.FAIL,
+                "backend nccl needs CUDA GPUs, and torch sees none",
+                "use --backend gloo on CPU hosts (see the gpu check for why CUDA is unavailable)",
+                {"backend": backend},
+            )
+        ]
     numel = int(cfg.allreduce_mib * 2**20) // 4
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -237,6 +247,29 @@ def _trainer_config(cfg: DoctorConfig, world: int) -> dict[str, Any]:
     return to_deepspeed_config(train_cfg, world_size=world, on_cpu=not _cuda())
 
 
+_BATCH_FIX = (
+    "fix the config (https://www.deepspeed.ai/docs/config-json/); batch sizes must satisfy "
+    "train_batch_size = micro_batch * grad_accum * world_size"
+)
+
+
+def _source(cfg: DoctorConfig) -> str:
+    return cfg.deepspeed_config or f"the trainer's config ({cfg.train_config or 'defaults'})"
+
+
+def _batch_mismatch(config: dict[str, Any], world: int) -> str | None:
+    """DeepSpeed's batch identity, checked up front when all three numbers are given (not "auto")."""
+    total = config.get("train_batch_size")
+    micro = config.get("train_micro_batch_size_per_gpu")
+    accum = config.get("gradient_accumulation_steps")
+    if all(isinstance(v, int) for v in (total, micro, accum)) and total != micro * accum * world:
+        return (
+            f"train_batch_size {total} != train_micro_batch_size_per_gpu {micro} * "
+            f"gradient_accumulation_steps {accum} * world size {world}"
+        )
+    return None
+
+
 def check_deepspeed_config(cfg: DoctorConfig) -> list[CheckResult]:
     """Validate the DeepSpeed config for the target world size and run one step of a tiny engine with it."""
     world = cfg.world_size or 1
@@ -254,12 +287,15 @@ def check_deepspeed_config(cfg: DoctorConfig) -> list[CheckResult]:
                 "fix --train-config (a TrainConfig YAML) or --deepspeed-config (a DeepSpeed JSON/YAML)",
             )
         ]
+    mismatch = _batch_mismatch(config, world)
+    if mismatch:  # the arithmetic DeepSpeed would assert on, without starting a process
+        return [CheckResult("deepspeed", Status.FAIL, f"{_source(cfg)}: {mismatch}", _BATCH_FIX)]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     proc = ctx.Process(target=_dryrun_worker, args=(config, world, _free_port(), out), daemon=True)
     proc.start()
     got, codes = _gather([proc], out, 1, cfg.timeout_s)
-    source = cfg.deepspeed_config or f"the trainer's config ({cfg.train_config or 'defaults'})"
+    source = _source(cfg)
     if not got:
         return [
             CheckResult(
@@ -276,8 +312,7 @@ def check_deepspeed_config(cfg: DoctorConfig) -> list[CheckResult]:
                 "deepspeed",
                 Status.FAIL,
                 f"{source} for world size {world}: {detail}",
-                "fix the config (https://www.deepspeed.ai/docs/config-json/); batch sizes must satisfy "
-                "train_batch_size = micro_batch * grad_accum * world_size",
+                _BATCH_FIX,
             )
         ]
     return [

@@ -59,6 +59,8 @@ class LaunchSpec:
             raise ValueError(
                 "max_restarts needs launcher='torchrun' (the deepspeed launcher does not restart)"
             )
+        if self.nnodes > 1 and self.master_port is None:
+            raise ValueError("multi-node runs need an explicit master_port: every node must use the same one")
         if self.hostfile and not Path(self.hostfile).is_file():
             raise ValueError(f"hostfile {self.hostfile} does not exist")
 

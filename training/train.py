@@ -37,7 +37,7 @@ from training.engine import (
     train_step,
 )
 from training.metrics import GpuMonitor, MetricsWriter, StepClock, peak_flops
-from training.model import GPT, flops_per_token, model_config_from_preset
+from training.model import GPT, count_params, flops_per_token, model_config_from_preset
 from training.ranklog import setup_rank_logging
 from training.sampler import ResumableDistributedSampler
 
@@ -364,7 +364,7 @@ def run_training(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> 
     run.metrics.log(
         "start",
         world_size=info.world_size,
-        params=sum(x.numel() for x in run.engine.module.parameters()),
+        params=count_params(run.model_cfg),
         flops_per_token=flops_per_token(run.model_cfg, cfg.seq_len),
         seq_len=cfg.seq_len,
         global_batch_size=cfg.micro_batch_size * run.grad_accum * info.world_size,

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from pipeline.dedup.clusters import Clusters, size_histogram
 from pipeline.dedup.lsh import s_curve, split_refs
 from pipeline.dedup.minhash import estimated_jaccard, set_jaccard
-from pipeline.records import StageStats, iter_part_batches
+from pipeline.records import StageStats, part_done, part_name
 from pipeline.storage import ObjectStore
 
 if TYPE_CHECKING:
@@ -31,20 +31,17 @@ HIGH_REMOVAL_RATE = 0.5
 
 
 def read_texts(store: ObjectStore, in_folder: str, refs: np.ndarray) -> dict[int, str]:
-    """Texts of (non-index) refs, streaming each needed input part once."""
+    """Texts of (non-index) refs: only the text column of each needed input part, one part at a time."""
     is_index, part, row = split_refs(refs)
     out: dict[int, str] = {}
     for p in sorted(set(part[~is_index].tolist())):
-        wanted = {
-            int(r): int(ref)
-            for r, ref in zip(row[(part == p) & ~is_index], refs[(part == p) & ~is_index], strict=True)
-        }
-        offset = 0
-        for batch in iter_part_batches(store, in_folder, p):
-            for i, rec in enumerate(batch, start=offset):
-                if i in wanted:
-                    out[wanted[i]] = rec.text
-            offset += len(batch)
+        if not part_done(store, in_folder, p):
+            raise FileNotFoundError(f"{in_folder}/{part_name(p)} has no .done marker (incomplete or missing)")
+        sel = (part == p) & ~is_index
+        data = store.get_bytes(f"{in_folder}/{part_name(p)}.parquet")
+        column = pq.ParquetFile(io.BytesIO(data)).read(columns=["text"]).column("text")
+        texts = column.take(pa.array(row[sel])).to_pylist()
+        out.update(zip(refs[sel].tolist(), texts, strict=True))
     return out
 
 
@@ -53,7 +50,7 @@ def _per_source(store: ObjectStore, work: str, num_parts: int, table: pa.Table, 
 
     docs: Counter[str] = Counter()
     for i in range(num_parts):
-        _, info = load_signatures(store, folder_key(work, "signatures"), i)
+        _, info = load_signatures(store, folder_key(work, "signatures"), i, matrix=False)
         docs.update(info.column("source").to_pylist())
     removed = Counter(np.array(table.column("source").to_pylist(), dtype=object)[dropped].tolist())
     return {

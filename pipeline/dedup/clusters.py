@@ -113,7 +113,7 @@ def doc_info(store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConf
     ids = np.empty(len(refs), dtype=object)
     sources = np.empty(len(refs), dtype=object)
     nbytes = np.zeros(len(refs), dtype=np.int64)
-    for sel, rows, _, docs in by_part(store, work, refs, cfg):
+    for sel, rows, _, docs in by_part(store, work, refs, cfg, matrix=False):
         taken = docs.take(pa.array(rows))
         ids[sel] = taken.column("id").to_pylist()
         sources[sel] = taken.column("source").to_pylist()

@@ -159,11 +159,14 @@ def folder_key(folder: str, name: str) -> str:
     return f"{folder}/{name}" if folder else name
 
 
-def load_signatures(store: ObjectStore, sig_folder: str, index: int) -> tuple[np.ndarray, pa.Table]:
-    """One completed signature unit: the (docs, num_perm) matrix and its docs table (id, source, nbytes)."""
+def load_signatures(
+    store: ObjectStore, sig_folder: str, index: int, *, matrix: bool = True
+) -> tuple[np.ndarray, pa.Table]:
+    """One completed signature unit: the (docs, num_perm) matrix (empty unless ``matrix``) and its docs table
+    (id, source, nbytes, shingles)."""
     unit = folder_key(sig_folder, part_name(index))
     require_done(store, unit)
-    sigs = get_npz(store, f"{unit}.sig.npz")["sig"]
+    sigs = get_npz(store, f"{unit}.sig.npz")["sig"] if matrix else np.zeros((0, 0), dtype=np.uint32)
     return sigs, pq.ParquetFile(io.BytesIO(store.get_bytes(f"{unit}.docs.parquet"))).read()
 
 
@@ -295,7 +298,7 @@ def _index_store(cfg: NearDedupConfig) -> ObjectStore:
 
 
 def by_part(
-    store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig
+    store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig, *, matrix: bool = True
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, pa.Table]]:
     """For each part the refs point into: (positions in refs, rows, signature matrix, docs table).
 
@@ -307,9 +310,9 @@ def by_part(
         sel = np.flatnonzero((is_index == flag) & (part == p))
         if flag:
             istore = istore or _index_store(cfg)
-            sigs, docs = load_signatures(istore, "", p)
+            sigs, docs = load_signatures(istore, "", p, matrix=matrix)
         else:
-            sigs, docs = load_signatures(store, folder_key(work, "signatures"), p)
+            sigs, docs = load_signatures(store, folder_key(work, "signatures"), p, matrix=matrix)
         yield sel, row[sel], sigs, docs
 
 

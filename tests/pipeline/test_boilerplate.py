@@ -20,7 +20,8 @@ from pipeline.clean import BoilerplateConfig, CleanConfig, line_hash, run_clean_
 from pipeline.quality import QualityConfig
 from pipeline.records import Record, StageStats, read_part, write_part
 
-WORDS = ["river", "garden", "morning", "village", "teacher", "window", "market", "winter", "summer", "letter", "evening", "station"]
+WORD_TEXT = "river garden morning village teacher window market winter summer letter evening station"
+WORDS = WORD_TEXT.split()
 FOOTER = "Copyright 2024 Example Corp. All rights reserved."
 NAV = "Home | About us | Contact | Privacy policy"
 RARE = "Subscribe to our newsletter for weekly updates."  # in 3 docs only: under the threshold

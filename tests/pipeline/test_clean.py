@@ -30,7 +30,13 @@ from pipeline.sample import sample_corpus_path
 from pipeline.storage import FileStore
 
 NO_QUALITY = CleanConfig(quality=QualityConfig(enabled=False))
-WORDS = ["the", "of", "and", "to", "in", "is", "was", "that", "for", "on", "with", "as", "by", "at", "from", "his", "her", "which", "an", "have", "are", "were", "this", "be", "had", "not", "river", "garden", "morning", "village", "teacher", "window", "market", "winter", "summer", "letter", "evening", "station", "mountain", "forest", "carefully", "slowly", "quietly", "walked", "opened", "painted", "carried", "noticed", "remembered", "gathered", "travelled", "explained", "bright", "narrow", "ancient", "gentle", "heavy", "yellow", "silent", "distant", "crowded", "familiar"]
+WORD_TEXT = (
+    "the of and to in is was that for on with as by at from his her which an have are were this be had "
+    "not river garden morning village teacher window market winter summer letter evening station "
+    "mountain forest carefully slowly quietly walked opened painted carried noticed remembered gathered "
+    "travelled explained bright narrow ancient gentle heavy yellow silent distant crowded familiar"
+)
+WORDS = WORD_TEXT.split()
 
 
 def prose(seed: int, n_words: int = 120) -> str:
@@ -210,13 +216,13 @@ def test_ftfy_precheck_never_misses_a_badness_match():
     rng = random.Random(3)
     chars = sorted({c for c in BADNESS_RE.pattern if ord(c) > 127}) + list("aZ .,!?\n\t°")
     checked = 0
-    for _ in range(20000):
+    for _ in range(10000):
         text = "".join(rng.choice(chars) for _ in range(rng.randint(1, 12)))
         if BADNESS_RE.search(text):
             checked += 1
             assert needs_ftfy(text), text
-    assert checked > 1000
-    for text in synthetic_mixed(500, seed=11) + sample_texts():
+    assert checked > 500
+    for text in synthetic_mixed(500, seed=11):
         if not needs_ftfy(text):
             assert ftfy.fix_text(text, FTFY_CONFIG) == text
 

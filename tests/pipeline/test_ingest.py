@@ -257,6 +257,12 @@ def test_txt_encodings(tmp_path: Path, text: str, codec: str, mode: str) -> None
     assert (encoding == "utf-8") == codec.startswith("utf-8")
 
 
+def test_jsonl_with_a_utf8_bom(tmp_path: Path) -> None:
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + b'{"text": "first"}\n{"text": "second"}\n')
+    records, quarantined, _ = ingest_all([str(tmp_path)])
+    assert quarantined == [] and [r.text for r in records] == ["first", "second"]
+
+
 def test_jsonl_with_a_legacy_encoded_file(tmp_path: Path) -> None:
     """JSON should be UTF-8, but a GBK-encoded dump is detected per file, not dropped."""
     lines = [json.dumps({"text": CHINESE + str(i)}, ensure_ascii=False) for i in range(3)]
@@ -449,6 +455,34 @@ def test_corrupt_gzip_and_parquet_and_missing_objects(tmp_path: Path) -> None:
     assert sum(stats.dropped.values()) == len(quarantined) and stats.docs_in == len(records) + len(
         quarantined
     )
+
+
+def test_permanent_read_errors_are_quarantined_transient_ones_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.storage import FileStore, StorageError
+
+    write_jsonl(tmp_path / "a.jsonl", [{"text": "kept"}])
+    write_jsonl(tmp_path / "b.jsonl", [{"text": "locked"}])
+    plan = plan_parts(list_inputs([str(tmp_path)]), 1 << 20)[0]
+    real_open = FileStore.open_read
+
+    def denied(self, key):
+        if key == "b.jsonl":
+            raise PermissionError(f"{key}: permission denied")
+        return real_open(self, key)
+
+    monkeypatch.setattr(FileStore, "open_read", denied)
+    records, quarantined, stats = ingest_part(plan, IngestConfig())
+    assert [r.text for r in records] == ["kept"] and stats.dropped == {"read_error": 1}
+    assert quarantined[0].source.endswith("/b.jsonl") and "permission denied" in quarantined[0].detail
+
+    def outage(self, key):
+        raise StorageError("S3 get failed: SlowDown after 8 attempts")
+
+    monkeypatch.setattr(FileStore, "open_read", outage)
+    with pytest.raises(StorageError, match="SlowDown"):  # the unit fails and is retried, nothing half-written
+        ingest_part(plan, IngestConfig())
 
 
 # ---------------------------------------------------------------- determinism, the unit runner, the sample

@@ -299,3 +299,17 @@ def test_disabled_passes_documents_through(tmp_path: Path) -> None:
 def test_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         NearDedupConfig(**{field: value})
+
+
+def test_report_warns_on_implausibly_high_removal(tmp_path: Path) -> None:
+    store = FileStore(tmp_path)
+    base = unique_doc("b")
+    docs = [Record(f"copy/{i}", " ".join(variant(base, i, f"c{i}")), "s") for i in range(4)]
+    docs.append(Record("other/0", " ".join(unique_doc("o")), "s"))
+    write_corpus(store, [docs])
+    report = run_near_dedup(store, "in", "work", "out", 1, NearDedupConfig()).extra["report"]
+    assert report["removed_near"] == 3 and report["removal_rate_near"] == 0.6
+    assert any("implausibly high" in w for w in report["warnings"])
+    assert report["largest_clusters"][0]["kept"] == ["copy/0"]  # the longest copy (edits are shorter tokens)
+    with pytest.raises(ValueError, match="cluster 7 does not exist"):
+        format_cluster(store, "work", 7)

@@ -18,7 +18,13 @@ from pipeline.quality import QualityConfig, check_quality, check_quality_batch, 
 from pipeline.records import Record
 from pipeline.sample import sample_corpus_path
 
-WORDS = ["the", "of", "and", "to", "in", "is", "was", "that", "for", "on", "with", "as", "by", "at", "from", "his", "her", "which", "an", "have", "are", "were", "this", "be", "had", "not", "river", "garden", "morning", "village", "teacher", "window", "market", "winter", "summer", "letter", "evening", "station", "mountain", "forest", "carefully", "slowly", "quietly", "walked", "opened", "painted", "carried", "noticed", "remembered", "gathered", "travelled", "explained", "bright", "narrow", "ancient", "gentle", "heavy", "yellow", "silent", "distant", "crowded", "familiar"]
+WORD_TEXT = (
+    "the of and to in is was that for on with as by at from his her which an have are were this be had "
+    "not river garden morning village teacher window market winter summer letter evening station "
+    "mountain forest carefully slowly quietly walked opened painted carried noticed remembered gathered "
+    "travelled explained bright narrow ancient gentle heavy yellow silent distant crowded familiar"
+)
+WORDS = WORD_TEXT.split()
 GERMAN = (
     "Der Fluss fließt langsam durch das kleine Dorf, in dem meine Großmutter seit über sechzig Jahren lebt. "
     "Jeden Morgen geht sie zum Markt, kauft frisches Brot und Gemüse und spricht mit den Nachbarn über das "

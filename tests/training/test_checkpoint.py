@@ -170,3 +170,13 @@ def test_another_dataset_is_refused_unless_allowed(tmp_path: Path) -> None:
     assert state == {"step": 4} and record["dataset_id"] == "old-data"
     assert engine.loaded == [(str(tmp_path), tag_dir.name)]
     assert load_checkpoint(engine, tmp_path / "empty", dataset_id="x", allow_dataset_change=False) is None
+
+
+def test_zero_shards_of_another_world_size_are_refused_before_loading(tmp_path: Path) -> None:
+    tag_dir = tmp_path / tag_for_step(6)
+    tag_dir.mkdir()
+    write_complete_record(tag_dir, step=6, meta={"dataset_id": "d", "world_size": 2, "zero_stage": 2})
+    engine = FakeEngine()
+    with pytest.raises(CheckpointError, match="optimizer shards of 2 ranks and this job has 1"):
+        load_checkpoint(engine, tmp_path, dataset_id="d", allow_dataset_change=False)
+    assert engine.loaded == []

@@ -1,0 +1,114 @@
+"""Launcher commands and environment, process-group kill and timeout, and the [Rank N] log prefixes."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from training.launch import (
+    EXIT_TIMEOUT,
+    LaunchSpec,
+    build_launch,
+    kill_process_group,
+    start_local,
+    stream_output,
+    train_args,
+)
+from training.ranklog import PrefixedStream, RankFormatter
+
+
+def test_torchrun_command_and_env() -> None:
+    spec = LaunchSpec(nproc_per_node=2, max_restarts=1, master_port=29512, cpu=True)
+    args = train_args("file:///d/manifest.json", "t.yaml", allow_dataset_change=True,
+                      overrides={"output_dir": "123", "model": {"n_layer": 2}}, stop_at_step=5)  # fmt: skip
+    cmd, env = build_launch(spec, args, base_env={"PATH": "/bin"})
+    assert cmd[1:3] == ["-m", "torch.distributed.run"]
+    assert {"--nproc-per-node=2", "--max-restarts=1", "--rdzv-endpoint=127.0.0.1:29512"} <= set(cmd)
+    tail = cmd[cmd.index("training.train") + 1 :]
+    assert tail == ["--manifest", "file:///d/manifest.json", "--config", "t.yaml", "--set", 'output_dir="123"',
+                    "--set", 'model={"n_layer": 2}', "--allow-dataset-change", "--stop-at-step", "5"]  # fmt: skip
+    assert (
+        env["DS_ACCELERATOR"] == "cpu" and env["MASTER_PORT"] == "29512" and env["MASTER_ADDR"] == "127.0.0.1"
+    )
+    assert int(env["OMP_NUM_THREADS"]) >= 1 and env["PATH"] == "/bin"
+
+
+def test_deepspeed_command_with_hostfile(tmp_path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1 slots=8\nnode2 slots=8\n")
+    spec = LaunchSpec(launcher="deepspeed", nnodes=2, hostfile=str(hostfile), master_addr="10.0.0.1",
+                      master_port=29500, cpu=False)  # fmt: skip
+    cmd, env = build_launch(spec, ["--manifest", "s3://b/m.json"], base_env={})
+    assert cmd[1:3] == ["-m", "deepspeed.launcher.runner"]
+    assert {f"--hostfile={hostfile}", "--master_addr=10.0.0.1", "--master_port=29500", "--module"} <= set(cmd)
+    assert "DS_ACCELERATOR" not in env
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"launcher": "mpirun"}, "launcher must be"),
+        ({"nproc_per_node": 0}, "nproc_per_node must be >= 1"),
+        ({"launcher": "deepspeed", "max_restarts": 1}, "max_restarts needs launcher='torchrun'"),
+        ({"nnodes": 2}, "explicit master_port"),
+        ({"hostfile": "/nonexistent/hosts"}, "does not exist"),
+    ],
+)
+def test_spec_validation(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LaunchSpec(**kwargs)
+
+
+def test_timeout_kills_the_whole_process_group() -> None:
+    # The launcher's child (a stand-in rank) must die with it: a flow's timeout may not leave ranks behind.
+    script = "import subprocess, sys, time; p = subprocess.Popen(['sleep', '60']); print(p.pid, flush=True); time.sleep(60)"
+    proc = start_local([sys.executable, "-c", script], dict(os.environ))
+    lines: list[str] = []
+    t0 = time.monotonic()
+    code = stream_output(proc, lines.append, timeout_s=2.0)
+    assert code == EXIT_TIMEOUT and time.monotonic() - t0 < 30
+    grandchild = int(lines[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(grandchild):
+        time.sleep(0.1)
+    assert not _alive(grandchild)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by init) counts as dead
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_stream_output_returns_the_exit_code_and_every_line() -> None:
+    proc = start_local(
+        [sys.executable, "-c", "print('a'); print('b'); raise SystemExit(3)"], dict(os.environ)
+    )
+    lines: list[str] = []
+    assert stream_output(proc, lines.append, timeout_s=60) == 3
+    assert lines == ["a", "b"]
+    kill_process_group(proc)  # already gone: a no-op, not an error
+    assert isinstance(proc, subprocess.Popen)
+
+
+def test_rank_prefix_on_every_line_of_records_and_prints() -> None:
+    record = logging.LogRecord("DeepSpeed", logging.WARNING, __file__, 1, "first\nsecond", None, None)
+    text = RankFormatter(3).format(record)
+    assert all(line.startswith("[Rank 3] ") for line in text.splitlines()) and len(text.splitlines()) == 2
+    sink = io.StringIO()
+    stream = PrefixedStream(sink, "[Rank 1] ")
+    stream.write("op built\npart")
+    stream.write("ial line\n[Rank 1] already prefixed\n")
+    assert sink.getvalue() == "[Rank 1] op built\n[Rank 1] partial line\n[Rank 1] already prefixed\n"
