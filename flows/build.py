@@ -286,6 +286,19 @@ def publish_task(
         )  # fmt: skip
 
 
+@task(name="save-dedup-index", cache_policy=NO_CACHE, **IO_RETRIES)
+def save_index_task(ctx: dict[str, Any], num_parts: int, dataset_id: str) -> str:
+    """Persist the kept documents' signatures so a later build can drop what this dataset already holds
+    (``--set dedup.near.index_uri=<this URI>``)."""
+    with stage_errors("save-dedup-index"):
+        c = _ctx(ctx)
+        store = c.store()
+        uri = store.uri_of(f"indexes/{c.cfg.name}/{dataset_id}")
+        if not store.exists(f"indexes/{c.cfg.name}/{dataset_id}/index.json"):
+            near.save_index(store, c.folder("near"), num_parts, c.cfg.dedup.near, uri)
+        return uri
+
+
 # ---------------------------------------------------------------- the flow
 
 
@@ -430,6 +443,8 @@ def build_corpus(
     stage_progress.stop()
     summary = artifacts.build_summary(manifest_uri, stats, cfg, time.perf_counter() - started)
     summary["reused_units"] = reuse
+    if cfg.dedup.near.enabled:
+        summary["dedup_index_uri"] = save_index_task(ctx, n, summary["dataset_id"])
     artifacts.publish_build_artifacts(summary)
     log.info("published %s (dataset %s) in %.1f s", manifest_uri, summary["dataset_id"], summary["seconds"])
     return summary

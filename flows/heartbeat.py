@@ -10,6 +10,7 @@ on the run page), falling back to a JSON file under ``PREFECT_HOME`` when the AP
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import os
@@ -114,8 +115,13 @@ class _Beater(threading.Thread):
         self.interval_s = interval_s
         self.stopped = threading.Event()
         self.failures = 0
+        # Prefect's settings (API URL, PREFECT_HOME) live in context variables, which a new thread does not inherit.
+        self.context = contextvars.copy_context()
 
     def run(self) -> None:
+        self.context.run(self._loop)
+
+    def _loop(self) -> None:
         from prefect.client.orchestration import get_client
 
         client = None

@@ -41,9 +41,8 @@ def pid_alive(pid: int, started: float | None) -> bool:
 
     try:
         proc = psutil.Process(pid)
-        if (
-            proc.status() == psutil.STATUS_ZOMBIE
-        ):  # killed, not yet waited for by its parent: dead all the same
+        # Killed but not yet waited for by its parent: dead all the same.
+        if proc.status() == psutil.STATUS_ZOMBIE:
             return False
         return started is None or abs(proc.create_time() - started) < 1.0
     except psutil.NoSuchProcess:

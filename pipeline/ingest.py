@@ -27,13 +27,12 @@ from pipeline import ingest_readers as readers
 from pipeline import ingest_streams as streams
 from pipeline.encoding import is_line_safe
 from pipeline.records import (
+    PartWriter,
     Quarantined,
     Record,
     StageStats,
     part_done,
     read_part_stats,
-    text_bytes,
-    write_part,
 )
 from pipeline.storage import ObjectStore, S3Options, StorageError, open_store, split_uri
 
@@ -342,22 +341,25 @@ def plan_parts(
 UNREADABLE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
-def ingest_part(
-    plan: PartPlan, cfg: IngestConfig, s3: S3Options | None = None
-) -> tuple[list[Record], list[Quarantined], StageStats]:
-    """Read every piece of ``plan``: (records, quarantined, stats).
+def iter_ingest_part(
+    plan: PartPlan, cfg: IngestConfig, stats: StageStats, quarantined: list[Quarantined], s3: S3Options | None = None
+) -> Iterator[Record]:
+    """Stream the records of every piece of ``plan``; bad input goes to ``quarantined``, counts to ``stats``.
 
     Bad or missing input is quarantined, never raised; transient I/O errors are raised (see UNREADABLE).
     """
-    stats = StageStats(stage="ingest")
-    records: list[Record] = []
-    quarantined: list[Quarantined] = []
     stores = _Stores(s3)
+    docs = nbytes = 0
     for piece in plan.pieces:
         ctx = readers.ReadContext(uri=piece.uri, fmt=piece.fmt, cfg=cfg)
         try:
             for item in readers.read_piece(piece, ctx, *stores.locate(piece.uri)):
-                (records if isinstance(item, Record) else quarantined).append(item)  # type: ignore[arg-type]
+                if isinstance(item, Record):
+                    docs += 1
+                    nbytes += len(item.text.encode("utf-8", "surrogatepass"))
+                    yield item
+                else:
+                    quarantined.append(item)  # type: ignore[arg-type]
         except (*UNREADABLE, pa.ArrowException) as e:  # records read before the failure are kept
             reason = "corrupt_file" if isinstance(e, pa.ArrowException) else "read_error"
             log.warning("ingest: %s %s: %s", reason, piece.uri, e)
@@ -367,26 +369,34 @@ def ingest_part(
             stats.extra[name] = stats.extra.get(name, 0) + value
     for q in quarantined:
         stats.drop(q.reason)
-    stats.docs_out = len(records)
-    stats.docs_in = len(records) + len(quarantined)
-    stats.bytes_out = text_bytes(records)
+    stats.docs_out = docs
+    stats.docs_in = docs + len(quarantined)
+    stats.bytes_out = nbytes
     stats.extra["pieces"] = len(plan.pieces)
+
+
+def ingest_part(
+    plan: PartPlan, cfg: IngestConfig, s3: S3Options | None = None
+) -> tuple[list[Record], list[Quarantined], StageStats]:
+    """Read every piece of ``plan`` into memory: (records, quarantined, stats). Runners stream instead."""
+    stats = StageStats(stage="ingest")
+    quarantined: list[Quarantined] = []
+    records = list(iter_ingest_part(plan, cfg, stats, quarantined, s3))
     return records, quarantined, stats
 
 
 def run_ingest_part(
     store: ObjectStore, out_folder: str, plan: PartPlan, cfg: IngestConfig, s3: S3Options | None = None
 ) -> StageStats:
-    """The unit of work: ingest one plan into ``out_folder/part-<index>``; a completed part is not redone."""
+    """The unit of work: ingest one plan into ``out_folder/part-<index>``, streaming (bounded memory however
+    large the compressed input); a completed part is not redone."""
     if part_done(store, out_folder, plan.index):
         return read_part_stats(store, out_folder, plan.index)
-    records, quarantined, stats = ingest_part(plan, cfg, s3)
-    write_part(store, out_folder, plan.index, records, stats, quarantined)
-    log.info(
-        "ingest part %d: %d docs, %d quarantined %s",
-        plan.index,
-        stats.docs_out,
-        len(quarantined),
-        dict(stats.dropped),
-    )
+    stats = StageStats(stage="ingest")
+    quarantined: list[Quarantined] = []
+    with PartWriter(store, out_folder, plan.index) as writer:
+        writer.write(iter_ingest_part(plan, cfg, stats, quarantined, s3))
+        writer.finish(stats, quarantined)
+    log.info("ingest part %d: %d docs, %d quarantined %s", plan.index, stats.docs_out, len(quarantined),
+             dict(stats.dropped))  # fmt: skip
     return stats

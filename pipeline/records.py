@@ -12,8 +12,11 @@ This module is the only place that spells the schema; stages build ``Record`` ob
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -166,8 +169,66 @@ def write_part(
     quarantined: list[Quarantined] | None = None,
 ) -> None:
     """Write one unit: records, quarantine (if any), stats, then the ``.done`` marker, in that order."""
+    store.put_bytes(f"{folder}/{part_name(index)}.parquet", _parquet_bytes(records_to_table(records)))
+    write_part_metadata(store, folder, index, stats, quarantined)
+
+
+class PartWriter:
+    """Streams one part's records to a local temp parquet file in row groups, so a part larger than memory
+    (a 15 GB ``.jsonl.zst``) is written with bounded memory; ``finish`` uploads it, then the quarantine, the
+    stats and the ``.done`` marker, in that order. A writer abandoned by an exception leaves nothing behind."""
+
+    def __init__(self, store: ObjectStore, folder: str, index: int, row_group_size: int = 4096):
+        self.store, self.folder, self.index = store, folder, index
+        self.row_group_size = row_group_size
+        self._buffer: list[Record] = []
+        fd, self._path = tempfile.mkstemp(prefix="pw-part-", suffix=".parquet")
+        os.close(fd)
+        self._writer = pq.ParquetWriter(self._path, SCHEMA, compression="zstd")
+        self.rows = 0
+        self.text_bytes = 0
+
+    def write(self, records: Iterable[Record]) -> None:
+        for r in records:
+            self._buffer.append(r)
+            if len(self._buffer) >= self.row_group_size:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._buffer:
+            self._writer.write_table(records_to_table(self._buffer))
+            self.rows += len(self._buffer)
+            self.text_bytes += text_bytes(self._buffer)
+            self._buffer = []
+
+    def finish(self, stats: StageStats, quarantined: list[Quarantined] | None = None) -> None:
+        try:
+            self._flush()
+            self._writer.close()
+            name = part_name(self.index)
+            self.store.put_file(f"{self.folder}/{name}.parquet", self._path)
+            write_part_metadata(self.store, self.folder, self.index, stats, quarantined)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):
+            self._writer.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path)
+
+    def __enter__(self) -> PartWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.abort()
+
+
+def write_part_metadata(
+    store: ObjectStore, folder: str, index: int, stats: StageStats, quarantined: list[Quarantined] | None
+) -> None:
+    """The quarantine (if any), the stats, then the marker: what follows a part's records."""
     name = part_name(index)
-    store.put_bytes(f"{folder}/{name}.parquet", _parquet_bytes(records_to_table(records)))
     if quarantined:
         qtable = pa.table(
             {

@@ -175,10 +175,11 @@ def prune_checkpoints(ckpt_dir: str | Path, keep_last: int) -> list[str]:
 
 # ---------------------------------------------------------------- RNG state, one file per rank
 def capture_rng_state() -> dict[str, Any]:
-    np_state = np.random.get_state()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
-        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
-        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "python": [version, list(internal), gauss],
+        "numpy": [name, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)],
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():

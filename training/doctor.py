@@ -4,19 +4,18 @@ The checks answer the two questions that open every distributed-training FAQ ("r
 master", "the job hangs at init") before a job is launched: versions, GPUs and their driver, the rendezvous
 address and port, the hostfile's nodes, a real 2-process all-reduce, the object store, free disk and the DeepSpeed
 config. Network probes are bounded by timeouts so a wrong address fails in seconds, not at gloo's 30 minutes.
-The network checks live in :mod:`training.doctor_net`; this module holds the config, the runner and the rest.
+The network checks live in :mod:`training.doctor_net`, the process checks in :mod:`training.doctor_dist`, the
+object-store probe in :mod:`training.doctor_store`; this module holds the config, the runner and the rest.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -293,76 +292,6 @@ def check_disk(cfg: DoctorConfig) -> list[CheckResult]:
     return results
 
 
-_STORE_HINTS = (
-    (
-        "NoCredentials",
-        "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE (boto3's credential chain)",
-    ),
-    ("NoSuchBucket", "create the bucket first (aws s3 mb s3://BUCKET, or the MinIO console)"),
-    ("' does not exist", "create the bucket first (aws s3 mb s3://BUCKET, or the MinIO console)"),
-    ("AccessDenied", "the credentials lack s3:PutObject/GetObject/DeleteObject on this prefix"),
-    (
-        "InvalidAccessKeyId",
-        "the access key is unknown to this endpoint: check AWS_ACCESS_KEY_ID and --s3-endpoint",
-    ),
-    ("SignatureDoesNotMatch", "the secret key is wrong for this access key"),
-    ("connect", "the endpoint is unreachable: check --s3-endpoint (MinIO: http://HOST:9000) and the network"),
-)
-
-
-def _store_fix(exc: BaseException) -> str:
-    text = f"{type(exc).__name__} {exc} {exc.__cause__!r}"
-    for needle, fix in _STORE_HINTS:
-        if needle.lower() in text.lower():
-            return fix
-    return "check the store URI, the endpoint and the credentials"
-
-
-def check_store(cfg: DoctorConfig) -> list[CheckResult]:
-    """Write, read back, verify and delete a probe object; report the throughput of each leg."""
-    if not cfg.store:
-        return []
-    from pipeline.storage import S3Options, open_store
-
-    payload = os.urandom(int(cfg.store_probe_mib * 2**20))
-    key = f"_pileworks_doctor/{uuid.uuid4().hex}.bin"
-    try:
-        store = open_store(cfg.store, s3=S3Options(endpoint_url=cfg.s3_endpoint_url))
-        t0 = time.perf_counter()
-        store.put_bytes(key, payload)
-        t1 = time.perf_counter()
-        back = store.get_bytes(key)
-        t2 = time.perf_counter()
-        store.delete(key)
-        left = store.exists(key)
-    except Exception as exc:  # every backend error becomes a FAIL with a hint, never a traceback
-        return [
-            CheckResult("store", Status.FAIL, f"{cfg.store}: {type(exc).__name__}: {exc}", _store_fix(exc))
-        ]
-    if back != payload or left:
-        what = "read back different bytes" if back != payload else "probe object still exists after delete"
-        return [
-            CheckResult(
-                "store", Status.FAIL, f"{cfg.store}: {what}", "check the store's consistency settings"
-            )
-        ]
-    mib = len(payload) / 2**20
-    data = {
-        "probe_mib": mib,
-        "write_mib_s": round(mib / max(t1 - t0, 1e-9), 1),
-        "read_mib_s": round(mib / max(t2 - t1, 1e-9), 1),
-    }
-    return [
-        CheckResult(
-            "store",
-            Status.PASS,
-            f"{cfg.store}: write/read/delete ok, write {data['write_mib_s']} "
-            f"MiB/s, read {data['read_mib_s']} MiB/s ({mib:g} MiB probe)",
-            data=data,
-        )
-    ]
-
-
 def _run_network(name: str) -> Callable[[DoctorConfig], list[CheckResult]]:
     def run(cfg: DoctorConfig) -> list[CheckResult]:
         from training import doctor_net
@@ -370,6 +299,12 @@ def _run_network(name: str) -> Callable[[DoctorConfig], list[CheckResult]]:
         return list(getattr(doctor_net, name)(cfg))
 
     return run
+
+
+def _run_store(cfg: DoctorConfig) -> list[CheckResult]:
+    from training import doctor_store
+
+    return doctor_store.check_store(cfg)
 
 
 def _run_dryrun(cfg: DoctorConfig) -> list[CheckResult]:
@@ -391,7 +326,7 @@ CHECKS: dict[str, Callable[[DoctorConfig], list[CheckResult]]] = {
     "master": _run_network("check_master"),
     "hostfile": _run_network("check_hostfile"),
     "allreduce": _run_allreduce,
-    "store": check_store,
+    "store": _run_store,
     "disk": check_disk,
     "deepspeed": _run_dryrun,
 }

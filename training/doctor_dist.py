@@ -118,7 +118,7 @@ def check_allreduce(cfg: DoctorConfig, world: int = 2) -> list[CheckResult]:
     for p in procs:
         p.start()
     got, codes = _gather(procs, out, world, cfg.timeout_s + 30)
-    errors = [f"rank {r}: {msg}" for r, msg, _ in got if msg != "ok"]
+    errors = [f"rank {r}: {msg}" for r, msg, _ in sorted(got) if msg != "ok"]
     if len(got) < world or errors:
         missing = sorted(set(range(world)) - {r for r, _, _ in got})
         detail = (
@@ -262,7 +262,12 @@ def _batch_mismatch(config: dict[str, Any], world: int) -> str | None:
     total = config.get("train_batch_size")
     micro = config.get("train_micro_batch_size_per_gpu")
     accum = config.get("gradient_accumulation_steps")
-    if all(isinstance(v, int) for v in (total, micro, accum)) and total != micro * accum * world:
+    if (
+        isinstance(total, int)
+        and isinstance(micro, int)
+        and isinstance(accum, int)
+        and total != micro * accum * world
+    ):
         return (
             f"train_batch_size {total} != train_micro_batch_size_per_gpu {micro} * "
             f"gradient_accumulation_steps {accum} * world size {world}"

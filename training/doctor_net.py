@@ -201,7 +201,8 @@ def _check_local_master(cfg: DoctorConfig, addr: str, ip: str, data: dict) -> Ch
         "master",
         Status.FAIL,
         f"MASTER_ADDR {addr} is this host but port {port} is already in use",
-        "pick another MASTER_PORT (e.g. 29501) or stop the process holding it (`ss -ltnp`)",
+        "pick another MASTER_PORT (e.g. 29501) or stop the process holding it (`ss -ltnp`); if it is your "
+        "running job's rendezvous, pass --expect-master",
         data,
     )
 

@@ -95,17 +95,18 @@ def init_distributed(timeout_s: float) -> DistInfo:
     backend = "gloo" if on_cpu else "nccl"
     if not dist.is_initialized():
         store = _build_store(rank, world_size, timeout)
-        extra = {} if on_cpu else {"device_id": device}
         dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **extra
-        )
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+            device_id=None if on_cpu else device,
+        )  # fmt: skip
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout, verbose=False)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, on_cpu=on_cpu, device=device)
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, on_gpu: bool = False) -> torch.optim.Optimizer:
     """torch AdamW (no DeepSpeed C++ op to build); no weight decay on biases, norms and embeddings' 1-D params."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for param in model.parameters():
         if param.requires_grad:
             (decay if param.dim() >= 2 else no_decay).append(param)

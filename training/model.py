@@ -209,9 +209,9 @@ class GPT(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.apply(self._init_weights)
         # GPT-2's scaled init of the projections that write into the residual stream keeps its variance flat.
-        for block in self.blocks:
-            for proj in (block.attn.out, block.mlp.down):
-                nn.init.normal_(proj.weight, std=cfg.init_std / math.sqrt(2 * cfg.n_layer))
+        for name, param in self.named_parameters():
+            if name.endswith(("attn.out.weight", "mlp.down.weight")):
+                nn.init.normal_(param, std=cfg.init_std / math.sqrt(2 * cfg.n_layer))
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):

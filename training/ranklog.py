@@ -33,14 +33,14 @@ class PrefixedStream:
 
     def __init__(self, stream: TextIO, prefix: str) -> None:
         self._stream = stream
-        self._prefix = prefix
+        self.prefix = prefix
         self._at_line_start = True
 
     def write(self, text: str) -> int:
         out = []
         for piece in text.splitlines(keepends=True):
-            if self._at_line_start and not piece.startswith(self._prefix):
-                out.append(self._prefix)
+            if self._at_line_start and not piece.startswith(self.prefix):
+                out.append(self.prefix)
             out.append(piece)
             self._at_line_start = piece.endswith("\n")
         self._stream.write("".join(out))
@@ -60,10 +60,12 @@ def setup_rank_logging(rank: int, level: int = logging.INFO) -> None:
     it so its records reach our handler and carry the prefix as well.
     """
     prefix = f"[Rank {rank}] "
-    if not isinstance(sys.stdout, PrefixedStream):
-        sys.stdout = PrefixedStream(sys.stdout, prefix)  # type: ignore[assignment]
-    if not isinstance(sys.stderr, PrefixedStream):
-        sys.stderr = PrefixedStream(sys.stderr, prefix)  # type: ignore[assignment]
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if isinstance(stream, PrefixedStream):
+            stream.prefix = prefix  # called again once the rank is known for sure
+        else:
+            setattr(sys, name, PrefixedStream(stream, prefix))
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(RankFormatter(rank))
     root = logging.getLogger()

@@ -337,7 +337,8 @@ def train_loop(run: Run, stop_at: int) -> None:
         world_size=info.world_size,
         peak_flops_per_device=None if info.on_cpu else peak_flops(torch.cuda.get_device_name()),
     )
-    gpu, uploads, batches = GpuMonitor(), [], batch_stream(run)
+    gpu, batches = GpuMonitor(), batch_stream(run)
+    uploads: list[threading.Thread] = []
     last_saved = p.step
     while p.step < stop_at:
         clock.start_step()

@@ -37,11 +37,18 @@ def read_texts(store: ObjectStore, in_folder: str, refs: np.ndarray) -> dict[int
     for p in sorted(set(part[~is_index].tolist())):
         if not part_done(store, in_folder, p):
             raise FileNotFoundError(f"{in_folder}/{part_name(p)} has no .done marker (incomplete or missing)")
-        sel = (part == p) & ~is_index
+        wanted = dict(
+            zip(row[(part == p) & ~is_index].tolist(), refs[(part == p) & ~is_index].tolist(), strict=True)
+        )
         data = store.get_bytes(f"{in_folder}/{part_name(p)}.parquet")
-        column = pq.ParquetFile(io.BytesIO(data)).read(columns=["text"]).column("text")
-        texts = column.take(pa.array(row[sel])).to_pylist()
-        out.update(zip(refs[sel].tolist(), texts, strict=True))
+        start = 0
+        # Small batches of the text column only: memory stays near one batch, not the part's whole text.
+        for batch in pq.ParquetFile(io.BytesIO(data)).iter_batches(batch_size=64, columns=["text"]):
+            hits = [i for i in range(start, start + batch.num_rows) if i in wanted]
+            if hits:
+                texts = batch.column(0).take(pa.array(np.array(hits) - start)).to_pylist()
+                out.update({wanted[i]: t for i, t in zip(hits, texts, strict=True)})
+            start += batch.num_rows
     return out
 
 

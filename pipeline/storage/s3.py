@@ -194,6 +194,9 @@ class S3Store(ObjectStore):
                 raise StorageError(f"S3 {op} {uri} failed: bucket {self.bucket!r} does not exist") from None
             if code in _NOT_FOUND or _status(e) == 404:
                 raise FileNotFoundError(f"{uri} does not exist ({op})") from None
+            if code in {"AccessDenied", "AllAccessDisabled"} or _status(e) == 403:
+                # PermissionError: ingest quarantines the object as read_error instead of failing the run.
+                raise PermissionError(f"{uri}: access denied ({op}); check the credentials' S3 policy") from None
             raise StorageError(f"S3 {op} {uri} failed: {redact_secrets(str(e))}") from e
         except botocore.exceptions.BotoCoreError as e:
             raise StorageError(f"S3 {op} {uri} failed: {type(e).__name__}: {redact_secrets(str(e))}") from e

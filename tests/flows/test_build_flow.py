@@ -34,6 +34,8 @@ def test_build_tiny_corpus_publishes_a_consistent_dataset(prefect_harness, tiny_
     assert sum(s.docs for s in manifest.shards) == summary["docs_out"]
     assert manifest.stats["ingest"]["docs_out"] == _docs_in(tiny_corpus)
     assert manifest.lineage["prefect_flow_run_id"]
+    assert (tmp_path / "store" / "indexes" / "tiny" / manifest.dataset_id / "index.json").is_file()
+    assert summary["dedup_index_uri"].endswith(f"indexes/tiny/{manifest.dataset_id}")
     latest = json.loads((tmp_path / "store" / "datasets" / "tiny" / "latest.json").read_text())
     assert latest["dataset_id"] == manifest.dataset_id
 

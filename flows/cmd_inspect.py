@@ -1,0 +1,50 @@
+"""``pileworks inspect dedup <dataset>``: the near-dedup audit and one cluster's documents side by side."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="inspect what a build did")
+    what = p.add_subparsers(dest="what", metavar="WHAT", required=True)
+    d = what.add_parser("dedup", help="the near-dedup report and a cluster's documents side by side")
+    d.add_argument("dataset", help="manifest URI, dataset folder or datasets/<name> of a build")
+    d.add_argument("--cluster", type=int, default=None, help="cluster number (0 = the largest, the default)")
+    d.add_argument("--width", type=int, default=160)
+    d.add_argument("--report", action="store_true", help="print the whole dedup report as JSON")
+    d.set_defaults(func=run_dedup)
+
+
+def locate_build(dataset: str) -> tuple[object, str]:
+    """The store root and the near-dedup work folder of the build that published ``dataset``."""
+    from pipeline.manifest import load_manifest
+    from pipeline.storage import open_store
+
+    manifest, dstore = load_manifest(dataset)
+    build_key = manifest.lineage.get("build_key")
+    if not build_key:
+        raise ValueError(f"{dataset}: the manifest records no build_key (built by another tool?)")
+    root_uri = dstore.uri.rstrip("/").rsplit("/datasets/", 1)[0]
+    return open_store(root_uri), f"work/{build_key}/near"
+
+
+def run_dedup(args: argparse.Namespace) -> int:
+    from pipeline.dedup.audit import format_cluster
+
+    store, near = locate_build(args.dataset)
+    report_key = f"{near}/clusters/dedup_report.json"
+    if not store.exists(report_key):
+        raise FileNotFoundError(f"{store.uri_of(report_key)} is missing: near dedup was disabled or the work folder was removed")
+    report = json.loads(store.get_bytes(report_key))
+    if args.report:
+        print(json.dumps(report, indent=1))
+        return 0
+    print(f"documents in {report['docs_in']}, removed near {report['removed_near']} "
+          f"({report['removal_rate_near']:.2%}), clusters {report['clusters']}")  # fmt: skip
+    for warning in report.get("warnings", []):
+        print(f"warning: {warning}")
+    if report["clusters"]:
+        print(format_cluster(store, near, args.cluster, width=args.width))
+    return 0
