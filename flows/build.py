@@ -25,6 +25,7 @@ from flows.corpus_config import CorpusConfig, config_from_dict, load_corpus_conf
 from flows.progress import stage_progress
 from pipeline import boilerplate, clean, ingest, tokenize
 from pipeline.dedup import exact, near
+from pipeline.manifest import DatasetConflictError
 from pipeline.records import StageStats, mark_stage_success, part_name
 from pipeline.storage import ObjectStore, S3Options, open_store
 
@@ -278,12 +279,18 @@ def publish_task(
     with stage_errors("shard-and-publish"):
         c = _ctx(ctx)
         cfg = c.cfg
-        return tokenize.run_shard_and_publish(
-            c.store(), c.folder("tokens"), num_parts, tokenizer_key, cfg.shard, cfg.name,
-            inputs=inputs, stats={k: StageStats.from_json(v) for k, v in stats.items()},
-            config=cfg.to_dict() | {"output": None, "s3": None}, lineage=lineage,
-            eos_token=cfg.tokenize.eos_token, pad_token=cfg.tokenize.pad_token,
-        )  # fmt: skip
+        try:
+            return tokenize.run_shard_and_publish(
+                c.store(), c.folder("tokens"), num_parts, tokenizer_key, cfg.shard, cfg.name,
+                inputs=inputs, stats={k: StageStats.from_json(v) for k, v in stats.items()},
+                config=cfg.to_dict() | {"output": None, "s3": None}, lineage=lineage,
+                eos_token=cfg.tokenize.eos_token, pad_token=cfg.tokenize.pad_token,
+            )  # fmt: skip
+        except DatasetConflictError as exc:
+            # Same content (the dataset id is a content hash) but, e.g., touched input mtimes: the published
+            # dataset is the one to use; it stays immutable.
+            get_run_logger().warning("dataset already published with other metadata: %s", exc)
+            return exc.existing_uri
 
 
 @task(name="save-dedup-index", cache_policy=NO_CACHE, **IO_RETRIES)

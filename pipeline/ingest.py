@@ -359,7 +359,7 @@ def iter_ingest_part(
                     nbytes += len(item.text.encode("utf-8", "surrogatepass"))
                     yield item
                 else:
-                    quarantined.append(item)  # type: ignore[arg-type]
+                    quarantined.append(item)
         except (*UNREADABLE, pa.ArrowException) as e:  # records read before the failure are kept
             reason = "corrupt_file" if isinstance(e, pa.ArrowException) else "read_error"
             log.warning("ingest: %s %s: %s", reason, piece.uri, e)

@@ -20,12 +20,12 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
-from flows.corpus_config import load_corpus_config  # noqa: E402
-from pipeline import boilerplate, clean, ingest, tokenize  # noqa: E402
-from pipeline.dedup import exact, near  # noqa: E402
-from pipeline.records import mark_stage_success  # noqa: E402
-from pipeline.sample import sample_corpus_path  # noqa: E402
-from pipeline.storage import open_store  # noqa: E402
+from flows.corpus_config import load_corpus_config
+from pipeline import boilerplate, clean, ingest, tokenize
+from pipeline.dedup import exact, near
+from pipeline.records import mark_stage_success
+from pipeline.sample import sample_corpus_path
+from pipeline.storage import open_store
 
 
 class Clock:

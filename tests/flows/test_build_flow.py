@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny_corpus import TINY_OVERRIDES
 
 from pipeline.manifest import load_manifest
-
-from tiny_corpus import TINY_OVERRIDES
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +25,7 @@ def _docs_in(folder: Path) -> int:
 
 def test_build_tiny_corpus_publishes_a_consistent_dataset(prefect_harness, tiny_corpus: Path, tmp_path: Path) -> None:
     summary = _build(tiny_corpus, tmp_path / "store")
-    manifest, store = load_manifest(summary["manifest_uri"])
+    manifest, _ = load_manifest(summary["manifest_uri"])
     assert summary["dataset_id"] == manifest.dataset_id
     assert summary["docs_in"] == _docs_in(tiny_corpus)
     assert summary["exact_duplicates"] == 1
