@@ -16,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--max-age", type=float, default=120.0, metavar="SECONDS",
                    help="heartbeat age after which a run counts as dead (default 120; keep it several intervals)")  # fmt: skip
-    p.add_argument("--watch", type=float, default=None, metavar="SECONDS", help="repeat every SECONDS until Ctrl-C")
+    p.add_argument(
+        "--watch", type=float, default=None, metavar="SECONDS", help="repeat every SECONDS until Ctrl-C"
+    )
     p.add_argument("--dry-run", action="store_true", help="list the zombie runs, change nothing")
     p.set_defaults(func=run)
 
@@ -30,7 +32,10 @@ def run(args: argparse.Namespace) -> int:
         while True:
             reaped = reap(args.max_age, dry_run=args.dry_run)
             verb = "would mark" if args.dry_run else "marked"
-            print(f"{verb} {len(reaped)} flow run(s) Crashed" + (": " + ", ".join(reaped) if reaped else ""), flush=True)
+            print(
+                f"{verb} {len(reaped)} flow run(s) Crashed" + (": " + ", ".join(reaped) if reaped else ""),
+                flush=True,
+            )
             if args.watch is None:
                 return 0
             time.sleep(args.watch)

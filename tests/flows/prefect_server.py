@@ -61,11 +61,15 @@ def wait_healthy(server: PrefectServer, proc: subprocess.Popen, timeout_s: float
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"prefect server exited with {proc.returncode}:\n{server.log.read_text()[-3000:]}")
+            raise RuntimeError(
+                f"prefect server exited with {proc.returncode}:\n{server.log.read_text()[-3000:]}"
+            )
         if _healthy(server.api_url):
             return
         time.sleep(1.0)
-    raise TimeoutError(f"prefect server not healthy after {timeout_s:.0f} s:\n{server.log.read_text()[-3000:]}")
+    raise TimeoutError(
+        f"prefect server not healthy after {timeout_s:.0f} s:\n{server.log.read_text()[-3000:]}"
+    )
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -84,7 +88,9 @@ def stop(proc: subprocess.Popen) -> None:
 def prefect_server(root: Path) -> Iterator[PrefectServer]:
     """Start a fresh server under ``root`` and yield it once ``/api/health`` answers; kill it in all cases."""
     port = free_port()
-    server = PrefectServer(url=f"http://127.0.0.1:{port}", home=root / "prefect-home", log=root / "prefect-server.log")
+    server = PrefectServer(
+        url=f"http://127.0.0.1:{port}", home=root / "prefect-home", log=root / "prefect-server.log"
+    )
     server.home.mkdir(parents=True, exist_ok=True)
     # The UI asks the API at PREFECT_SERVER_UI_API_URL, which otherwise defaults to port 4200, not --port.
     env = server.client_env() | {"PREFECT_SERVER_UI_API_URL": server.api_url}

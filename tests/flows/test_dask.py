@@ -28,7 +28,9 @@ def build(spec: str, inputs: list[str], output: Path) -> dict[str, Any]:
     from flows.build import build_corpus
     from flows.runners import with_task_runner
 
-    return with_task_runner(build_corpus, spec)(inputs=inputs, output=str(output), overrides=dict(TINY_OVERRIDES))
+    return with_task_runner(build_corpus, spec)(
+        inputs=inputs, output=str(output), overrides=dict(TINY_OVERRIDES)
+    )
 
 
 def test_local_and_dask_runners_publish_the_same_dataset(

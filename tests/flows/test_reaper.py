@@ -83,7 +83,9 @@ def test_pid_alive_tells_this_process_from_a_dead_or_reused_pid() -> None:
     me = psutil.Process()
     assert pid_alive(me.pid, me.create_time())
     assert not pid_alive(me.pid, me.create_time() - 3600)  # same pid, another process: pid reuse
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     assert not pid_alive(int(done.stdout), None)
 
 
@@ -108,9 +110,8 @@ def test_heartbeat_falls_back_to_a_file_without_the_api(tmp_path: Path) -> None:
             assert beat is not None and beat.pid == os.getpid() and beat.host == HOST
             assert heartbeat_file(run_id).is_relative_to(tmp_path)
         assert read_file_beat(run_id) is None  # a run that ended cleanly leaves nothing behind
-    with pytest.raises(ValueError, match="interval_s"):
-        with heartbeat(run_id, interval_s=0):
-            pass
+    with pytest.raises(ValueError, match="interval_s"), heartbeat(run_id, interval_s=0):
+        pass
 
 
 # ---------------------------------------------------------------- against a real server
@@ -171,7 +172,9 @@ def test_reap_crashes_a_killed_run_and_leaves_a_live_one(server: PrefectServer, 
             victim.send_signal(signal.SIGKILL)  # not waited for yet: a zombie process must count as dead too
             assert reap(max_age_s=600) == [runs[victim.pid]]
             state, message = read_state(runs[victim.pid])
-            assert state == "CRASHED" and f"pid {victim.pid}" in message and "pileworks reaper" in message, message
+            assert state == "CRASHED" and f"pid {victim.pid}" in message and "pileworks reaper" in message, (
+                message
+            )
             assert read_state(runs[survivor.pid])[0] == "RUNNING"
             assert main(["reap", "--max-age", "600"]) == 0  # the CLI finds nothing left to reap
             assert read_state(runs[survivor.pid])[0] == "RUNNING"

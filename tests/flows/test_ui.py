@@ -28,7 +28,15 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 SHOTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-STAGES = ("plan-inputs", "ingest", "clean", "minhash-signatures", "near-clusters", "tokenize", "shard-and-publish")
+STAGES = (
+    "plan-inputs",
+    "ingest",
+    "clean",
+    "minhash-signatures",
+    "near-clusters",
+    "tokenize",
+    "shard-and-publish",
+)
 ARTIFACT_KEYS = ("stage-stats", "shards", "manifest", "dedup-audit")
 UI_TIMEOUT_MS = 90_000  # the first page load compiles the UI bundle's routes on a loaded machine
 
@@ -36,7 +44,9 @@ pytestmark = [
     pytest.mark.ui,
     pytest.mark.slow,
     pytest.mark.timeout(540),
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (apt install chromium)"),
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (apt install chromium)"
+    ),
 ]
 
 
@@ -73,7 +83,9 @@ def check_task_runs(page: Any, expect: Any) -> None:
     for stage in STAGES:
         search.fill(stage)
         # Task run names are "<task name>-<3 hex>"; "tokenize" must not be satisfied by "train-tokenizer-xxx".
-        expect(page.get_by_text(re.compile(rf"^{re.escape(stage)}-[0-9a-f]{{3}}$")).first).to_be_visible(timeout=30_000)
+        expect(page.get_by_text(re.compile(rf"^{re.escape(stage)}-[0-9a-f]{{3}}$")).first).to_be_visible(
+            timeout=30_000
+        )
     search.fill("")
     # The tab's header reads "N Task runs (N Completed)": every task of the build completed.
     deadline, seen = time.monotonic() + 30, None

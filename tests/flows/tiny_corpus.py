@@ -12,10 +12,13 @@ import random
 from pathlib import Path
 from typing import Any
 
-WORDS = (
-    "river stone light garden window paper morning music letter market winter harbor forest engine "
-    "silver copper orchard station lantern meadow valley bridge thunder candle village mirror ladder"
-).split()
+# fmt: off
+WORDS = [
+    "river", "stone", "light", "garden", "window", "paper", "morning", "music", "letter", "market",
+    "winter", "harbor", "forest", "engine", "silver", "copper", "orchard", "station", "lantern", "meadow",
+    "valley", "bridge", "thunder", "candle", "village", "mirror", "ladder",
+]
+# fmt: on
 
 # Small enough for a 2-core machine to run the whole flow in well under a minute per build.
 TINY_OVERRIDES: dict[str, Any] = {
@@ -51,6 +54,8 @@ def write_tiny_corpus(folder: Path, *, files: int = 3, docs_per_file: int = 12, 
             lines[len(lines) // 2] += " zeppelin"  # one word added: a near duplicate
             docs.append("\n".join(lines))
         path = folder / f"part-{f}.jsonl"
-        path.write_text("".join(json.dumps({"text": d, "meta": {"file": f}}) + "\n" for d in docs), encoding="utf-8")
+        path.write_text(
+            "".join(json.dumps({"text": d, "meta": {"file": f}}) + "\n" for d in docs), encoding="utf-8"
+        )
         paths.append(str(path))
     return paths
