@@ -36,7 +36,9 @@ def run_dedup(args: argparse.Namespace) -> int:
     store, near = locate_build(args.dataset)
     report_key = f"{near}/clusters/dedup_report.json"
     if not store.exists(report_key):
-        raise FileNotFoundError(f"{store.uri_of(report_key)} is missing: near dedup was disabled or the work folder was removed")
+        raise FileNotFoundError(
+            f"{store.uri_of(report_key)} is missing: near dedup was disabled or the work folder was removed"
+        )
     report = json.loads(store.get_bytes(report_key))
     if args.report:
         print(json.dumps(report, indent=1))

@@ -1,0 +1,32 @@
+"""``pileworks trace --checkpoint X --step N``: the shards and documents optimizer step N trained on."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trace", help="lineage: which shards and documents a training step saw")
+    p.add_argument("--checkpoint", required=True, help="checkpoints folder or one tag folder of the run")
+    p.add_argument("--step", type=int, required=True, help="optimizer step (1-based)")
+    p.add_argument("--manifest", default=None, help="manifest URI, if the dataset moved since training")
+    p.add_argument("--max-docs", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from training.lineage import trace_step
+
+    out = trace_step(args.checkpoint, args.step, manifest_uri=args.manifest, max_docs=args.max_docs)
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"step {out['step']} of {out['checkpoint']} (dataset {out['dataset_id']}, world size {out['world_size']}, "
+          f"epoch {', '.join(map(str, out['epochs']))}): {len(out['samples'])} samples")  # fmt: skip
+    print("shards: " + ", ".join(out["shards"]))
+    print(f"documents ({out['documents_total']}, largest share first):")
+    for d in out["documents"]:
+        print(f"  {d['tokens']:6d} tokens  {d['doc_id']}  (source {d['source']}, at {d['location']})")
+    return 0
