@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--watch", type=float, default=None, metavar="SECONDS", help="repeat every SECONDS until Ctrl-C"
     )
+    p.add_argument("--flow", action="append", dest="flows", metavar="NAME",
+                   help="only runs of this flow (repeatable), e.g. --flow build_corpus --flow train")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="list the zombie runs, change nothing")
     p.set_defaults(func=run)
 
@@ -30,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--watch must be > 0 seconds, got {args.watch}")
     try:
         while True:
-            reaped = reap(args.max_age, dry_run=args.dry_run)
+            reaped = reap(args.max_age, dry_run=args.dry_run, flow_names=args.flows)
             verb = "would mark" if args.dry_run else "marked"
             print(
                 f"{verb} {len(reaped)} flow run(s) Crashed" + (": " + ", ".join(reaped) if reaped else ""),

@@ -11,20 +11,23 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import json
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
 
 LABEL_PREFIX = "pileworks.heartbeat."
+DEFAULT_INTERVAL_S = 10.0
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,7 +168,7 @@ class _Beater(threading.Thread):
 
 
 @contextlib.contextmanager
-def heartbeat(flow_run_id: str | None, interval_s: float = 10.0) -> Iterator[None]:
+def heartbeat(flow_run_id: str | None, interval_s: float = DEFAULT_INTERVAL_S) -> Iterator[None]:
     """Beat for ``flow_run_id`` every ``interval_s`` seconds while the block runs; a no-op when the id is None.
 
     The reaper's ``max_age_s`` must be several intervals long, so a loaded machine or a slow API is not taken for
@@ -184,3 +187,23 @@ def heartbeat(flow_run_id: str | None, interval_s: float = 10.0) -> Iterator[Non
         beater.stopped.set()
         beater.join(timeout=max(5.0, interval_s))
         remove_file_beat(str(flow_run_id))
+
+
+def current_flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id) if flow_run.id else None
+
+
+def with_heartbeat(fn: F) -> F:
+    """Decorate a flow function (under ``@flow``) so its whole body runs inside :func:`heartbeat`.
+
+    ``functools.wraps`` keeps the signature, which Prefect reads for the flow's parameters.
+    """
+
+    @functools.wraps(fn)
+    def beating(*args: Any, **kwargs: Any) -> Any:
+        with heartbeat(current_flow_run_id()):
+            return fn(*args, **kwargs)
+
+    return beating  # type: ignore[return-value]

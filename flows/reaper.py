@@ -84,21 +84,49 @@ def _newest(*beats: Beat | None) -> Beat | None:
     return max(found, key=lambda b: b.at) if found else None
 
 
-def running_runs(client: Any) -> list[RunningRun]:
-    """Every flow run in state Running, with its newest heartbeat (from its labels or the local file)."""
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+def running_runs(client: Any, flow_names: list[str] | None = None) -> list[RunningRun]:
+    """Every flow run in state Running (of the named flows, if given), with its newest heartbeat (from its labels
+    or the local file)."""
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
     from prefect.client.schemas.objects import StateType
 
     running = FlowRunFilter(state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.RUNNING])))
+    flows = FlowFilter(name=FlowFilterName(any_=flow_names)) if flow_names else None
     runs: list[RunningRun] = []
     while True:
-        page = client.read_flow_runs(flow_run_filter=running, limit=PAGE, offset=len(runs))
+        page = client.read_flow_runs(flow_filter=flows, flow_run_filter=running, limit=PAGE, offset=len(runs))
         for r in page:
             rid = str(r.id)
             beat = _newest(Beat.from_labels(rid, r.labels), read_file_beat(rid))
             runs.append(RunningRun(id=rid, name=r.name, start_time=_timestamp(r.start_time), beat=beat))
         if len(page) < PAGE:
             return runs
+
+
+def running_task_runs(client: Any, flow_run_id: str) -> list[Any]:
+    """Ids of the flow run's task runs still in state Running (their process died with it)."""
+    from uuid import UUID
+
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    runs = client.read_task_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
+        task_run_filter=TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.RUNNING]))),
+    )  # fmt: skip
+    return [r.id for r in runs]
 
 
 def crash(client: Any, run: RunningRun, reason: str) -> None:
@@ -108,19 +136,27 @@ def crash(client: Any, run: RunningRun, reason: str) -> None:
 
     message = f"Marked Crashed by the pileworks reaper on {socket.gethostname()}: {reason}."
     client.set_flow_run_state(UUID(run.id), Crashed(message=message), force=True)
+    for task_run_id in running_task_runs(client, run.id):  # else the UI shows them spinning forever
+        client.set_task_run_state(
+            task_run_id, Crashed(message=f"Its flow run was marked Crashed: {reason}."), force=True
+        )
     remove_file_beat(run.id)
     logger.warning("flow run %s (%s): %s", run.name, run.id, message)
 
 
-def reap(max_age_s: float, *, dry_run: bool = False) -> list[str]:
-    """Mark zombie Running flow runs Crashed (see the module doc); returns their ids."""
+def reap(max_age_s: float, *, dry_run: bool = False, flow_names: list[str] | None = None) -> list[str]:
+    """Mark zombie Running flow runs Crashed (see the module doc); returns their ids.
+
+    ``flow_names`` limits the sweep to those flows: on a server shared with flows that never beat, rule 3 would
+    otherwise crash their long runs too.
+    """
     from prefect.client.orchestration import get_client
 
     if max_age_s <= 0:
         raise ValueError(f"reap max_age_s must be > 0, got {max_age_s}")
     host, reaped = socket.gethostname(), []
     with get_client(sync_client=True) as client:
-        for run in running_runs(client):
+        for run in running_runs(client, flow_names):
             reason = zombie_reason(run, now=time.time(), max_age_s=max_age_s, host=host)
             if reason is None:
                 continue

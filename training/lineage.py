@@ -124,6 +124,8 @@ def trace_step(
     return {
         "checkpoint": str(tag_dir),
         "dataset_id": manifest.dataset_id,
+        "prefect_flow_run_id": (record.get("lineage") or {}).get("prefect_flow_run_id"),
+        "dataset_flow_run_id": manifest.lineage.get("prefect_flow_run_id"),
         "step": step,
         "epochs": sorted({b["epoch"] for b in batches}),
         "world_size": world,

@@ -41,6 +41,7 @@ from training.model import GPT, count_params, flops_per_token, model_config_from
 from training.ranklog import setup_rank_logging
 from training.sampler import ResumableDistributedSampler
 
+FLOW_RUN_ENV = "PILEWORKS_FLOW_RUN_ID"  # set by the Prefect train flow; recorded in checkpoints
 logger = logging.getLogger("training.train")
 
 EXIT_USER_ERROR = 2
@@ -271,6 +272,11 @@ def checkpoint(run: Run, uploads: list[threading.Thread]) -> None:
         "model_config": dataclasses.asdict(run.model_cfg),
         "progress": dataclasses.asdict(p),
         "train_config": run.cfg.to_dict(),
+        # Lineage: the Prefect flow run that trained this (set by flows/train.py) and the dataset's own lineage.
+        "lineage": {
+            "prefect_flow_run_id": os.environ.get(FLOW_RUN_ENV) or None,
+            "dataset": run.manifest.lineage,
+        },
     }
     for thread in uploads:
         thread.join()  # an upload must finish before pruning may delete its tag
@@ -298,7 +304,10 @@ def log_step(
     run: Run, local_loss: float, loss: float, lr: float, timing: dict[str, Any], gpu: GpuMonitor
 ) -> None:
     p, cfg = run.progress, run.cfg
-    run.metrics.log("train", step=p.step, loss=loss, lr=lr, **timing, **gpu.sample())
+    # epoch/consumed_in_epoch: the data position after this step, so lineage (training.lineage) can replay
+    # the order exactly from any logged step, also after a resume.
+    run.metrics.log("train", step=p.step, loss=loss, lr=lr, epoch=p.epoch, consumed_in_epoch=p.consumed_in_epoch,
+                    world_size=run.info.world_size, **timing, **gpu.sample())  # fmt: skip
     if p.step % cfg.log_interval == 0 or p.step == cfg.max_steps:
         mfu = f" mfu {timing['mfu']:.1%}" if timing["mfu"] is not None else ""
         logger.info(

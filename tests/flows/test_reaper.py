@@ -30,14 +30,18 @@ NOW = 1_000_000.0
 
 PROBE_FLOW = """
 import sys, time
-from prefect import flow
+from prefect import flow, task
 from prefect.runtime import flow_run
 from flows.heartbeat import heartbeat
+
+@task(name="nap")
+def nap(seconds: float) -> None:
+    time.sleep(seconds)
 
 @flow(name="reaper-probe")
 def probe(seconds: float) -> None:
     with heartbeat(str(flow_run.id), interval_s=1.0):
-        time.sleep(seconds)
+        nap(seconds)
 
 probe(float(sys.argv[1]))
 """
@@ -157,6 +161,24 @@ def read_state(run_id: str) -> tuple[str, str]:
     return state.type.value, state.message or ""
 
 
+def task_states(flow_run_id: str) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[uuid.UUID(flow_run_id)]))
+        )
+    return [r.state.type.value for r in runs]
+
+
+def test_reap_cli_rejects_a_bad_watch_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    from flows.cli import main
+
+    assert main(["reap", "--watch", "0"]) == 2
+    assert "--watch must be > 0" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_reap_crashes_a_killed_run_and_leaves_a_live_one(server: PrefectServer, tmp_path: Path) -> None:
@@ -170,12 +192,17 @@ def test_reap_crashes_a_killed_run_and_leaves_a_live_one(server: PrefectServer, 
         with prefect_settings(server.api_url, server.home):
             runs = wait_for_beats([victim, survivor])
             victim.send_signal(signal.SIGKILL)  # not waited for yet: a zombie process must count as dead too
-            assert reap(max_age_s=600) == [runs[victim.pid]]
+            assert reap(max_age_s=600, flow_names=["build_corpus"]) == []  # not a flow we were asked about
+            assert reap(max_age_s=600, dry_run=True) == [runs[victim.pid]]
+            assert read_state(runs[victim.pid])[0] == "RUNNING"  # a dry run changes nothing
+            assert reap(max_age_s=600, flow_names=["reaper-probe"]) == [runs[victim.pid]]
             state, message = read_state(runs[victim.pid])
             assert state == "CRASHED" and f"pid {victim.pid}" in message and "pileworks reaper" in message, (
                 message
             )
+            assert task_states(runs[victim.pid]) == ["CRASHED"]  # its task no longer spins in the UI
             assert read_state(runs[survivor.pid])[0] == "RUNNING"
+            assert task_states(runs[survivor.pid]) == ["RUNNING"]
             assert main(["reap", "--max-age", "600"]) == 0  # the CLI finds nothing left to reap
             assert read_state(runs[survivor.pid])[0] == "RUNNING"
 
@@ -184,6 +211,7 @@ def test_reap_crashes_a_killed_run_and_leaves_a_live_one(server: PrefectServer, 
             assert reap(max_age_s=3) == [runs[survivor.pid]]
             state, message = read_state(runs[survivor.pid])
             assert state == "CRASHED" and "no heartbeat for" in message, message
+            assert task_states(runs[survivor.pid]) == ["CRASHED"]
             assert reap(max_age_s=3) == []  # Crashed runs are not Running any more
     finally:
         for proc in (victim, survivor):
