@@ -106,3 +106,21 @@ def dedup_markdown(report: dict[str, Any]) -> str:
             if isinstance(row, dict):
                 lines.append(f"| {src} | {row.get('docs')} | {row.get('removed_near')} | {row.get('rate')} |")
     return "\n".join(lines)
+
+
+class RunProgress:
+    """A Prefect progress artifact for a long flow: the share of its stages done, and the last one finished."""
+
+    def __init__(self, stages: list[str], key: str) -> None:
+        from prefect.artifacts import create_progress_artifact
+
+        self.stages, self.done = stages, 0
+        self.id = create_progress_artifact(0.0, key=key, description=f"0/{len(stages)} stages")
+
+    def finished(self, stage: str) -> None:
+        from prefect.artifacts import update_progress_artifact
+
+        self.done = min(len(self.stages), self.done + 1)
+        update_progress_artifact(
+            self.id, 100.0 * self.done / len(self.stages), description=f"{self.done}/{len(self.stages)} stages: {stage} done"
+        )

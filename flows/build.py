@@ -390,7 +390,7 @@ def run_dedup(
     return c.folder("dedup"), _keys(results)
 
 
-@flow(name="build_corpus", log_prints=False)
+@flow(name="build_corpus", log_prints=False, result_serializer="json")
 def build_corpus(
     config_path: str | None = None,
     inputs: list[str] | None = None,
@@ -423,19 +423,23 @@ def build_corpus(
             for s in ("ingest", "boilerplate", "clean", "exact dedup", "signatures", "near dedup", "tokenize")
         }
     )
+    progress = artifacts.RunProgress(["ingest", "clean", "dedup", "tokenize", "publish"], key="build-progress")
     stats: dict[str, StageStats] = {}
     results = ingest_task.map(unmapped(ctx), plans, ingest_keys(cfg, plans, input_list)).result()
     reuse: dict[str, list[int]] = {}
     _note_reuse(reuse, "ingest", results)
     stats["ingest"], keys = _merge("ingest", results), _keys(results)
     mark_stage_success(store, c.folder("ingest"), n)
+    progress.finished("ingest")
     counts = boilerplate_count_task.map(unmapped(ctx), range(n), keys).result()
     bp_key = boilerplate_merge_task(ctx, n, counts)
     results = clean_task.map(unmapped(ctx), range(n), keys, unmapped(bp_key)).result()
     _note_reuse(reuse, "clean", results)
     stats["clean"], keys = _merge("clean", results), _keys(results)
     mark_stage_success(store, c.folder("clean"), n)
+    progress.finished("clean")
     dedup_folder, keys = run_dedup(ctx, cfg, n, keys, stats, reuse)
+    progress.finished("dedup")
     tok_key = tokenizer_task(ctx, dedup_folder, n, [])
     results = tokenize_task.map(
         unmapped(ctx), range(n), unmapped(dedup_folder), keys, unmapped(tok_key)
@@ -443,11 +447,13 @@ def build_corpus(
     mark_stage_success(store, c.folder("tokens"), n)
     stats["tokenize"] = _merge("tokenize", results)
     _note_reuse(reuse, "tokenize", results)
+    progress.finished("tokenize")
     lineage = {"prefect_flow_run_id": _flow_run_id(), "build_key": c.work.split("/")[-1]}
     manifest_uri = publish_task(
         ctx, n, tok_key, input_list, {k: v.to_json() for k, v in stats.items()}, lineage, results
     )
     stage_progress.stop()
+    progress.finished("publish")
     summary = artifacts.build_summary(manifest_uri, stats, cfg, time.perf_counter() - started)
     summary["reused_units"] = reuse
     if cfg.dedup.near.enabled:

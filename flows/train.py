@@ -63,7 +63,7 @@ def run_training_job(
     return code
 
 
-@flow(name="train")
+@flow(name="train", result_serializer="json")
 def train(
     manifest_uri: str,
     config_path: str | None = None,
@@ -85,7 +85,7 @@ def train(
     return result
 
 
-@flow(name="prepare_and_train")
+@flow(name="prepare_and_train", result_serializer="json")
 def prepare_and_train(
     corpus_config: str | None = None,
     train_config: str | None = None,
