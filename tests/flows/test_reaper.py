@@ -135,7 +135,7 @@ def start_probe(server: PrefectServer, script: Path) -> subprocess.Popen:
 
 
 def wait_for_beats(procs: list[subprocess.Popen], timeout_s: float = 150.0) -> dict[int, str]:
-    """pid -> flow run id, once every probe's run is Running and has written a heartbeat label."""
+    """pid -> flow run id, once every probe's run is Running, has written a heartbeat label and its task runs."""
     from prefect.client.orchestration import get_client
 
     from flows.reaper import running_runs
@@ -147,7 +147,7 @@ def wait_for_beats(procs: list[subprocess.Popen], timeout_s: float = 150.0) -> d
                 raise AssertionError(f"probe flow {proc.pid} exited early with {proc.returncode}")
         with get_client(sync_client=True) as client:
             found = {r.beat.pid: r.id for r in running_runs(client) if r.beat is not None}
-        if all(p.pid in found for p in procs):
+        if all(p.pid in found and task_states(found[p.pid]) == ["RUNNING"] for p in procs):
             return found
         time.sleep(1.0)
     raise TimeoutError(f"no heartbeats from the probe flows within {timeout_s:.0f} s")
