@@ -59,7 +59,7 @@ def stage_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "docs out": st["docs_out"],
                 "MB in": round(st["bytes_in"] / 1e6, 2),
                 "MB out": round(st["bytes_out"] / 1e6, 2),
-                "dropped": ", ".join(f"{k}={v}" for k, v in st["dropped"].items() if v) or "-",
+                "dropped": ", ".join(f"{k}={v}" for k, v in st["dropped"].items() if v) or "none",
             }
         )
     return rows
@@ -122,5 +122,7 @@ class RunProgress:
 
         self.done = min(len(self.stages), self.done + 1)
         update_progress_artifact(
-            self.id, 100.0 * self.done / len(self.stages), description=f"{self.done}/{len(self.stages)} stages: {stage} done"
+            self.id,
+            100.0 * self.done / len(self.stages),
+            description=f"{self.done}/{len(self.stages)} stages: {stage} done",
         )

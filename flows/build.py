@@ -22,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows import artifacts, unitcache
 from flows.corpus_config import CorpusConfig, config_from_dict, load_corpus_config
+from flows.heartbeat import with_heartbeat
 from flows.progress import stage_progress
 from pipeline import boilerplate, clean, ingest, tokenize
 from pipeline.dedup import exact, near
@@ -391,6 +392,7 @@ def run_dedup(
 
 
 @flow(name="build_corpus", log_prints=False, result_serializer="json")
+@with_heartbeat
 def build_corpus(
     config_path: str | None = None,
     inputs: list[str] | None = None,
@@ -423,7 +425,9 @@ def build_corpus(
             for s in ("ingest", "boilerplate", "clean", "exact dedup", "signatures", "near dedup", "tokenize")
         }
     )
-    progress = artifacts.RunProgress(["ingest", "clean", "dedup", "tokenize", "publish"], key="build-progress")
+    progress = artifacts.RunProgress(
+        ["ingest", "clean", "dedup", "tokenize", "publish"], key="build-progress"
+    )
     stats: dict[str, StageStats] = {}
     results = ingest_task.map(unmapped(ctx), plans, ingest_keys(cfg, plans, input_list)).result()
     reuse: dict[str, list[int]] = {}

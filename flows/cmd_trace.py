@@ -25,7 +25,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"step {out['step']} of {out['checkpoint']} (dataset {out['dataset_id']}, world size {out['world_size']}, "
           f"epoch {', '.join(map(str, out['epochs']))}): {len(out['samples'])} samples")  # fmt: skip
-    print(f"trained by Prefect flow run {out['prefect_flow_run_id']}; dataset built by flow run {out['dataset_flow_run_id']}")
+    print(
+        f"trained by Prefect flow run {out['prefect_flow_run_id']}; dataset built by flow run {out['dataset_flow_run_id']}"
+    )
     print("shards: " + ", ".join(out["shards"]))
     print(f"documents ({out['documents_total']}, largest share first):")
     for d in out["documents"]:

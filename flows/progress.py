@@ -10,6 +10,7 @@ import contextlib
 import sys
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -39,6 +40,11 @@ class StageProgress:
             if self._progress is not None and stage in self._tasks:
                 self._progress.advance(self._tasks[stage])
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # build_corpus's globals travel with the flow to Dask workers (the flow function is pickled by value);
+        # the bars and their lock belong to the flow's process, so a copy elsewhere is that process's own instance.
+        return (_shared_progress, ())
+
     def stop(self) -> None:
         with self._lock:
             if self._progress is not None:
@@ -48,3 +54,7 @@ class StageProgress:
 
 
 stage_progress = StageProgress()
+
+
+def _shared_progress() -> StageProgress:
+    return stage_progress

@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows import train_artifacts
 from flows.build import build_corpus
+from flows.heartbeat import with_heartbeat
 
 DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "training" / "configs" / "tiny.yaml"
 FLOW_RUN_ENV = "PILEWORKS_FLOW_RUN_ID"
@@ -64,6 +65,7 @@ def run_training_job(
 
 
 @flow(name="train", result_serializer="json")
+@with_heartbeat
 def train(
     manifest_uri: str,
     config_path: str | None = None,
@@ -86,6 +88,7 @@ def train(
 
 
 @flow(name="prepare_and_train", result_serializer="json")
+@with_heartbeat
 def prepare_and_train(
     corpus_config: str | None = None,
     train_config: str | None = None,

@@ -82,7 +82,9 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             # A fixed-shape tuple such as tuple[int, float]: one type per position.
             if len(value) != len(args):
                 raise ConfigError(f"{path} must have {len(args)} items; got {value!r}")
-            return tuple(_coerce(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+            return tuple(
+                _coerce(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True))
+            )
         item = args[0] if args else Any
         items = [_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items

@@ -342,7 +342,11 @@ UNREADABLE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirecto
 
 
 def iter_ingest_part(
-    plan: PartPlan, cfg: IngestConfig, stats: StageStats, quarantined: list[Quarantined], s3: S3Options | None = None
+    plan: PartPlan,
+    cfg: IngestConfig,
+    stats: StageStats,
+    quarantined: list[Quarantined],
+    s3: S3Options | None = None,
 ) -> Iterator[Record]:
     """Stream the records of every piece of ``plan``; bad input goes to ``quarantined``, counts to ``stats``.
 

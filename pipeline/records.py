@@ -257,7 +257,9 @@ def read_part(store: ObjectStore, folder: str, index: int) -> list[Record]:
     return table_to_records(pq.read_table(io.BytesIO(data)))
 
 
-def iter_part_batches(store: ObjectStore, folder: str, index: int, batch_size: int = 2048) -> Iterator[list[Record]]:
+def iter_part_batches(
+    store: ObjectStore, folder: str, index: int, batch_size: int = 2048
+) -> Iterator[list[Record]]:
     """Stream a completed part in record batches (bounded memory for large parts)."""
     if not part_done(store, folder, index):
         raise FileNotFoundError(f"{folder}/{part_name(index)} has no .done marker (incomplete or missing)")

@@ -48,7 +48,10 @@ def test_room_import_rules(room: str) -> None:
             if top in forbidden:
                 violations.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
             if room == "training" and top == "pipeline":
-                allowed = any(module == m or module.startswith(m + ".") for m in TRAINING_MAY_USE_FROM_PIPELINE - {"pipeline"})
+                allowed = any(
+                    module == m or module.startswith(m + ".")
+                    for m in TRAINING_MAY_USE_FROM_PIPELINE - {"pipeline"}
+                )
                 if not allowed:
                     violations.append(
                         f"{path.relative_to(ROOT)}:{line} imports {module} "
@@ -64,7 +67,9 @@ def test_nothing_imports_flows() -> None:
             for line, module in imported_modules(path):
                 if module.split(".")[0] == "flows":
                     violations.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
-    assert not violations, "nothing imports flows/ (it is the Prefect shell on top):\n" + "\n".join(violations)
+    assert not violations, "nothing imports flows/ (it is the Prefect shell on top):\n" + "\n".join(
+        violations
+    )
 
 
 def test_rule_checker_catches_a_violation(tmp_path: Path) -> None:

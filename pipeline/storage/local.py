@@ -64,7 +64,9 @@ class FileStore(ObjectStore):
                 try:
                     os.link(tmp, path)
                 except FileExistsError:
-                    raise AlreadyExistsError(f"{self.uri}/{path.relative_to(self.root)} already exists") from None
+                    raise AlreadyExistsError(
+                        f"{self.uri}/{path.relative_to(self.root)} already exists"
+                    ) from None
                 os.unlink(tmp)
             else:
                 os.replace(tmp, path)
@@ -129,7 +131,9 @@ class FileStore(ObjectStore):
         if not path.is_file():
             raise FileNotFoundError(f"{self.uri}/{normalize_key(key)}")
         st = path.stat()
-        return ObjectInfo(key=normalize_key(key), size=st.st_size, etag=f"{st.st_mtime_ns}-{st.st_size}", mtime=st.st_mtime)
+        return ObjectInfo(
+            key=normalize_key(key), size=st.st_size, etag=f"{st.st_mtime_ns}-{st.st_size}", mtime=st.st_mtime
+        )
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         norm = normalize_key(prefix) if prefix else ""
@@ -149,7 +153,9 @@ class FileStore(ObjectStore):
                     found.append(key)
         for key in sorted(found):
             st = (self.root / key).stat()
-            yield ObjectInfo(key=key, size=st.st_size, etag=f"{st.st_mtime_ns}-{st.st_size}", mtime=st.st_mtime)
+            yield ObjectInfo(
+                key=key, size=st.st_size, etag=f"{st.st_mtime_ns}-{st.st_size}", mtime=st.st_mtime
+            )
 
     def copy(self, src_key: str, dst_key: str) -> None:
         """Hard-link when possible (immutable unit files are never rewritten in place), else copy."""

@@ -196,7 +196,9 @@ class S3Store(ObjectStore):
                 raise FileNotFoundError(f"{uri} does not exist ({op})") from None
             if code in {"AccessDenied", "AllAccessDisabled"} or _status(e) == 403:
                 # PermissionError: ingest quarantines the object as read_error instead of failing the run.
-                raise PermissionError(f"{uri}: access denied ({op}); check the credentials' S3 policy") from None
+                raise PermissionError(
+                    f"{uri}: access denied ({op}); check the credentials' S3 policy"
+                ) from None
             raise StorageError(f"S3 {op} {uri} failed: {redact_secrets(str(e))}") from e
         except botocore.exceptions.BotoCoreError as e:
             raise StorageError(f"S3 {op} {uri} failed: {type(e).__name__}: {redact_secrets(str(e))}") from e
@@ -280,7 +282,9 @@ class S3Store(ObjectStore):
         """Server-side copy (no bytes through this process); objects up to 5 GB, our unit files are far smaller."""
         with self._errors("copy", src_key):
             self.client.copy_object(
-                Bucket=self.bucket, Key=self._key(dst_key), CopySource={"Bucket": self.bucket, "Key": self._key(src_key)}
+                Bucket=self.bucket,
+                Key=self._key(dst_key),
+                CopySource={"Bucket": self.bucket, "Key": self._key(src_key)},
             )
 
     def delete(self, key: str) -> None:

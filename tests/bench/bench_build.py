@@ -52,27 +52,46 @@ def bench_stages(root: Path) -> None:
         clock.run("ingest", ingest.run_ingest_part, store, f"{w}/ingest", p, cfg.ingest)
     text_mb = sum(ingest.read_part_stats(store, f"{w}/ingest", i).bytes_out for i in range(n)) / 1e6
     for i in range(n):
-        clock.run("clean", boilerplate.run_boilerplate_count_part, store, f"{w}/ingest", f"{w}/bp", i, cfg.clean)
+        clock.run(
+            "clean", boilerplate.run_boilerplate_count_part, store, f"{w}/ingest", f"{w}/bp", i, cfg.clean
+        )
     clock.run("clean", boilerplate.merge_boilerplate, store, f"{w}/bp", n, cfg.clean, f"{w}/bp/lines.npy")
     for i in range(n):
-        clock.run("clean", clean.run_clean_part, store, f"{w}/ingest", f"{w}/clean", i, cfg.clean, f"{w}/bp/lines.npy")
+        clock.run(
+            "clean",
+            clean.run_clean_part,
+            store,
+            f"{w}/ingest",
+            f"{w}/clean",
+            i,
+            cfg.clean,
+            f"{w}/bp/lines.npy",
+        )
     for i in range(n):
         clock.run("exact dedup", exact.run_exact_hash_part, store, f"{w}/clean", f"{w}/xh", i)
     clock.run("exact dedup", exact.resolve_exact_duplicates, store, f"{w}/xh", n, f"{w}/xd")
     for i in range(n):
         clock.run("exact dedup", exact.run_exact_filter_part, store, f"{w}/clean", f"{w}/xo", i, f"{w}/xd")
-    clock.run("near dedup", near.run_near_dedup, store, f"{w}/xo", f"{w}/near", f"{w}/dedup", n, cfg.dedup.near)
+    clock.run(
+        "near dedup", near.run_near_dedup, store, f"{w}/xo", f"{w}/near", f"{w}/dedup", n, cfg.dedup.near
+    )
     tok = f"{w}/tokenizer.json"
     clock.run("train tokenizer", tokenize.run_train_tokenizer, store, f"{w}/dedup", n, tok, cfg.tokenize)
     for i in range(n):
-        clock.run("tokenize", tokenize.run_tokenize_part, store, f"{w}/dedup", f"{w}/tokens", i, tok, cfg.tokenize)
+        clock.run(
+            "tokenize", tokenize.run_tokenize_part, store, f"{w}/dedup", f"{w}/tokens", i, tok, cfg.tokenize
+        )
     mark_stage_success(store, f"{w}/tokens", n)
-    clock.run("shard+publish", tokenize.run_shard_and_publish, store, f"{w}/tokens", n, tok, cfg.shard, "bench")
+    clock.run(
+        "shard+publish", tokenize.run_shard_and_publish, store, f"{w}/tokens", n, tok, cfg.shard, "bench"
+    )
     total = sum(clock.cpu.values())
     print(f"sample corpus: {raw_bytes / 1e6:.1f} MB raw input ({text_mb:.1f} MB of text), {n} parts")
     print(f"{'stage':<16}{'cpu s':>8}{'wall s':>8}{'share':>8}{'text MB/s/core':>16}")
     for stage, cpu in clock.cpu.items():
-        print(f"{stage:<16}{cpu:8.2f}{clock.wall[stage]:8.2f}{cpu / total:8.1%}{text_mb / cpu if cpu else 0:16.1f}")
+        print(
+            f"{stage:<16}{cpu:8.2f}{clock.wall[stage]:8.2f}{cpu / total:8.1%}{text_mb / cpu if cpu else 0:16.1f}"
+        )
     print(f"{'total':<16}{total:8.2f}{sum(clock.wall.values()):8.2f}{'':>8}{text_mb / total:16.1f}")
     print(f"whole build: {raw_bytes / 1e6 / total:.2f} MB/s of raw (compressed) input per core, "
           f"{text_mb / total:.2f} MB/s of text per core")  # fmt: skip
@@ -88,7 +107,9 @@ def bench_rebuild(root: Path) -> None:
     for label in ("cold build", "no-change rebuild", "one file changed"):
         if label == "one file changed":
             target = sorted(raw.glob("licenses/*.txt"))[0]
-            target.write_text(target.read_text() + "\nAn added closing paragraph for the rebuild benchmark.\n")
+            target.write_text(
+                target.read_text() + "\nAn added closing paragraph for the rebuild benchmark.\n"
+            )
         t0 = time.perf_counter()
         summary = build_corpus(inputs=[str(raw)], output=out)
         rows.append((label, time.perf_counter() - t0, summary["dataset_id"], summary["reused_units"]))

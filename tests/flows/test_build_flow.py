@@ -23,7 +23,9 @@ def _docs_in(folder: Path) -> int:
     return sum(len(p.read_text().splitlines()) for p in folder.glob("*.jsonl"))
 
 
-def test_build_tiny_corpus_publishes_a_consistent_dataset(prefect_harness, tiny_corpus: Path, tmp_path: Path) -> None:
+def test_build_tiny_corpus_publishes_a_consistent_dataset(
+    prefect_harness, tiny_corpus: Path, tmp_path: Path
+) -> None:
     summary = _build(tiny_corpus, tmp_path / "store")
     manifest, _ = load_manifest(summary["manifest_uri"])
     assert summary["dataset_id"] == manifest.dataset_id
@@ -32,7 +34,15 @@ def test_build_tiny_corpus_publishes_a_consistent_dataset(prefect_harness, tiny_
     assert summary["near_duplicates"] == 1
     assert sum(s.docs for s in manifest.shards) == summary["docs_out"]
     assert manifest.stats["ingest"]["docs_out"] == _docs_in(tiny_corpus)
-    assert manifest.lineage["prefect_flow_run_id"]
+    run_id = manifest.lineage["prefect_flow_run_id"]
+    assert run_id
+    from prefect.client.orchestration import get_client
+
+    from flows.heartbeat import Beat
+
+    with get_client(sync_client=True) as client:
+        labels = client.read_flow_run(run_id).labels
+    assert Beat.from_labels(run_id, labels) is not None, "build_corpus must write heartbeats for the reaper"
     assert (tmp_path / "store" / "indexes" / "tiny" / manifest.dataset_id / "index.json").is_file()
     assert summary["dedup_index_uri"].endswith(f"indexes/tiny/{manifest.dataset_id}")
     latest = json.loads((tmp_path / "store" / "datasets" / "tiny" / "latest.json").read_text())
@@ -55,12 +65,16 @@ def test_rebuild_is_incremental(prefect_harness, tiny_corpus: Path, tmp_path: Pa
     warm = _build(tiny_corpus, store)
     assert warm["dataset_id"] != cold["dataset_id"]
     reused, total = warm["reused_units"]["ingest"]
-    assert total == parts and reused >= total - 2, warm["reused_units"]  # only the changed file's part(s) redone
+    assert total == parts and reused >= total - 2, warm[
+        "reused_units"
+    ]  # only the changed file's part(s) redone
     assert warm["reused_units"]["signatures"][0] >= total - 2
     assert warm["docs_in"] == cold["docs_in"] - 1
 
 
-def test_same_inputs_same_dataset_id_in_a_fresh_store(prefect_harness, tiny_corpus: Path, tmp_path: Path) -> None:
+def test_same_inputs_same_dataset_id_in_a_fresh_store(
+    prefect_harness, tiny_corpus: Path, tmp_path: Path
+) -> None:
     a = _build(tiny_corpus, tmp_path / "a")
     b = _build(tiny_corpus, tmp_path / "b")
     assert a["dataset_id"] == b["dataset_id"]
@@ -68,7 +82,9 @@ def test_same_inputs_same_dataset_id_in_a_fresh_store(prefect_harness, tiny_corp
         assert sa["sha256"] == sb["sha256"]
 
 
-def test_a_failed_build_names_the_stage_and_a_rerun_resumes(prefect_harness, tiny_corpus: Path, tmp_path: Path) -> None:
+def test_a_failed_build_names_the_stage_and_a_rerun_resumes(
+    prefect_harness, tiny_corpus: Path, tmp_path: Path
+) -> None:
     from prefect.states import State
 
     from flows.build import build_corpus

@@ -4,7 +4,6 @@ tiny corpus into the same dataset id, shard for shard, each into its own store (
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +12,6 @@ import pytest
 from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
-
-
-@pytest.fixture(scope="module")
-def prefect_api() -> Iterator[None]:
-    """A throwaway Prefect API (SQLite in a temp dir), generous with startup on a loaded machine."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
 
 
 def build(spec: str, inputs: list[str], output: Path) -> dict[str, Any]:
@@ -34,7 +24,7 @@ def build(spec: str, inputs: list[str], output: Path) -> dict[str, Any]:
 
 
 def test_local_and_dask_runners_publish_the_same_dataset(
-    prefect_api: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from flows.runners import make_task_runner
 

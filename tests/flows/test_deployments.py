@@ -36,7 +36,9 @@ def test_prefect_yaml_deployments_are_valid() -> None:
 def test_serve_builds_a_cron_rebuild_and_a_one_click_deployment() -> None:
     from flows.cmd_serve import build_deployments
 
-    args = argparse.Namespace(cron="*/30 * * * *", timezone="UTC", config=None, output="/tmp/x", train_config=None)
+    args = argparse.Namespace(
+        cron="*/30 * * * *", timezone="UTC", config=None, output="/tmp/x", train_config=None
+    )
     rebuild, one_click = build_deployments(args)
     assert rebuild.name == "scheduled-rebuild" and rebuild.parameters["output"] == "/tmp/x"
     assert rebuild.schedules[0].schedule.cron == "*/30 * * * *"
@@ -48,7 +50,9 @@ def test_serve_rejects_a_bad_config_before_serving(tmp_path: Path) -> None:
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("dedup:\n  near:\n    treshold: 0.5\n")
-    args = argparse.Namespace(cron="0 3 * * *", timezone="UTC", config=str(bad), output=None, train_config=None)
+    args = argparse.Namespace(
+        cron="0 3 * * *", timezone="UTC", config=str(bad), output=None, train_config=None
+    )
     with pytest.raises(ValueError, match=r"dedup\.near\.treshold"):
         build_deployments(args)
 

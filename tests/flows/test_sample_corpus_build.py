@@ -18,7 +18,9 @@ def test_build_sample_corpus_with_embedded_defaults(prefect_harness, tmp_path: P
     summary = build_corpus(output=str(tmp_path / "store"))
     manifest, store = load_manifest(summary["manifest_uri"])
     assert summary["docs_in"] > 300 and summary["quarantined"] == 0
-    assert summary["exact_duplicates"] > 0 and summary["near_duplicates"] > 0  # natural duplicates in the sample
+    assert (
+        summary["exact_duplicates"] > 0 and summary["near_duplicates"] > 0
+    )  # natural duplicates in the sample
     assert manifest.splits["train"]["tokens"] > 1_000_000 and manifest.splits["valid"]["tokens"] > 0
     sizes = [s.tokens for s in manifest.split_shards("train")]
     assert max(sizes) - min(sizes) <= 1  # balanced shards
@@ -32,21 +34,44 @@ def test_build_sample_corpus_with_embedded_defaults(prefect_harness, tmp_path: P
     assert report["clusters"] >= 1 and not any("0%" in w for w in report["warnings"])
 
 
-def test_cli_build_prints_the_summary(prefect_harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from flows.cli import main
+def test_cli_build_prints_the_summary(
+    prefect_harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
+
+    from flows.cli import main
 
     write_tiny_corpus(tmp_path / "raw")
     sets = [f"--set={k}={v}" for k, v in TINY_OVERRIDES.items() if k != "name"]
-    code = main(["build", "--input", str(tmp_path / "raw"), "--output", str(tmp_path / "store"), "--name", "tiny", *sets])
+    code = main(
+        [
+            "build",
+            "--input",
+            str(tmp_path / "raw"),
+            "--output",
+            str(tmp_path / "store"),
+            "--name",
+            "tiny",
+            *sets,
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0
-    for label in ("documents in", "exact duplicates removed", "near duplicates removed", "tokens", "dataset id", "manifest"):
+    for label in (
+        "documents in",
+        "exact duplicates removed",
+        "near duplicates removed",
+        "tokens",
+        "dataset id",
+        "manifest",
+    ):
         assert label in out
     assert "ingest" in out and "tokenize" in out
 
 
-def test_cli_reports_a_config_error_with_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_reports_a_config_error_with_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from flows.cli import main
 
     bad = tmp_path / "bad.yaml"

@@ -15,11 +15,13 @@ TRAIN = {
 }  # fmt: skip
 
 
-def test_prepare_and_train_records_lineage_and_traces_steps(prefect_harness, tiny_corpus: Path, tmp_path: Path) -> None:
+def test_prepare_and_train_records_lineage_and_traces_steps(
+    prefect_harness, tiny_corpus: Path, tmp_path: Path
+) -> None:
     from prefect.client.orchestration import get_client
+    from tiny_corpus import TINY_OVERRIDES
 
     from flows.train import prepare_and_train
-    from tiny_corpus import TINY_OVERRIDES
     from training.checkpoint import read_record, select_resume_tag
     from training.lineage import trace_step
     from training.sample import generate
@@ -57,6 +59,13 @@ def test_prepare_and_train_records_lineage_and_traces_steps(prefect_harness, tin
 def test_a_failing_training_job_fails_the_flow_with_its_exit_code(prefect_harness, tmp_path: Path) -> None:
     from flows.train import train
 
-    state = train(str(tmp_path / "no-such-dataset"), None, 1, {"output_dir": str(tmp_path / "run")}, 300, return_state=True)
+    state = train(
+        str(tmp_path / "no-such-dataset"),
+        None,
+        1,
+        {"output_dir": str(tmp_path / "run")},
+        300,
+        return_state=True,
+    )
     assert state.is_failed()
     assert "exited with code" in state.message

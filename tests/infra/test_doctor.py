@@ -285,7 +285,9 @@ def test_store_probe_on_local_folder(tmp_path: Path) -> None:
 @pytest.mark.s3
 def test_store_probe_on_s3_and_missing_bucket(s3_bucket) -> None:
     endpoint = s3_bucket.options.endpoint_url
-    [res] = doctor_store.check_store(DoctorConfig(store=s3_bucket.uri, s3_endpoint_url=endpoint, store_probe_mib=1))
+    [res] = doctor_store.check_store(
+        DoctorConfig(store=s3_bucket.uri, s3_endpoint_url=endpoint, store_probe_mib=1)
+    )
     assert res.status is Status.PASS, res.message
     assert "write/read/delete ok" in res.message
     [res] = doctor_store.check_store(
