@@ -20,7 +20,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -160,7 +160,10 @@ def _open_wandb(out: Path, project: str, mode: str, config: dict[str, Any]) -> A
             "wandb is enabled but not installed (pip install 'pileworks[monitoring]'); skipping it"
         )
         return None
-    return wandb.init(project=project, mode=mode, dir=str(out), config=config, resume="allow")
+    if mode not in ("offline", "online"):
+        raise ValueError(f"wandb_mode must be 'offline' or 'online', got {mode!r}")
+    run_mode: Literal["offline", "online"] = "offline" if mode == "offline" else "online"
+    return wandb.init(project=project, mode=run_mode, dir=str(out), config=config, resume="allow")
 
 
 class StepClock:
