@@ -18,6 +18,15 @@ import flows
 from pipeline import __version__
 
 
+EXPECTED_FAILURES = {
+    "CheckpointError",
+    "StorageError",
+    "StageFailed",
+    "TrainingFailed",
+    "DatasetConflictError",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pileworks",
@@ -50,10 +59,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, PermissionError) as exc:
         # User errors: one clear line, no traceback.
         print(f"pileworks {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        # Our own failures carry actionable messages; matched by name so that the CLI imports no torch here.
+        if type(exc).__name__ not in EXPECTED_FAILURES:
+            raise
+        print(f"pileworks {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

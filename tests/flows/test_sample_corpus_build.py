@@ -89,3 +89,13 @@ def test_version_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"pileworks {__version__}"
+
+
+def test_cli_reports_our_own_failures_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flows.cli import main
+
+    (tmp_path / "checkpoints").mkdir()
+    assert main(["trace", "--checkpoint", str(tmp_path / "checkpoints"), "--step", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pileworks trace: CheckpointError:") and "no complete checkpoint" in err
+    assert "Traceback" not in err
