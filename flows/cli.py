@@ -17,7 +17,6 @@ import sys
 import flows
 from pipeline import __version__
 
-
 EXPECTED_FAILURES = {
     "CheckpointError",
     "StorageError",
