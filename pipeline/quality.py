@@ -292,19 +292,15 @@ def _covered_chars(word_hash: np.ndarray, doc: np.ndarray, lengths: np.ndarray, 
     return np.bincount(doc, weights=lengths * covered, minlength=int(doc[-1]) + 1)
 
 
-def _screen_chunk(word_lists: list[list[str]], cfg: QualityConfig) -> np.ndarray:
-    sizes = np.fromiter(map(len, word_lists), dtype=np.int64, count=len(word_lists))
-    total = int(sizes.sum())
-    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    flat = list(chain.from_iterable(word_lists))
-    # Python's str hash (colliding words only make the screen more cautious)
-    word_hash = np.fromiter(map(hash, flat), dtype=np.int64, count=total).view(np.uint64) * _MIX
-    lengths = np.fromiter(map(len, flat), dtype=np.int64, count=total)
-    doc = np.repeat(np.arange(len(word_lists)), sizes)
-    doc_chars = np.bincount(doc, weights=lengths, minlength=len(word_lists)) * _SLACK
+def _screen_arrays(word_hash: np.ndarray, lengths: np.ndarray, doc: np.ndarray, n_docs: int, cfg: QualityConfig) -> np.ndarray:
+    """The screen of one chunk: words of documents 0..n_docs-1 in order (every document >= 2 words)."""
+    total = len(word_hash)
+    word_hash = word_hash * _MIX
+    starts = np.flatnonzero(np.concatenate(([True], doc[1:] != doc[:-1])))
+    doc_chars = np.bincount(doc, weights=lengths, minlength=n_docs) * _SLACK
     cum = np.concatenate(([0], np.cumsum(lengths)))
     bits = min(max((2 * total).bit_length(), 10), 24)  # ~2 buckets per n-gram: a table that stays in cache
-    flagged = np.zeros(len(word_lists), dtype=bool)
+    flagged = np.zeros(n_docs, dtype=bool)
     for n, max_frac in cfg.top_ngram_max_fraction:
         if total >= n:
             counts = _bucket_counts(word_hash, doc, n, bits)
@@ -318,12 +314,26 @@ def _screen_chunk(word_lists: list[list[str]], cfg: QualityConfig) -> np.ndarray
     return flagged
 
 
+def _screen_words(word_hash: np.ndarray, lengths: np.ndarray, sizes: np.ndarray, cfg: QualityConfig) -> np.ndarray:
+    """Chunked screen of documents given by their words' hashes and lengths, concatenated, and word counts."""
+    out = np.zeros(len(sizes), dtype=bool)
+    bounds = np.concatenate(([0], np.cumsum(sizes)))
+    for lo, hi in _chunks(sizes.tolist()):
+        doc = np.repeat(np.arange(hi - lo), sizes[lo:hi])
+        part = slice(int(bounds[lo]), int(bounds[hi]))
+        out[lo:hi] = _screen_arrays(word_hash[part], lengths[part], doc, hi - lo, cfg)
+    return out
+
+
 def screen_ngrams(word_lists: list[list[str]], cfg: QualityConfig) -> list[bool]:
     """For each document (>= 2 words): False when it certainly passes every n-gram rule."""
-    out: list[bool] = []
-    for lo, hi in _chunks([len(w) for w in word_lists]):
-        out.extend(_screen_chunk(word_lists[lo:hi], cfg).tolist())
-    return out
+    sizes = np.fromiter(map(len, word_lists), dtype=np.int64, count=len(word_lists))
+    total = int(sizes.sum())
+    flat = list(chain.from_iterable(word_lists))
+    # Python's str hash (colliding words only make the screen more cautious)
+    word_hash = np.fromiter(map(hash, flat), dtype=np.int64, count=total).view(np.uint64)
+    lengths = np.fromiter(map(len, flat), dtype=np.int64, count=total)
+    return _screen_words(word_hash, lengths, sizes, cfg).tolist()
 
 
 def _word_reason(text: str, cfg: QualityConfig) -> tuple[str | None, list[str]]:
