@@ -9,302 +9,44 @@ of a failed flow redoes only the units without a marker.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from prefect import flow, get_run_logger, task, unmapped
-from prefect.cache_policies import NO_CACHE
+from prefect import flow, get_run_logger, unmapped
 
 from flows import artifacts, unitcache
-from flows.corpus_config import CorpusConfig, config_from_dict, load_corpus_config
+from flows.build_tasks import (
+    BuildContext,
+    StageFailed,
+    _ctx,
+    bands_task,
+    boilerplate_count_task,
+    boilerplate_merge_task,
+    clean_task,
+    clusters_task,
+    edges_task,
+    exact_filter_task,
+    exact_hash_task,
+    exact_resolve_task,
+    ingest_task,
+    near_filter_task,
+    near_plan_task,
+    plan_inputs,
+    publish_task,
+    save_index_task,
+    signatures_task,
+    tokenize_task,
+    tokenizer_task,
+)
+from flows.corpus_config import CorpusConfig, load_corpus_config
 from flows.heartbeat import with_heartbeat
 from flows.progress import stage_progress
-from pipeline import boilerplate, clean, ingest, tokenize
-from pipeline.dedup import exact, near
-from pipeline.manifest import DatasetConflictError
-from pipeline.records import StageStats, mark_stage_success, part_name
-from pipeline.storage import ObjectStore, S3Options, open_store
+from pipeline.records import StageStats, mark_stage_success
+from pipeline.storage import open_store
 
-IO_RETRIES = dict(retries=3, retry_delay_seconds=[2, 10, 30])
-
-
-@dataclass(frozen=True)
-class BuildContext:
-    """What every task needs to find its inputs: the store, the work folder and the resolved config."""
-
-    store_uri: str
-    work: str
-    config: dict[str, Any]
-
-    @property
-    def cfg(self) -> CorpusConfig:
-        return config_from_dict(self.config)
-
-    def store(self) -> ObjectStore:
-        return open_store(self.store_uri, s3=self.cfg.s3)
-
-    def folder(self, name: str) -> str:
-        return f"{self.work}/{name}"
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def _ctx(data: dict[str, Any]) -> BuildContext:
-    return BuildContext(**data)
-
-
-def _s3(cfg: CorpusConfig) -> S3Options:
-    return cfg.s3
-
-
-# ---------------------------------------------------------------- failures name the stage and the part
-
-
-class StageFailed(RuntimeError):
-    """A stage failed; the message names the stage and the part so the run page says where to look."""
-
-
-@contextlib.contextmanager
-def stage_errors(stage: str, part: int | None = None) -> Iterator[None]:
-    try:
-        yield
-    except StageFailed:
-        raise
-    except Exception as exc:
-        where = f"stage {stage!r}" + (f" part {part}" if part is not None else "")
-        raise StageFailed(f"{where} failed: {type(exc).__name__}: {exc}") from exc
-
-
-# ---------------------------------------------------------------- per-part units (cached across builds)
-
-
-def _unit(c: BuildContext, stage: str, key: str, folder: str, index: int, run: Any) -> dict[str, Any]:
-    """Restore the unit from an earlier build when its key matches, else run it; then register it."""
-    store = c.store()
-    with stage_errors(stage, index):
-        reused = unitcache.restore(store, stage, key, folder, index)
-        with stage_progress.step(stage):
-            stats = run(store)
-        unitcache.record(store, stage, key, folder, index)
-    return {"stats": stats.to_json(), "key": key, "reused": reused}
-
-
-@task(name="plan-inputs", cache_policy=NO_CACHE, **IO_RETRIES)
-def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
-    """List the raw objects with their fingerprints and pack them into parts of similar byte size."""
-    with stage_errors("plan-inputs"):
-        cfg = config_from_dict(config)
-        inputs = ingest.list_inputs(list(cfg.resolved_inputs()), s3=cfg.s3, extensions=cfg.ingest.extensions)
-        plans = ingest.plan_parts(inputs, cfg.ingest.target_part_bytes, cfg=cfg.ingest, s3=cfg.s3)
-        return {"inputs": [i.to_json() for i in inputs], "plans": [p.to_json() for p in plans]}
-
-
-@task(name="ingest", cache_policy=NO_CACHE, **IO_RETRIES)
-def ingest_task(ctx: dict[str, Any], plan: dict[str, Any], key: str) -> dict[str, Any]:
-    c = _ctx(ctx)
-    part = ingest.PartPlan.from_json(plan)
-    return _unit(c, "ingest", key, c.folder("ingest"), part.index,
-                 lambda st: ingest.run_ingest_part(st, c.folder("ingest"), part, c.cfg.ingest, s3=c.cfg.s3))  # fmt: skip
-
-
-@task(name="boilerplate-count", cache_policy=NO_CACHE)
-def boilerplate_count_task(ctx: dict[str, Any], index: int, upstream: str) -> dict[str, Any]:
-    c = _ctx(ctx)
-    key = unitcache.unit_key("boilerplate", upstream, c.config["clean"])
-    return _unit(c, "boilerplate", key, c.folder("boilerplate"), index,
-                 lambda st: boilerplate.run_boilerplate_count_part(
-                     st, c.folder("ingest"), c.folder("boilerplate"), index, c.cfg.clean))  # fmt: skip
-
-
-@task(name="boilerplate-merge", cache_policy=NO_CACHE)
-def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> str:
-    with stage_errors("boilerplate-merge"):
-        c = _ctx(ctx)
-        key = c.folder("boilerplate/lines.npy")
-        n = boilerplate.merge_boilerplate(c.store(), c.folder("boilerplate"), num_parts, c.cfg.clean, key)
-        get_run_logger().info("boilerplate: %d line(s) repeated across many documents will be removed", n)
-        return key
-
-
-@task(name="clean", cache_policy=NO_CACHE)
-def clean_task(ctx: dict[str, Any], index: int, upstream: str, boilerplate_key: str) -> dict[str, Any]:
-    c = _ctx(ctx)
-    bp = boilerplate_key if c.cfg.clean.boilerplate.enabled else None
-    key = unitcache.unit_key(
-        "clean", upstream, c.config["clean"], unitcache.content_hash(c.store(), boilerplate_key)
-    )
-    return _unit(c, "clean", key, c.folder("clean"), index,
-                 lambda st: clean.run_clean_part(st, c.folder("ingest"), c.folder("clean"), index, c.cfg.clean, bp))  # fmt: skip
-
-
-@task(name="exact-hash", cache_policy=NO_CACHE)
-def exact_hash_task(ctx: dict[str, Any], index: int, upstream: str) -> dict[str, Any]:
-    c = _ctx(ctx)
-    key = unitcache.unit_key("exact-hash", upstream)
-    return _unit(c, "exact-hash", key, c.folder("exact/hash"), index,
-                 lambda st: exact.run_exact_hash_part(st, c.folder("clean"), c.folder("exact/hash"), index))  # fmt: skip
-
-
-@task(name="exact-resolve", cache_policy=NO_CACHE)
-def exact_resolve_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> dict[str, Any]:
-    with stage_errors("exact-resolve"):
-        c = _ctx(ctx)
-        return exact.resolve_exact_duplicates(
-            c.store(), c.folder("exact/hash"), num_parts, c.folder("exact/drop")
-        ).to_json()
-
-
-@task(name="exact-filter", cache_policy=NO_CACHE)
-def exact_filter_task(ctx: dict[str, Any], index: int, upstream: str, _wait: Any) -> dict[str, Any]:
-    c = _ctx(ctx)
-    drop = unitcache.content_hash(c.store(), f"{c.folder('exact/drop')}/{part_name(index)}.npy")
-    key = unitcache.unit_key("exact-filter", upstream, drop)
-    return _unit(c, "exact dedup", key, c.folder("exact/out"), index,
-                 lambda st: exact.run_exact_filter_part(
-                     st, c.folder("clean"), c.folder("exact/out"), index, c.folder("exact/drop")))  # fmt: skip
-
-
-@task(name="minhash-signatures", cache_policy=NO_CACHE)
-def signatures_task(ctx: dict[str, Any], index: int, in_folder: str, upstream: str) -> dict[str, Any]:
-    c = _ctx(ctx)
-    key = unitcache.unit_key("signatures", upstream, c.config["dedup"]["near"])
-    return _unit(c, "signatures", key, c.folder("near/signatures"), index,
-                 lambda st: near.run_signatures_part(st, in_folder, c.folder("near/signatures"), index, c.cfg.dedup.near))  # fmt: skip
-
-
-@task(name="near-plan", cache_policy=NO_CACHE)
-def near_plan_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> dict[str, Any]:
-    with stage_errors("near-plan"):
-        c = _ctx(ctx)
-        return near.plan_near_dedup(c.store(), c.folder("near"), num_parts, c.cfg.dedup.near)
-
-
-@task(name="lsh-bands", cache_policy=NO_CACHE)
-def bands_task(
-    ctx: dict[str, Any], index: int, plan: dict[str, Any], from_index: bool = False
-) -> dict[str, Any]:
-    with stage_errors("lsh-bands"):
-        c = _ctx(ctx)
-        return near.run_bands_part(
-            c.store(), c.folder("near"), index, c.cfg.dedup.near, plan, from_index=from_index
-        ).to_json()
-
-
-@task(name="lsh-edges", cache_policy=NO_CACHE)
-def edges_task(ctx: dict[str, Any], partition: int, plan: dict[str, Any], _wait: list[Any]) -> dict[str, Any]:
-    with stage_errors("lsh-edges"):
-        c = _ctx(ctx)
-        return near.run_edges_part(c.store(), c.folder("near"), partition, c.cfg.dedup.near, plan).to_json()
-
-
-@task(name="near-clusters", cache_policy=NO_CACHE)
-def clusters_task(
-    ctx: dict[str, Any], in_folder: str, num_parts: int, exact_stats: dict[str, Any] | None, _wait: list[Any]
-) -> dict[str, Any]:
-    with stage_errors("near-clusters"):
-        c = _ctx(ctx)
-        es = StageStats.from_json(exact_stats) if exact_stats else None
-        return near.run_clusters(
-            c.store(), in_folder, c.folder("near"), num_parts, c.cfg.dedup.near, exact_stats=es
-        ).to_json()
-
-
-@task(name="near-filter", cache_policy=NO_CACHE)
-def near_filter_task(
-    ctx: dict[str, Any], index: int, in_folder: str, upstream: str, _wait: Any
-) -> dict[str, Any]:
-    c = _ctx(ctx)
-    drop = unitcache.content_hash(c.store(), f"{c.folder('near/clusters/drop')}/{part_name(index)}.npz")
-    key = unitcache.unit_key("near-filter", upstream, drop)
-    return _unit(c, "near dedup", key, c.folder("dedup"), index,
-                 lambda st: near.run_near_filter_part(st, in_folder, c.folder("dedup"), index, c.folder("near/clusters")))  # fmt: skip
-
-
-# ---------------------------------------------------------------- tasks: tokenize and publish
-
-
-@task(name="train-tokenizer", cache_policy=NO_CACHE)
-def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: list[Any]) -> str:
-    """Train (or load) the tokenizer. A trained tokenizer is pinned per dataset name and tokenizer config, so a
-    scheduled rebuild keeps its token ids and re-tokenizes only the parts that changed."""
-    with stage_errors("train-tokenizer"):
-        c = _ctx(ctx)
-        store, cfg = c.store(), c.cfg
-        key = c.folder("tokenizer.json")
-        pin = f"cache/tokenizers/{unitcache.unit_key('tokenizer', cfg.name, c.config['tokenize'])}.json"
-        if (
-            cfg.tokenize.tokenizer is None
-            and cfg.pin_tokenizer
-            and store.exists(pin)
-            and not store.exists(key)
-        ):
-            store.copy(pin, key)
-            get_run_logger().info(
-                "reusing the pinned tokenizer of dataset %s (%s)", cfg.name, store.uri_of(pin)
-            )
-        sha = tokenize.run_train_tokenizer(store, in_folder, num_parts, key, cfg.tokenize, s3=cfg.s3)
-        if cfg.tokenize.tokenizer is None and not store.exists(pin):
-            store.copy(key, pin)
-        get_run_logger().info("tokenizer %s (sha256 %s)", key, sha[:12])
-        return key
-
-
-@task(name="tokenize", cache_policy=NO_CACHE)
-def tokenize_task(
-    ctx: dict[str, Any], index: int, in_folder: str, upstream: str, tokenizer_key: str
-) -> dict[str, Any]:
-    c = _ctx(ctx)
-    key = unitcache.unit_key(
-        "tokenize", upstream, unitcache.content_hash(c.store(), tokenizer_key), c.config["tokenize"]
-    )
-    return _unit(c, "tokenize", key, c.folder("tokens"), index,
-                 lambda st: tokenize.run_tokenize_part(st, in_folder, c.folder("tokens"), index, tokenizer_key, c.cfg.tokenize))  # fmt: skip
-
-
-@task(name="shard-and-publish", cache_policy=NO_CACHE, **IO_RETRIES)
-def publish_task(
-    ctx: dict[str, Any],
-    num_parts: int,
-    tokenizer_key: str,
-    inputs: list[dict[str, Any]],
-    stats: dict[str, dict[str, Any]],
-    lineage: dict[str, Any],
-    _wait: list[Any],
-) -> str:
-    with stage_errors("shard-and-publish"):
-        c = _ctx(ctx)
-        cfg = c.cfg
-        try:
-            return tokenize.run_shard_and_publish(
-                c.store(), c.folder("tokens"), num_parts, tokenizer_key, cfg.shard, cfg.name,
-                inputs=inputs, stats={k: StageStats.from_json(v) for k, v in stats.items()},
-                config=cfg.to_dict() | {"output": None, "s3": None}, lineage=lineage,
-                eos_token=cfg.tokenize.eos_token, pad_token=cfg.tokenize.pad_token,
-            )  # fmt: skip
-        except DatasetConflictError as exc:
-            # Same content (the dataset id is a content hash) but, e.g., touched input mtimes: the published
-            # dataset is the one to use; it stays immutable.
-            get_run_logger().warning("dataset already published with other metadata: %s", exc)
-            return exc.existing_uri
-
-
-@task(name="save-dedup-index", cache_policy=NO_CACHE, **IO_RETRIES)
-def save_index_task(ctx: dict[str, Any], num_parts: int, dataset_id: str) -> str:
-    """Persist the kept documents' signatures so a later build can drop what this dataset already holds
-    (``--set dedup.near.index_uri=<this URI>``)."""
-    with stage_errors("save-dedup-index"):
-        c = _ctx(ctx)
-        store = c.store()
-        uri = store.uri_of(f"indexes/{c.cfg.name}/{dataset_id}")
-        if not store.exists(f"indexes/{c.cfg.name}/{dataset_id}/index.json"):
-            near.save_index(store, c.folder("near"), num_parts, c.cfg.dedup.near, uri)
-        return uri
+__all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
 
 
 # ---------------------------------------------------------------- the flow
@@ -391,6 +133,35 @@ def run_dedup(
     return c.folder("dedup"), _keys(results)
 
 
+def ingest_and_clean(ctx: dict[str, Any], cfg: CorpusConfig, planned: dict[str, Any], stats: dict[str, StageStats],
+                     reuse: dict[str, list[int]]) -> list[str]:  # fmt: skip
+    """Ingest every part, count boilerplate lines globally, clean every part; returns the clean unit keys."""
+    c, plans, n = _ctx(ctx), planned["plans"], len(planned["plans"])
+    results = ingest_task.map(unmapped(ctx), plans, ingest_keys(cfg, plans, planned["inputs"])).result()
+    _note_reuse(reuse, "ingest", results)
+    stats["ingest"], keys = _merge("ingest", results), _keys(results)
+    mark_stage_success(c.store(), c.folder("ingest"), n)
+    counts = boilerplate_count_task.map(unmapped(ctx), range(n), keys).result()
+    bp_key = boilerplate_merge_task(ctx, n, counts)
+    results = clean_task.map(unmapped(ctx), range(n), keys, unmapped(bp_key)).result()
+    _note_reuse(reuse, "clean", results)
+    stats["clean"] = _merge("clean", results)
+    mark_stage_success(c.store(), c.folder("clean"), n)
+    return _keys(results)
+
+
+def tokenize_parts(ctx: dict[str, Any], n: int, folder: str, keys: list[str], stats: dict[str, StageStats],
+                   reuse: dict[str, list[int]]) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
+    """Train (or load) the tokenizer, then tokenize every part; returns the tokenizer key and the results."""
+    c = _ctx(ctx)
+    tok_key = tokenizer_task(ctx, folder, n, [])
+    results = tokenize_task.map(unmapped(ctx), range(n), unmapped(folder), keys, unmapped(tok_key)).result()
+    mark_stage_success(c.store(), c.folder("tokens"), n)
+    stats["tokenize"] = _merge("tokenize", results)
+    _note_reuse(reuse, "tokenize", results)
+    return tok_key, results
+
+
 @flow(name="build_corpus", log_prints=False, result_serializer="json")
 @with_heartbeat
 def build_corpus(
@@ -401,61 +172,32 @@ def build_corpus(
     overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build and publish a dataset; returns the summary (manifest URI, dataset id, per-stage stats)."""
-    log = get_run_logger()
     started = time.perf_counter()
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
     planned = plan_inputs(cfg.to_dict())
-    plans, input_list = planned["plans"], planned["inputs"]
-    n = len(plans)
-    store = open_store(cfg.output, s3=cfg.s3)
-    ctx = BuildContext(
-        store_uri=store.uri, work=f"work/{build_key(cfg, input_list, plans)}", config=cfg.to_dict()
-    ).to_json()
-    c = _ctx(ctx)
-    log.info(
-        "build %s: %d input object(s) in %d part(s); work folder %s",
-        cfg.name,
-        len(input_list),
-        n,
-        store.uri_of(c.work),
-    )
+    n, store = len(planned["plans"]), open_store(cfg.output, s3=cfg.s3)
+    work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
+    ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict()).to_json()
+    get_run_logger().info("build %s: %d input object(s) in %d part(s); work folder %s",
+                          cfg.name, len(planned["inputs"]), n, store.uri_of(work))  # fmt: skip
     stage_progress.start(
         {
             s: n
             for s in ("ingest", "boilerplate", "clean", "exact dedup", "signatures", "near dedup", "tokenize")
         }
     )
-    progress = artifacts.RunProgress(
-        ["ingest", "clean", "dedup", "tokenize", "publish"], key="build-progress"
-    )
+    progress = artifacts.RunProgress(["ingest + clean", "dedup", "tokenize", "publish"], key="build-progress")
     stats: dict[str, StageStats] = {}
-    results = ingest_task.map(unmapped(ctx), plans, ingest_keys(cfg, plans, input_list)).result()
     reuse: dict[str, list[int]] = {}
-    _note_reuse(reuse, "ingest", results)
-    stats["ingest"], keys = _merge("ingest", results), _keys(results)
-    mark_stage_success(store, c.folder("ingest"), n)
-    progress.finished("ingest")
-    counts = boilerplate_count_task.map(unmapped(ctx), range(n), keys).result()
-    bp_key = boilerplate_merge_task(ctx, n, counts)
-    results = clean_task.map(unmapped(ctx), range(n), keys, unmapped(bp_key)).result()
-    _note_reuse(reuse, "clean", results)
-    stats["clean"], keys = _merge("clean", results), _keys(results)
-    mark_stage_success(store, c.folder("clean"), n)
-    progress.finished("clean")
+    keys = ingest_and_clean(ctx, cfg, planned, stats, reuse)
+    progress.finished("ingest + clean")
     dedup_folder, keys = run_dedup(ctx, cfg, n, keys, stats, reuse)
     progress.finished("dedup")
-    tok_key = tokenizer_task(ctx, dedup_folder, n, [])
-    results = tokenize_task.map(
-        unmapped(ctx), range(n), unmapped(dedup_folder), keys, unmapped(tok_key)
-    ).result()
-    mark_stage_success(store, c.folder("tokens"), n)
-    stats["tokenize"] = _merge("tokenize", results)
-    _note_reuse(reuse, "tokenize", results)
+    tok_key, results = tokenize_parts(ctx, n, dedup_folder, keys, stats, reuse)
     progress.finished("tokenize")
-    lineage = {"prefect_flow_run_id": _flow_run_id(), "build_key": c.work.split("/")[-1]}
-    manifest_uri = publish_task(
-        ctx, n, tok_key, input_list, {k: v.to_json() for k, v in stats.items()}, lineage, results
-    )
+    lineage = {"prefect_flow_run_id": _flow_run_id(), "build_key": work.split("/")[-1]}
+    stats_json = {k: v.to_json() for k, v in stats.items()}
+    manifest_uri = publish_task(ctx, n, tok_key, planned["inputs"], stats_json, lineage, results)
     stage_progress.stop()
     progress.finished("publish")
     summary = artifacts.build_summary(manifest_uri, stats, cfg, time.perf_counter() - started)
@@ -463,7 +205,9 @@ def build_corpus(
     if cfg.dedup.near.enabled:
         summary["dedup_index_uri"] = save_index_task(ctx, n, summary["dataset_id"])
     artifacts.publish_build_artifacts(summary)
-    log.info("published %s (dataset %s) in %.1f s", manifest_uri, summary["dataset_id"], summary["seconds"])
+    get_run_logger().info(
+        "published %s (dataset %s) in %.1f s", manifest_uri, summary["dataset_id"], summary["seconds"]
+    )
     return summary
 
 
