@@ -7,6 +7,7 @@ fails the run on a non-zero exit, and turns the rank-0 metrics JSONL into artifa
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from flows import train_artifacts
 from flows.build import build_corpus
 from flows.heartbeat import with_heartbeat
 
-DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "training" / "configs" / "tiny.yaml"
+DEFAULT_TRAIN_CONFIG = Path(importlib.util.find_spec("training").origin or "").parent / "configs" / "tiny.yaml"
 FLOW_RUN_ENV = "PILEWORKS_FLOW_RUN_ID"
 
 
