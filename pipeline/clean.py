@@ -73,6 +73,8 @@ _SURROGATE_RE = re.compile("[\ud800-\udfff]")
 _SURROGATE_PAIR_RE = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 _ANSI_ESCAPE_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 _ASCII_CONTROL_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# every byte _ASCII_CONTROL_RE does not match: deleting them leaves the control characters
+_NOT_ASCII_CONTROL = bytes(b for b in range(256) if not _ASCII_CONTROL_RE.match(chr(b)))
 _CONTROL_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200d\u2060\ufeff]")
 # Unicode space separators (Zs other than U+0020) -> ' '; line/paragraph separators -> '\n'.
 _UNICODE_SPACE_RE = re.compile("[\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]")
@@ -227,7 +229,7 @@ def strip_controls(text: str, counts: Counter[str]) -> str:
     if "\x1b" in text:
         text = _ANSI_ESCAPE_RE.sub("", text)
     if text.isascii():
-        if not _ASCII_CONTROL_RE.search(text):
+        if not text.encode("ascii").translate(None, _NOT_ASCII_CONTROL):  # ~4x faster than the regex
             return text
         pattern = _ASCII_CONTROL_RE
     else:

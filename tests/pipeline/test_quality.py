@@ -226,3 +226,94 @@ def test_sample_corpus_cjk_and_european_documents_are_kept():
     for lang in ("ja", "zh", "de", "fr", "ru"):
         assert kept[lang] == total[lang] > 10, lang
     assert stats.docs_out >= 0.97 * stats.docs_in
+
+
+def mixed_script_docs(n_docs: int, seed: int) -> list[str]:
+    """Borderline docs with non-ASCII words, odd whitespace (str.split's \\x1c-\\x1f, NBSP, U+3000), CJK, long
+    words differing only in the middle, blank-line runs and leading/trailing newlines: every routing of the
+    byte-level word scan (fast path, per-document path) and its character lengths."""
+    rng = random.Random(seed)
+    extras = [
+        "naïve",
+        "café",
+        "“quoted”",
+        "—",
+        "Straße",
+        "ÅÄÖ",
+        "x\x1cy",
+        "a\xa0b",
+        "中文",
+        "日本語",
+        "\u3000",
+        "\ud83dx",  # a lone surrogate
+        "𠀀字",
+        "a\u1680b",
+        "c\u2028d",
+        "e\x85f",
+        "ｆｕｌｌ",
+        "ḁ̈",
+    ]
+    longs = ["https://example.org/" + "".join(rng.choice("ab") for _ in range(12)) + "/index.html"] * 3
+    longs += [f"prefix-{c}-suffix-0123456789" for c in "abc"]
+    docs = []
+    for text in borderline_docs(n_docs, seed):
+        words = text.split()
+        for _ in range(rng.randint(0, 6)):
+            words.insert(rng.randrange(len(words) + 1), rng.choice(extras + longs))
+        seps = [rng.choice([" ", " ", " ", "\n", "\n\n", "\n\n\n", "\t", "  "]) for _ in words]
+        doc = "".join(w + s for w, s in zip(words, seps, strict=True))
+        docs.append(rng.choice(["", "\n", " "]) + doc.rstrip() + rng.choice(["", "\n", "  "]))
+    return docs
+
+
+def test_byte_level_word_scan_gives_the_exact_per_document_answers(monkeypatch):
+    monkeypatch.setattr(quality, "_SCAN_BYTES", 4000)  # several scan chunks per batch
+    monkeypatch.setattr(quality, "_CHUNK_WORDS", 3000)
+    docs = [*mixed_script_docs(500, seed=7), CHINESE * 3, JAPANESE * 3, GERMAN * 2]
+    cfg = QualityConfig(max_words=None, max_chars=None)
+    expected = [exact_reference(t, cfg) for t in docs]
+    assert check_quality_batch(docs, cfg) == expected
+    reasons = Counter(expected)
+    assert reasons[None] > 30 and sum(v for k, v in reasons.items() if k and "gram" in k) > 30
+    assert sum(not quality._fast_words(t) for t in docs) > 30  # the per-document path is exercised too
+    for text in docs[:200]:  # and so is the word scan itself
+        words = text.split()
+        ((_, _, _, lengths, sizes, per_doc, _),) = quality._scan_chunks([text], cfg)
+        assert per_doc.tolist() == [not quality._fast_words(text)]
+        if not per_doc[0]:
+            assert sizes.tolist() == [len(words)] and lengths.tolist() == [len(w) for w in words]
+
+
+def test_sample_corpus_batch_equals_per_document_rules():
+    texts = []
+    for path in sorted(glob.glob(str(sample_corpus_path() / "*.jsonl.zst"))):
+        with open(path, "rb") as f:
+            data = zstandard.ZstdDecompressor().stream_reader(f).read()
+        texts += [json.loads(line)["text"] for line in data.splitlines()]
+    for cfg in (QualityConfig(), CFG):
+        assert check_quality_batch(texts, cfg) == [exact_reference(t, cfg) for t in texts]
+    # and the scan's repetition bounds spare nearly every passing document the exact set-based rules
+    cfg = QualityConfig()
+    proven = [ok for chunk in quality._scan_chunks(texts, cfg) for ok in chunk[6].tolist()]
+    passing = [quality._repetition_reason(t, cfg) is None for t in texts]
+    assert sum(p and not ok for p, ok in zip(passing, proven, strict=True)) <= 0.05 * len(texts)
+
+
+def test_fast_exact_ngram_rules_equal_the_counter_based_ones():
+    """The first-occurrence arrays give the Counter answers, ties of the most frequent n-gram included,
+    over random thresholds (every rule gets to decide)."""
+    rng = random.Random(5)
+    docs = borderline_docs(150, seed=3) + [
+        " ".join(rng.choice(["a", "bb", "ccc"]) for _ in range(rng.randint(1, 40))) for _ in range(150)
+    ]
+    for text in docs:
+        words = text.split()
+        cfg = QualityConfig(
+            top_ngram_max_fraction=tuple(
+                (n, rng.uniform(0.0, 0.5)) for n in sorted(rng.sample(range(1, 6), 3))
+            ),
+            dup_ngram_max_fraction=tuple(
+                (n, rng.uniform(0.0, 0.5)) for n in sorted(rng.sample(range(2, 12), 4))
+            ),
+        )
+        assert quality._fast_ngram_reason(words, cfg) == quality._ngram_reason(words, cfg), (text, cfg)
