@@ -19,7 +19,9 @@ from flows import train_artifacts
 from flows.build import build_corpus
 from flows.heartbeat import with_heartbeat
 
-DEFAULT_TRAIN_CONFIG = Path(importlib.util.find_spec("training").origin or "").parent / "configs" / "tiny.yaml"
+DEFAULT_TRAIN_CONFIG = (
+    Path(importlib.util.find_spec("training").origin or "").parent / "configs" / "tiny.yaml"
+)
 FLOW_RUN_ENV = "PILEWORKS_FLOW_RUN_ID"
 
 
