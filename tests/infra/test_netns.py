@@ -131,8 +131,12 @@ DDP_JOB = textwrap.dedent("""
     dist.all_gather(gathered, flat)
     same = all(torch.equal(gathered[0], g) for g in gathered)
     print(json.dumps({"rank": rank, "losses": losses, "params_equal": same,
-                      "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME")}))
+                      "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME")}), flush=True)
+    dist.barrier()  # neither rank tears down (rank 0 hosts the store) while the other still talks to it
     dist.destroy_process_group()
+    # Skip C++ static destructors at interpreter exit: gloo's can abort ("terminate called without an active
+    # exception") after the job has finished, which says nothing about the network under test.
+    os._exit(0)
 """)
 
 
