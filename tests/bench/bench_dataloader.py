@@ -21,46 +21,15 @@ import tracemalloc
 from collections import deque
 from pathlib import Path
 
-import numpy as np
 import psutil
 import torch
+from random_dataset import build_random_dataset
 
-from pipeline.manifest import Manifest, ShardInfo, TokenizerInfo
-from pipeline.shards import ShardWriter, dtype_for_vocab, plan_shards
-from pipeline.storage import FileStore, sha256_bytes
 from training.cache import ShardCache
 from training.data import ShardDataset, build_dataloader
 from training.sampler import EpochPermutation, ResumableDistributedSampler
 
 VOCAB = 50_257
-
-
-def build_random_dataset(root: Path, total_tokens: int, shard_tokens: int) -> tuple[Manifest, FileStore]:
-    """Random-token shards in the published layout plus their manifest (written without a tokenizer run)."""
-    dtype = dtype_for_vocab(VOCAB)
-    writer = ShardWriter(root, "train", plan_shards(total_tokens, shard_tokens), dtype)
-    rng = np.random.default_rng(0)
-    doc_tokens = 1 << 20
-    for d in range(0, total_tokens, doc_tokens):
-        writer.add(
-            f"bench://{d}", "bench://", str(d), rng.integers(0, VOCAB, min(doc_tokens, total_tokens - d))
-        )
-    shards = [
-        ShardInfo(**{f.name: getattr(w, f.name) for f in ShardInfo.__dataclass_fields__.values()})
-        for w in writer.close()
-    ]
-    tokenizer = b'{"bench": true}'
-    (root / "tokenizer.json").write_bytes(tokenizer)
-    manifest = Manifest(
-        name="bench",
-        tokenizer=TokenizerInfo(
-            key="tokenizer.json", sha256=sha256_bytes(tokenizer), vocab_size=VOCAB, eos_id=0
-        ),
-        dtype=dtype.name,
-        shards=shards,
-    )
-    manifest.validate()
-    return manifest, FileStore(root)
 
 
 def bench_loader(ds: ShardDataset, workers: int, micro_batch: int, samples: int) -> float:
@@ -148,7 +117,7 @@ def main() -> None:
     results: dict = {"seq_len": args.seq_len, "micro_batch": args.micro_batch}
     with tempfile.TemporaryDirectory(prefix="pw-bench-") as tmp:
         t0 = time.perf_counter()
-        manifest, store = build_random_dataset(Path(tmp) / "ds", args.tokens, args.shard_tokens)
+        manifest, store = build_random_dataset(Path(tmp) / "ds", args.tokens, args.shard_tokens, VOCAB)
         results["build_s"] = time.perf_counter() - t0
         cache = ShardCache(store, Path(tmp) / "cache", 4 * args.tokens * 2)
         ds = ShardDataset(manifest, store, args.seq_len, "train", cache)

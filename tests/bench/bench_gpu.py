@@ -23,12 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
+from random_dataset import build_random_dataset
 
-from pipeline.manifest import Manifest, ShardInfo, TokenizerInfo
-from pipeline.shards import ShardWriter, dtype_for_vocab, plan_shards
-from pipeline.storage import FileStore, sha256_bytes
 from training.config import TrainConfig
 from training.engine import average_across_ranks, build_engine, init_distributed, train_step
 from training.metrics import StepClock, peak_flops
@@ -38,36 +35,11 @@ from training.train import build_data
 VOCAB = 50_304  # GPT-NeoX's padded vocabulary: a multiple of 128 keeps the LM-head matmul on fast tiles
 
 
-def build_random_dataset(root: Path, total_tokens: int) -> tuple[Manifest, FileStore]:
-    dtype = dtype_for_vocab(VOCAB)
-    writer = ShardWriter(root, "train", plan_shards(total_tokens, max(1, total_tokens // 4)), dtype)
-    rng = np.random.default_rng(0)
-    doc = 1 << 20
-    for start in range(0, total_tokens, doc):
-        writer.add(
-            f"bench://{start}", "bench://", str(start), rng.integers(0, VOCAB, min(doc, total_tokens - start))
-        )
-    fields = ShardInfo.__dataclass_fields__
-    shards = [ShardInfo(**{name: getattr(w, name) for name in fields}) for w in writer.close()]
-    tokenizer = b'{"bench": true}'
-    (root / "tokenizer.json").write_bytes(tokenizer)
-    manifest = Manifest(
-        name="bench",
-        tokenizer=TokenizerInfo(
-            key="tokenizer.json", sha256=sha256_bytes(tokenizer), vocab_size=VOCAB, eos_id=0
-        ),
-        dtype=dtype.name,
-        shards=shards,
-    )
-    manifest.validate()
-    return manifest, FileStore(root)
-
-
 def measure(args: argparse.Namespace, work: Path, compile_model: bool) -> dict[str, float | str | None]:
     on_gpu = torch.cuda.is_available()
     total_steps = args.warmup + args.steps
     tokens = total_steps * args.micro_batch * args.seq_len + args.seq_len + 1
-    manifest, store = build_random_dataset(work / "data", tokens)
+    manifest, store = build_random_dataset(work / "data", tokens, max(1, tokens // 4), VOCAB)
     cfg = TrainConfig(
         preset=args.preset,
         seq_len=args.seq_len,
