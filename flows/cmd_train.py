@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
-from flows.cmd_build import add_build_arguments, parse_overrides, print_summary
+from flows.cmd_build import add_build_arguments, corpus_overrides, parse_overrides, print_summary
+from flows.s3_flags import add_s3_arguments, dotted_s3_overrides, resolve_s3
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--allow-dataset-change", action="store_true", help="resume a checkpoint made on another dataset"
     )
     t.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a rank failure")
+    add_s3_arguments(t)
     t.set_defaults(func=run_train)
 
     r = sub.add_parser(
@@ -36,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--temperature", type=float, default=0.8)
     s.add_argument("--top-k", type=int, default=50)
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--manifest", default=None, help="take the tokenizer from this manifest instead")
+    add_s3_arguments(s)
     s.set_defaults(func=run_sample)
 
 
@@ -48,11 +53,16 @@ def _train_arguments(p: argparse.ArgumentParser, config_flag: str = "--config") 
     p.add_argument("--timeout", type=float, default=None, help="kill the job after this many seconds")
 
 
+def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--train-set`` values, then the S3 flags (which win) as ``s3.<field>`` overrides of the train config."""
+    return parse_overrides(args.train_set) | dotted_s3_overrides(args)
+
+
 def run_train(args: argparse.Namespace) -> int:
     from flows.train import train
 
     result = train(
-        args.manifest, args.train_config, args.nproc, parse_overrides(args.train_set), args.timeout,
+        args.manifest, args.train_config, args.nproc, train_overrides(args), args.timeout,
         args.allow_dataset_change, args.max_restarts,
     )  # fmt: skip
     print(json.dumps({k: v for k, v in result.items() if k != "history"}, indent=1))
@@ -68,7 +78,7 @@ def run_prepare_and_train(args: argparse.Namespace) -> int:
         flow = with_task_runner(prepare_and_train, args.task_runner)
     out = flow(
         corpus_config=args.config, train_config=args.train_config, inputs=args.inputs, output=args.output,
-        nproc=args.nproc, train_overrides=parse_overrides(args.train_set), corpus_overrides=parse_overrides(args.set),
+        nproc=args.nproc, train_overrides=parse_overrides(args.train_set), corpus_overrides=corpus_overrides(args),
         timeout_s=args.timeout,
     )  # fmt: skip
     print_summary(out["corpus"])
@@ -87,6 +97,15 @@ def run_sample(args: argparse.Namespace) -> int:
     from training.sample import generate
 
     print(
-        generate(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed)
+        generate(
+            args.checkpoint,
+            args.prompt,
+            args.max_new_tokens,
+            args.temperature,
+            args.top_k,
+            args.seed,
+            manifest_uri=args.manifest,
+            s3=resolve_s3(args),
+        )
     )
     return 0

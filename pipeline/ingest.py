@@ -189,7 +189,7 @@ def _s3_inputs(source: str, s3: S3Options | None) -> Iterator[InputFile]:
 
 
 def list_inputs(
-    sources: list[str], s3: S3Options | None = None, extensions: Mapping[str, str] = DEFAULT_EXTENSIONS
+    sources: list[str], s3: S3Options | None, extensions: Mapping[str, str] = DEFAULT_EXTENSIONS
 ) -> list[InputFile]:
     """Every supported object under ``sources``, deduplicated and sorted by URI.
 
@@ -307,7 +307,7 @@ def plan_parts(
     target_part_bytes: int,
     *,
     cfg: IngestConfig | None = None,
-    s3: S3Options | None = None,
+    s3: S3Options | None,
 ) -> list[PartPlan]:
     """Pack inputs, in order, into parts of about ``target_part_bytes`` of text.
 
@@ -346,7 +346,7 @@ def iter_ingest_part(
     cfg: IngestConfig,
     stats: StageStats,
     quarantined: list[Quarantined],
-    s3: S3Options | None = None,
+    s3: S3Options | None,
 ) -> Iterator[Record]:
     """Stream the records of every piece of ``plan``; bad input goes to ``quarantined``, counts to ``stats``.
 
@@ -380,7 +380,7 @@ def iter_ingest_part(
 
 
 def ingest_part(
-    plan: PartPlan, cfg: IngestConfig, s3: S3Options | None = None
+    plan: PartPlan, cfg: IngestConfig, s3: S3Options | None
 ) -> tuple[list[Record], list[Quarantined], StageStats]:
     """Read every piece of ``plan`` into memory: (records, quarantined, stats). Runners stream instead."""
     stats = StageStats(stage="ingest")
@@ -390,7 +390,7 @@ def ingest_part(
 
 
 def run_ingest_part(
-    store: ObjectStore, out_folder: str, plan: PartPlan, cfg: IngestConfig, s3: S3Options | None = None
+    store: ObjectStore, out_folder: str, plan: PartPlan, cfg: IngestConfig, s3: S3Options | None
 ) -> StageStats:
     """The unit of work: ingest one plan into ``out_folder/part-<index>``, streaming (bounded memory however
     large the compressed input); a completed part is not redone."""

@@ -22,6 +22,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from pipeline.storage import S3Options
+
 logger = logging.getLogger(__name__)
 
 MIN_PYTHON = (3, 10)
@@ -69,7 +71,7 @@ class DoctorConfig:
     timeout_s: float = 60.0
     connect_timeout_s: float = 3.0
     store: str | None = None
-    s3_endpoint_url: str | None = None
+    s3: S3Options | None = None  # the resolved s3: settings (required to probe an s3:// store)
     store_probe_mib: float = 8.0
     cache_dir: str = "runs/train/shard-cache"
     checkpoint_dir: str = "runs/train"

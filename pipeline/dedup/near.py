@@ -205,11 +205,12 @@ def run_signatures_part(
 # ---------------------------------------------------------------- plan
 
 
-def open_index(cfg: NearDedupConfig) -> tuple[ObjectStore, int] | None:
-    """The persisted index named by ``cfg.index_uri`` and its part count; refuses incompatible signatures."""
+def open_index(store: ObjectStore, cfg: NearDedupConfig) -> tuple[ObjectStore, int] | None:
+    """The persisted index named by ``cfg.index_uri`` (opened with ``store``'s configuration) and its part
+    count; refuses incompatible signatures."""
     if not cfg.index_uri:
         return None
-    istore = open_store(cfg.index_uri)
+    istore = open_store(cfg.index_uri, store.s3)
     if not istore.exists("index.json"):
         raise FileNotFoundError(f"{cfg.index_uri}: no index.json (write one with save_index)")
     meta = json.loads(istore.get_bytes("index.json"))
@@ -230,7 +231,7 @@ def plan_near_dedup(store: ObjectStore, work: str, num_parts: int, cfg: NearDedu
         done_stats_or_fail(store, folder_key(work, f"signatures/{part_name(i)}")).docs_out
         for i in range(num_parts)
     )
-    index = open_index(cfg)
+    index = open_index(store, cfg)
     index_docs = 0
     if index is not None:
         index_docs = sum(done_stats_or_fail(index[0], part_name(i)).docs_out for i in range(index[1]))
@@ -270,7 +271,7 @@ def run_bands_part(
         return stats
     t0 = time.perf_counter()
     if from_index:
-        sigs, docs = load_signatures(_index_store(cfg), "", index)
+        sigs, docs = load_signatures(_index_store(store, cfg), "", index)
     else:
         sigs, docs = load_signatures(store, folder_key(work, "signatures"), index)
     rows = np.flatnonzero(docs.column("shingles").to_numpy() > 0)  # empty docs would all share one bucket
@@ -290,8 +291,8 @@ def run_bands_part(
 # ---------------------------------------------------------------- step 3: candidate edges per partition
 
 
-def _index_store(cfg: NearDedupConfig) -> ObjectStore:
-    opened = open_index(cfg)
+def _index_store(store: ObjectStore, cfg: NearDedupConfig) -> ObjectStore:
+    opened = open_index(store, cfg)
     if opened is None:
         raise ValueError("doc refs name persisted-index documents but NearDedupConfig.index_uri is not set")
     return opened[0]
@@ -309,7 +310,7 @@ def by_part(
     for flag, p in sorted(set(zip(is_index.tolist(), part.tolist(), strict=True))):
         sel = np.flatnonzero((is_index == flag) & (part == p))
         if flag:
-            istore = istore or _index_store(cfg)
+            istore = istore or _index_store(store, cfg)
             sigs, docs = load_signatures(istore, "", p, matrix=matrix)
         else:
             sigs, docs = load_signatures(store, folder_key(work, "signatures"), p, matrix=matrix)
@@ -455,7 +456,7 @@ def save_index(store: ObjectStore, work: str, num_parts: int, cfg: NearDedupConf
     folder = folder_key(work, "clusters")
     if not store.exists(f"{folder}/_SUCCESS"):
         raise FileNotFoundError(f"{store.uri_of(folder)} has no _SUCCESS: run run_clusters before save_index")
-    istore = open_store(index_uri)
+    istore = open_store(index_uri, store.s3)
     total = 0
     for i in range(num_parts):
         sigs, docs = load_signatures(store, folder_key(work, "signatures"), i)

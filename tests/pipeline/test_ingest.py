@@ -97,7 +97,9 @@ def test_list_inputs_paths_dirs_globs_and_file_uris(tmp_path: Path) -> None:
     (tmp_path / "a" / "deep").mkdir(parents=True)
     for name in ("a/one.txt", "a/deep/two.jsonl", "a/deep/three.jsonl.zst", "a/README.md", "b.parquet"):
         (tmp_path / name).write_bytes(b"x" * len(name))
-    found = list_inputs([str(tmp_path / "a"), f"file://{tmp_path}/b.parquet", str(tmp_path / "a/**/*.jsonl")])
+    found = list_inputs(
+        [str(tmp_path / "a"), f"file://{tmp_path}/b.parquet", str(tmp_path / "a/**/*.jsonl")], None
+    )
     names = [f.uri.removeprefix(f"file://{tmp_path.resolve()}/") for f in found]
     assert names == [
         "a/deep/three.jsonl.zst",
@@ -110,9 +112,9 @@ def test_list_inputs_paths_dirs_globs_and_file_uris(tmp_path: Path) -> None:
         for f, n in zip(found, names, strict=True)
     )
     with pytest.raises(ValueError, match="does not exist"):
-        list_inputs([str(tmp_path / "missing")])
+        list_inputs([str(tmp_path / "missing")], None)
     with pytest.raises(ValueError, match="no file of a known format"):
-        list_inputs([str(tmp_path / "a/README.md")])
+        list_inputs([str(tmp_path / "a/README.md")], None)
 
 
 # ---------------------------------------------------------------- formats
@@ -207,7 +209,7 @@ def test_utf16_paragraphs_are_numbered_and_never_split(tmp_path: Path) -> None:
         "ok\n\nfine\n\n".encode("utf-16") + b"\x00\xd8" + "tail".encode("utf-16-le")
     )
     cfg = IngestConfig(txt_mode="paragraph")
-    plans = plan_parts(list_inputs([str(tmp_path)]), len(data) // 7, cfg=cfg)
+    plans = plan_parts(list_inputs([str(tmp_path)], None), len(data) // 7, cfg=cfg, s3=None)
     assert len(plans) == 2  # one piece each: UTF-16 has no byte-level newline to split at
     records, quarantined, stats = ingest_all([str(tmp_path)], cfg, target=len(data) // 7)
     assert [r.text for r in records if r.source.endswith("u16.txt")] == paragraphs
@@ -321,7 +323,7 @@ def test_parquet_row_group_ranges(tmp_path: Path) -> None:
     texts = [random_text(random.Random(i), 30) for i in range(200)]
     pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet", row_group_size=16)
     size = (tmp_path / "t.parquet").stat().st_size
-    plans = plan_parts(list_inputs([str(tmp_path)]), size // 5)
+    plans = plan_parts(list_inputs([str(tmp_path)], None), size // 5, s3=None)
     assert len(plans) >= 3
     records, quarantined, _ = ingest_all([str(tmp_path)], target=size // 5)
     assert quarantined == [] and [r.text for r in records] == texts
@@ -331,14 +333,14 @@ def test_parquet_row_group_ranges(tmp_path: Path) -> None:
 def test_plan_parts_packs_small_files_and_round_trips(tmp_path: Path) -> None:
     for i in range(10):
         (tmp_path / f"f{i}.txt").write_bytes(b"x" * 100)
-    inputs = list_inputs([str(tmp_path)])
-    plans = plan_parts(inputs, 350)
+    inputs = list_inputs([str(tmp_path)], None)
+    plans = plan_parts(inputs, 350, s3=None)
     assert [len(p.pieces) for p in plans] == [3, 3, 3, 1]
     assert [PartPlan.from_json(json.loads(json.dumps(p.to_json()))) for p in plans] == plans
-    assert plan_parts(inputs, 350) == plans  # deterministic
+    assert plan_parts(inputs, 350, s3=None) == plans  # deterministic
     for i in range(2):
         (tmp_path / f"z{i}.jsonl.zst").write_bytes(b"z" * 100)
-    plans = plan_parts(list_inputs([str(tmp_path / "z*")]), 500)
+    plans = plan_parts(list_inputs([str(tmp_path / "z*")], None), 500, s3=None)
     assert [len(p.pieces) for p in plans] == [1, 1]  # weighed as ~400 bytes of text each, not 100
 
 
@@ -433,9 +435,9 @@ def test_corrupt_gzip_and_parquet_and_missing_objects(tmp_path: Path) -> None:
     (tmp_path / "gone.txt").write_text("soon deleted")
     (tmp_path / "random.txt").write_bytes(random.Random(0).randbytes(4096))
     (tmp_path / "empty.txt").write_bytes(b"")
-    plans = plan_parts(list_inputs([str(tmp_path)]), 1 << 30)
+    plans = plan_parts(list_inputs([str(tmp_path)], None), 1 << 30, s3=None)
     (tmp_path / "gone.txt").unlink()
-    records, quarantined, stats = ingest_part(plans[0], IngestConfig())
+    records, quarantined, stats = ingest_part(plans[0], IngestConfig(), None)
     # Deflate cannot tell where damage starts (the CRC is at the end): lines decoded from the bytes before
     # the damage are intact and kept; lines after it may be garbage that still parses, and are kept too.
     intact = zlib.decompressobj(wbits=31).decompress(bytes(packed[: len(packed) // 2])).count(b"\n")
@@ -464,7 +466,7 @@ def test_permanent_read_errors_are_quarantined_transient_ones_raised(
 
     write_jsonl(tmp_path / "a.jsonl", [{"text": "kept"}])
     write_jsonl(tmp_path / "b.jsonl", [{"text": "locked"}])
-    plan = plan_parts(list_inputs([str(tmp_path)]), 1 << 20)[0]
+    plan = plan_parts(list_inputs([str(tmp_path)], None), 1 << 20, s3=None)[0]
     real_open = FileStore.open_read
 
     def denied(self, key):
@@ -473,7 +475,7 @@ def test_permanent_read_errors_are_quarantined_transient_ones_raised(
         return real_open(self, key)
 
     monkeypatch.setattr(FileStore, "open_read", denied)
-    records, quarantined, stats = ingest_part(plan, IngestConfig())
+    records, quarantined, stats = ingest_part(plan, IngestConfig(), None)
     assert [r.text for r in records] == ["kept"] and stats.dropped == {"read_error": 1}
     assert quarantined[0].source.endswith("/b.jsonl") and "permission denied" in quarantined[0].detail
 
@@ -482,7 +484,7 @@ def test_permanent_read_errors_are_quarantined_transient_ones_raised(
 
     monkeypatch.setattr(FileStore, "open_read", outage)
     with pytest.raises(StorageError, match="SlowDown"):  # the unit fails and is retried, nothing half-written
-        ingest_part(plan, IngestConfig())
+        ingest_part(plan, IngestConfig(), None)
 
 
 # ---------------------------------------------------------------- determinism, the unit runner, the sample
@@ -499,14 +501,14 @@ def test_ids_are_stable_across_runs_and_part_sizes(tmp_path: Path) -> None:
 def test_run_ingest_part_writes_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "in").mkdir()
     write_jsonl(tmp_path / "in" / "x.jsonl", [{"text": "a"}, {"nope": 1}, {"text": "b"}])
-    store = open_store(str(tmp_path / "store"))
-    plan = plan_parts(list_inputs([str(tmp_path / "in")]), 1 << 20)[0]
-    stats = run_ingest_part(store, "work/b/ingest", plan, IngestConfig())
+    store = open_store(str(tmp_path / "store"), None)
+    plan = plan_parts(list_inputs([str(tmp_path / "in")], None), 1 << 20, s3=None)[0]
+    stats = run_ingest_part(store, "work/b/ingest", plan, IngestConfig(), None)
     assert [r.text for r in read_part(store, "work/b/ingest", 0)] == ["a", "b"]
     assert [q.reason for q in read_quarantine(store, "work/b/ingest")] == ["missing_text"]
     assert read_part_stats(store, "work/b/ingest", 0).to_json() == stats.to_json()
     monkeypatch.setattr("pipeline.ingest.ingest_part", lambda *a, **k: pytest.fail("a done part was redone"))
-    assert run_ingest_part(store, "work/b/ingest", plan, IngestConfig()).to_json() == stats.to_json()
+    assert run_ingest_part(store, "work/b/ingest", plan, IngestConfig(), None).to_json() == stats.to_json()
 
 
 def _original_texts() -> dict[str, str]:
