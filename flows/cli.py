@@ -8,6 +8,7 @@ registers a ``func(args) -> int`` default. Subcommands import heavy libraries (t
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import os
@@ -20,6 +21,7 @@ from pipeline import __version__
 EXPECTED_FAILURES = {
     "CheckpointError",
     "StorageError",
+    "PermanentStorageError",
     "StageFailed",
     "TrainingFailed",
     "DatasetConflictError",
@@ -58,10 +60,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, PermissionError) as exc:
+    except (ValueError, FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         # User errors: one clear line, no traceback.
         print(f"pileworks {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        print(f"pileworks {args.command}: error: {exc}", file=sys.stderr)
+        return 1
     except RuntimeError as exc:
         # Our own failures carry actionable messages; matched by name so that the CLI imports no torch here.
         if type(exc).__name__ not in EXPECTED_FAILURES:

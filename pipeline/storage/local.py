@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -73,6 +74,15 @@ class FileStore(ObjectStore):
             else:
                 os.replace(tmp, path)
             _fsync_dir(path.parent)
+        except OSError as exc:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                # One line with the path and the fix; the errno stays, so nothing retries it (retry.is_permanent).
+                raise OSError(
+                    exc.errno, f"no space left writing {path}: free disk space or choose another folder/store"
+                ) from None
+            raise
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
