@@ -564,3 +564,37 @@ def test_ingest_from_s3(s3_bucket, tmp_path: Path) -> None:
     assert {r.id.rsplit("#", 1)[1] for r in records if r.source.endswith("big.jsonl")} == {
         r.id.rsplit("#", 1)[1] for r in local
     }
+
+
+@pytest.mark.s3
+def test_odd_keys_in_an_s3_listing_are_quarantined_and_the_build_goes_on(s3_bucket) -> None:
+    import boto3
+
+    admin = boto3.client("s3", endpoint_url=s3_bucket.options.endpoint_url, region_name="us-east-1")
+    good = b'{"text": "a good document"}\n'
+    odd = ["odd/../escape.jsonl", "odd//double.jsonl", "odd/nul\x00.jsonl", "odd/./dot.jsonl"]
+    for key in ["odd/good.jsonl", *odd]:
+        admin.put_object(Bucket=s3_bucket.bucket, Key=key, Body=good)
+    admin.put_object(Bucket=s3_bucket.bucket, Key="/absolute.jsonl", Body=good)
+    source = f"s3://{s3_bucket.bucket}/"  # the whole bucket: the absolute key is listed too
+    records, quarantined, stats = ingest_all([source], s3=s3_bucket.options)
+    assert [r.source for r in records] == [f"s3://{s3_bucket.bucket}/odd/good.jsonl"]
+    assert sorted(q.source for q in quarantined) == sorted(
+        f"s3://{s3_bucket.bucket}/{k}" for k in ["/absolute.jsonl", *odd]
+    )
+    assert {q.reason for q in quarantined} == {"bad_key"} and stats.dropped["bad_key"] == 5
+    details = " ".join(q.detail for q in quarantined)
+    assert "'..'" in details and "NUL" in details and "relative" in details and "not canonical" in details
+
+
+def test_empty_inputs_are_counted(tmp_path: Path) -> None:
+    (tmp_path / "zero.jsonl").write_bytes(b"")
+    (tmp_path / "empty.jsonl.gz").write_bytes(gzip.compress(b""))
+    (tmp_path / "empty.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b""))
+    (tmp_path / "zero.txt").write_bytes(b"")
+    (tmp_path / "one.jsonl").write_bytes(b'{"text": "one document"}\n')
+    records, quarantined, stats = ingest_all([str(tmp_path)])
+    assert [r.text for r in records] == ["one document"]
+    # a .txt file is one document: an empty one is already an empty_doc in the quarantine
+    assert [(q.source.rsplit("/", 1)[1], q.reason) for q in quarantined] == [("zero.txt", "empty_doc")]
+    assert stats.extra["empty_input"] == 3  # the files that hold no document at all
