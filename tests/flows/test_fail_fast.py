@@ -124,3 +124,32 @@ def test_a_full_disk_fails_at_once(warm_prefect, tmp_path: Path) -> None:
     print(f"\nfull disk: exit {out.returncode} after {seconds:.2f} s: {line}")
     assert seconds < 5, (seconds, line)
     assert "no space left" in line and str(mnt) in line and "free disk space" in line
+
+
+def test_prefect_retries_only_what_may_succeed() -> None:
+    """The retry condition of the I/O tasks: a whole-unit retry for transient trouble, none for the rest."""
+    import errno
+
+    from prefect.states import Failed
+
+    from flows.build_tasks import StageFailed, _worth_retrying
+    from pipeline.storage import StorageError
+    from pipeline.storage.retry import PermanentStorageError
+
+    def failed_with(inner: BaseException) -> object:
+        try:
+            try:
+                raise inner
+            except BaseException as exc:
+                raise StageFailed(f"stage 'ingest' part 0 failed: {exc}") from exc
+        except StageFailed as outer:
+            return Failed(data=outer)
+
+    for permanent in (
+        FileNotFoundError("s3://b/in/x.jsonl does not exist"), PermissionError("access denied"),
+        ValueError("input source holds no file"), OSError(errno.ENOSPC, "no space left writing /x"),
+        PermanentStorageError("no credentials"),
+    ):  # fmt: skip
+        assert not _worth_retrying(None, None, failed_with(permanent)), permanent
+    for transient in (StorageError("S3 put failed after 40 tries in 120 s"), ConnectionResetError("reset")):
+        assert _worth_retrying(None, None, failed_with(transient)), transient
