@@ -9,16 +9,19 @@ import random
 import numpy as np
 import pytest
 
-from pipeline.boilerplate import (
+from pipeline.clean.boilerplate import (
     boilerplate_threshold,
     count_lines_part,
     load_boilerplate,
     merge_boilerplate,
     run_boilerplate_count_part,
 )
-from pipeline.clean import BoilerplateConfig, CleanConfig, line_hash, run_clean_part
-from pipeline.quality import QualityConfig
-from pipeline.records import Record, StageStats, read_part, write_part
+from pipeline.clean.config import BoilerplateConfig, CleanConfig
+from pipeline.clean.normalize import line_hash
+from pipeline.clean.quality import QualityConfig
+from pipeline.clean.stage import run_clean_part
+from pipeline.records import Record, read_part, write_part
+from pipeline.units import StageStats
 
 WORD_TEXT = "river garden morning village teacher window market winter summer letter evening station"
 WORDS = WORD_TEXT.split()

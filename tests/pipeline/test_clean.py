@@ -14,20 +14,15 @@ import pytest
 import zstandard
 from ftfy.badness import BADNESS_RE
 
-from pipeline import clean
-from pipeline.clean import (
-    FTFY_CONFIG,
-    BoilerplateConfig,
-    CleanConfig,
-    clean_batch,
-    needs_ftfy,
-    normalize_text,
-    run_clean_part,
-)
-from pipeline.quality import QualityConfig
-from pipeline.records import Record, StageStats, part_done, read_part, read_part_stats, write_part
-from pipeline.sample import sample_corpus_path
+from pipeline.clean import normalize as clean
+from pipeline.clean.config import BoilerplateConfig, CleanConfig
+from pipeline.clean.normalize import FTFY_CONFIG, needs_ftfy, normalize_text
+from pipeline.clean.quality import QualityConfig
+from pipeline.clean.stage import clean_batch, run_clean_part
+from pipeline.records import Record, read_part, write_part
+from pipeline.sample_corpus import sample_corpus_path
 from pipeline.storage import FileStore
+from pipeline.units import StageStats, part_done, read_part_stats
 
 NO_QUALITY = CleanConfig(quality=QualityConfig(enabled=False))
 WORD_TEXT = (

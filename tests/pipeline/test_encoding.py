@@ -6,7 +6,14 @@ import random
 
 import pytest
 
-from pipeline.encoding import FileDecoder, UndecodableError, bom_encoding, decode_bytes, detect, is_line_safe
+from pipeline.ingest.encoding import (
+    FileDecoder,
+    UndecodableError,
+    bom_encoding,
+    decode_bytes,
+    detect,
+    is_line_safe,
+)
 
 CHINESE = (
     "Debian 是一个自由的操作系统，由遍布世界各地的志愿者共同开发和维护。软件包管理系统负责安装、升级和删除软件，"

@@ -9,16 +9,17 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from pipeline.dedup.config import ExactDedupConfig
 from pipeline.dedup.exact import (
-    ExactDedupConfig,
     find_duplicates,
     resolve_exact_duplicates,
     run_exact_filter_part,
     run_exact_hash_part,
     text_hashes,
 )
-from pipeline.records import Record, StageStats, read_part, write_part
+from pipeline.records import Record, read_part, write_part
 from pipeline.storage import FileStore
+from pipeline.units import StageStats
 
 # part -> texts; "A" appears in parts 0, 1, 2 (twice in 1), "B" in parts 0 (twice) and 2, "Ä" only once
 PARTS = [

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from datasketch import LeanMinHash, MinHash, MinHashLSH
 
-from pipeline.dedup.clusters import choose_keepers, connected_labels
+from pipeline.dedup.graph import choose_keepers, connected_labels
 from pipeline.dedup.lsh import (
     INDEX_FLAG,
     band_keys,

@@ -12,21 +12,16 @@ import pytest
 from datasketch import MinHashLSH
 
 from pipeline.dedup.audit import format_cluster
+from pipeline.dedup.candidates import plan_near_dedup, run_bands_part, run_edges_part
+from pipeline.dedup.clusters import run_clusters
+from pipeline.dedup.config import NearDedupConfig
 from pipeline.dedup.lsh import make_refs
 from pipeline.dedup.minhash import set_jaccard
-from pipeline.dedup.near import (
-    NearDedupConfig,
-    gather_signatures,
-    plan_near_dedup,
-    run_bands_part,
-    run_clusters,
-    run_edges_part,
-    run_near_dedup,
-    run_signatures_part,
-    save_index,
-)
-from pipeline.records import Record, StageStats, read_part, write_part
+from pipeline.dedup.near import run_near_dedup
+from pipeline.dedup.signatures import gather_signatures, run_signatures_part, save_index
+from pipeline.records import Record, read_part, write_part
 from pipeline.storage import FileStore
+from pipeline.units import StageStats
 
 N_TOKENS = 400
 
@@ -104,7 +99,7 @@ def datasketch_clusters(
     lsh = MinHashLSH(threshold=cfg.threshold, num_perm=cfg.num_perm)
     sketches = {}
     for i in range(num_parts):
-        from pipeline.dedup.near import load_signatures
+        from pipeline.dedup.signatures import load_signatures
 
         sigs, docs = load_signatures(store, "work/signatures", i)
         for row, (doc_id, count) in enumerate(

@@ -12,11 +12,12 @@ from collections import Counter
 import pytest
 import zstandard
 
-from pipeline import quality
-from pipeline.clean import CleanConfig, clean_batch
-from pipeline.quality import QualityConfig, check_quality, check_quality_batch, count_words
+from pipeline.clean import quality
+from pipeline.clean.config import CleanConfig
+from pipeline.clean.quality import QualityConfig, check_quality, check_quality_batch, count_words
+from pipeline.clean.stage import clean_batch
 from pipeline.records import Record
-from pipeline.sample import sample_corpus_path
+from pipeline.sample_corpus import sample_corpus_path
 
 WORD_TEXT = (
     "the of and to in is was that for on with as by at from his her which an have are were this be had "

@@ -19,12 +19,13 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.encoding import (
+from pipeline.ingest.config import IngestConfig, Piece
+from pipeline.ingest.encoding import (
     MARK_ERRORS,
     UNDECODABLE_MARK,
     FileDecoder,
@@ -33,12 +34,9 @@ from pipeline.encoding import (
     decode_bytes,
     is_line_safe,
 )
-from pipeline.ingest_streams import DecompressingReader, LineReader, open_seekable
+from pipeline.ingest.streams import DecompressingReader, LineReader, open_seekable
 from pipeline.records import QUARANTINE_SAMPLE_BYTES, Quarantined, Record
 from pipeline.storage import ObjectStore
-
-if TYPE_CHECKING:
-    from pipeline.ingest import IngestConfig, Piece
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""The clean stage: repair and normalise text, remove boilerplate lines, drop low-quality documents.
+"""Text normalisation of the clean stage (the stage itself is ``pipeline.clean.stage``).
 
-Per document, in order:
+Per document, in order (steps 0-4 here; 5 and 6 in the stage):
 
 0. **Surrogates** (always: the output must be valid UTF-8): a UTF-16 surrogate pair is joined into its
    character, a lone surrogate is removed.
@@ -14,15 +14,15 @@ Per document, in order:
 3. **Unicode normalisation** (``normalization``): NFC or NFKC.
 4. **Whitespace** (``normalize_whitespace``): CRLF/CR -> LF, Unicode spaces -> ``' '``, no trailing spaces,
    at most ``max_blank_lines`` blank lines in a row, no leading blank lines or trailing whitespace.
-5. **Boilerplate**: lines whose hash is in the corpus-wide boilerplate set (see ``pipeline.boilerplate``).
-6. **Quality**: ``pipeline.quality.check_quality_batch``; a failing document is dropped, counted by rule.
+5. **Boilerplate**: lines whose hash is in the corpus-wide boilerplate set (see ``pipeline.clean.boilerplate``).
+6. **Quality**: ``pipeline.clean.quality.check_quality_batch``; a failing document is dropped, counted by rule.
 
 Speed: the expensive repairs run only where they can change something, and give exactly the output of
 running them everywhere. Pure ASCII text cannot be mojibake, is NFC/NFKC-invariant and has no Unicode
 spaces or zero-width characters; with :data:`FTFY_CONFIG`, ``ftfy.fix_text`` changes text only where its
 badness heuristic (which includes C1 controls) matches, which :func:`needs_ftfy` decides with a one-class
 character scan plus ftfy's own regex on short windows (see "ftfy pre-check" below). Non-ASCII text is
-scanned once for the characters steps 0, 2 and 4 act on. ``tests/pipeline/test_clean.py`` proves that the
+scanned once for the characters steps 0, 2 and 4 act on. ``tests/pipeline/clean/test_clean.py`` proves that the
 fast path gives the output of every repair run on every document (sample corpus + synthetic mixed text).
 """
 
@@ -32,14 +32,10 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
-from typing import Literal
 
 import ftfy
 import xxhash
 from ftfy.badness import BADNESS_RE
-
-from pipeline.quality import QualityConfig, check_quality_batch
 
 try:  # the regex parser that re itself uses, to read ftfy's BADNESS_RE (see needs_ftfy)
     from re import _constants as sre_constants  # type: ignore[attr-defined]
@@ -47,8 +43,8 @@ try:  # the regex parser that re itself uses, to read ftfy's BADNESS_RE (see nee
 except ImportError:  # Python 3.10
     import sre_constants
     import sre_parse as sre_parser
-from pipeline.records import Record, StageStats, iter_part_batches, part_done, read_part_stats, write_part
-from pipeline.storage import ObjectStore
+
+from pipeline.clean.config import CleanConfig
 
 FTFY_CONFIG = ftfy.TextFixerConfig(
     unescape_html=False,
@@ -85,7 +81,6 @@ _SPECIAL_RE = re.compile(
     "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b-\u200d\u2060\ufeff\ud800-\udfff"
     "\u00a0\u1680\u2000-\u200a\u202f\u205f\u3000\u2028\u2029]"
 )
-NORMALIZATIONS = ("NFC", "NFKC")
 
 
 # ---------------------------------------------------------------- ftfy pre-check
@@ -148,51 +143,6 @@ def _looks_bad(text: str) -> bool:
         if BADNESS_RE.search(window) or _FTFY_LINE_START_RE.search(window):
             return True
     return False
-
-
-@dataclass(frozen=True, kw_only=True)
-class BoilerplateConfig:
-    """A line is boilerplate when at least ``max(min_docs, ceil(min_fraction * docs))`` documents contain it
-    (after stripping) and it has at least ``min_line_chars`` characters (short lines such as "Contents" or
-    "Thanks!" repeat legitimately)."""
-
-    enabled: bool = True
-    min_docs: int = 10
-    min_fraction: float = 0.0
-    min_line_chars: int = 20
-
-    def __post_init__(self) -> None:
-        if self.min_docs < 2:
-            raise ValueError(
-                f"BoilerplateConfig.min_docs must be >= 2 (a line in one doc is unique), got {self.min_docs}"
-            )
-        if not 0.0 <= self.min_fraction <= 1.0:
-            raise ValueError(f"BoilerplateConfig.min_fraction must be in [0, 1], got {self.min_fraction}")
-        if self.min_line_chars < 1:
-            raise ValueError(f"BoilerplateConfig.min_line_chars must be >= 1, got {self.min_line_chars}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class CleanConfig:
-    normalization: Literal["NFC", "NFKC"] = "NFC"
-    fix_mojibake: bool = True
-    strip_control: bool = True
-    normalize_whitespace: bool = True
-    max_blank_lines: int = 2
-    boilerplate: BoilerplateConfig = field(default_factory=BoilerplateConfig)
-    quality: QualityConfig = field(default_factory=QualityConfig)
-
-    def __post_init__(self) -> None:
-        if self.normalization not in NORMALIZATIONS:
-            raise ValueError(
-                f"CleanConfig.normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}"
-            )
-        if self.max_blank_lines < 0:
-            raise ValueError(f"CleanConfig.max_blank_lines must be >= 0, got {self.max_blank_lines}")
-        if not isinstance(self.boilerplate, BoilerplateConfig):
-            raise ValueError("CleanConfig.boilerplate must be a BoilerplateConfig")
-        if not isinstance(self.quality, QualityConfig):
-            raise ValueError("CleanConfig.quality must be a QualityConfig")
 
 
 # ---------------------------------------------------------------- normalisation
@@ -301,75 +251,3 @@ def remove_boilerplate(text: str, boilerplate: frozenset[int], min_line_chars: i
     kept = [line for line in lines if len(line) < min_line_chars or line_hash(line) not in boilerplate]
     removed = len(lines) - len(kept)
     return ("\n".join(kept) if removed else text), removed
-
-
-# ---------------------------------------------------------------- batch and runner
-
-
-def _utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-
-
-def clean_text(text: str, cfg: CleanConfig, boilerplate: frozenset[int], counts: Counter[str]) -> str:
-    """Normalise one document and remove its boilerplate lines (steps 0-5 of the module docstring)."""
-    text = normalize_text(text, cfg, counts)
-    if boilerplate and cfg.boilerplate.enabled and text:
-        text, removed = remove_boilerplate(text, boilerplate, cfg.boilerplate.min_line_chars)
-        if removed:
-            counts["boilerplate_lines_removed"] += removed
-            counts["docs_with_boilerplate"] += 1
-            if cfg.normalize_whitespace:
-                text = normalize_whitespace(text, cfg.max_blank_lines)
-    return text
-
-
-def clean_batch(
-    records: list[Record], cfg: CleanConfig, boilerplate: frozenset[int] = frozenset()
-) -> tuple[list[Record], StageStats]:
-    """Clean a batch; every dropped document is counted by reason, every repair in ``stats.extra``."""
-    stats = StageStats(stage="clean", docs_in=len(records))
-    counts: Counter[str] = Counter()
-    texts = [clean_text(rec.text, cfg, boilerplate, counts) for rec in records]
-    empty = [not text.strip() for text in texts]
-    reasons = iter(check_quality_batch([t for t, e in zip(texts, empty, strict=True) if not e], cfg.quality))
-    out: list[Record] = []
-    for rec, text, is_empty in zip(records, texts, empty, strict=True):
-        stats.bytes_in += _utf8_len(rec.text)
-        reason = "empty_after_clean" if is_empty else next(reasons)
-        if reason is not None:
-            stats.drop(reason)
-            continue
-        out.append(Record(rec.id, text, rec.source, rec.meta))
-        stats.bytes_out += _utf8_len(text)
-    stats.docs_out = len(out)
-    chars_removed = sum(map(len, (r.text for r in records))) - sum(map(len, texts))
-    stats.extra = {"chars_removed": chars_removed, **{k: counts[k] for k in sorted(counts)}}
-    for key in ("mojibake_fixed", "nul_removed", "boilerplate_lines_removed", "docs_with_boilerplate"):
-        stats.extra.setdefault(key, 0)
-    return out, stats
-
-
-def run_clean_part(
-    store: ObjectStore,
-    in_folder: str,
-    out_folder: str,
-    index: int,
-    cfg: CleanConfig,
-    boilerplate_key: str | None = None,
-) -> StageStats:
-    """Clean one part; a rerun returns the stored stats of a part already done."""
-    if part_done(store, out_folder, index):
-        return read_part_stats(store, out_folder, index)
-    from pipeline.boilerplate import load_boilerplate  # boilerplate imports this module
-
-    boilerplate = load_boilerplate(store, boilerplate_key) if boilerplate_key else frozenset()
-    stats = StageStats(stage="clean")
-    kept: list[Record] = []
-    for batch in iter_part_batches(store, in_folder, index):
-        out, batch_stats = clean_batch(batch, cfg, boilerplate)
-        kept.extend(out)
-        stats.merge(batch_stats)
-    stats.extra.setdefault("chars_removed", 0)
-    stats.extra["boilerplate_set_size"] = len(boilerplate)
-    write_part(store, out_folder, index, kept, stats)
-    return stats

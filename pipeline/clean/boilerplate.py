@@ -4,7 +4,7 @@ navigation, licence footers) are removed by the clean stage.
 Two steps hand off through files, so each can run on its own worker and be resumed alone:
 
 1. ``run_boilerplate_count_part`` (one per input part): normalise each document exactly as clean does
-   (``pipeline.clean.normalize_text``, so the hashes match what clean will see), hash every stripped line of
+   (``pipeline.clean.normalize.normalize_text``, so the hashes match what clean will see), hash every stripped line of
    at least ``min_line_chars`` characters with xxhash64 and count the documents that contain it (once per
    document). Writes ``<count_folder>/part-NNNNN.npy`` (a 2 x n uint64 array: sorted hashes, document
    counts), ``part-NNNNN.stats.json`` and, last, ``part-NNNNN.done``.
@@ -26,9 +26,11 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from pipeline.clean import CleanConfig, line_hash, normalize_text
-from pipeline.records import Record, StageStats, iter_part_batches, part_name
+from pipeline.clean.config import CleanConfig
+from pipeline.clean.normalize import line_hash, normalize_text
+from pipeline.records import Record, iter_part_batches
 from pipeline.storage import ObjectStore
+from pipeline.units import StageStats, part_name
 
 
 def doc_line_hashes(text: str, min_line_chars: int) -> set[int]:

@@ -11,7 +11,7 @@ def sample_corpus_path() -> Path:
 
     ``pipeline`` is a regular (non-zip) package, so the resource is a real folder on disk that ingest can read.
     """
-    path = Path(str(resources.files("pipeline").joinpath("sample_corpus")))
+    path = Path(str(resources.files("pipeline.sample_corpus")))
     if not path.is_dir():
         raise FileNotFoundError(f"the sample corpus is missing from the installed package (looked in {path})")
     return path
