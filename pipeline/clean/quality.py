@@ -28,7 +28,7 @@ bounds (:func:`screen_ngrams`). Only documents that a bound cannot clear get the
 repetition rules with ``set``; the n-gram rules from first-occurrence arrays, :func:`_fast_ngram_reason`),
 and documents the scan cannot split like ``str.split`` (CJK, non-ASCII whitespace, lone surrogates) take
 the per-document path. ``_word_reason`` + ``_ngram_reason`` are the straightforward per-document rules;
-``check_quality_batch`` gives exactly their answers on every document (tests/pipeline/test_quality.py).
+``check_quality_batch`` gives exactly their answers on every document (tests/pipeline/clean/test_quality.py).
 """
 
 from __future__ import annotations

@@ -1,21 +1,22 @@
 """The ``pileworks`` command line.
 
-Each subcommand lives in its own ``flows/cmd_<name>.py`` module exposing ``register(subparsers)``; the parser
-registers a ``func(args) -> int`` default. Subcommands import heavy libraries (torch, prefect) lazily so that
-``pileworks --help`` stays fast.
+Each command lives in its own module of ``flows/cli/`` exposing ``register(subparsers)``, listed in
+:data:`COMMANDS`; the parser registers a ``func(args) -> int`` default. Commands import heavy libraries (torch,
+prefect) inside their ``run`` functions so that ``pileworks --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
-import pkgutil
 import sys
 
-import flows
+from flows.cli import build, doctor, inspect, janitor, reap, run, sample, serve, trace, train
 from pipeline import __version__
+
+# Every command, in the order ``pileworks --help`` lists them.
+COMMANDS = (build, doctor, inspect, janitor, reap, run, sample, serve, trace, train)
 
 EXPECTED_FAILURES = {
     "CheckpointError",
@@ -34,10 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pileworks {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(flows.__path__), key=lambda m: m.name):
-        if info.name.startswith("cmd_"):
-            module = importlib.import_module(f"flows.{info.name}")
-            module.register(sub)
+    for command in COMMANDS:
+        command.register(sub)
     return parser
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from training.doctor import CheckResult, DoctorConfig, Status
+from training.preflight.base import CheckResult, DoctorConfig, Status
 
 ALLREDUCE_ITERS = 10
 

@@ -17,7 +17,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.doctor import CheckResult, DoctorConfig, Status
+from training.preflight.base import CheckResult, DoctorConfig, Status
 
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=3", "-o", "StrictHostKeyChecking=accept-new")
 

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from flows.cli import main as cli_main
-from training import doctor, doctor_net, doctor_store
-from training.doctor import CheckResult, DoctorConfig, Status
-from training.doctor_dist import check_allreduce, check_deepspeed_config
+from flows.cli.main import main as cli_main
 from training.monitor import format_report, summarize_run
+from training.preflight import host, net, runner
+from training.preflight import store as store_check
+from training.preflight.base import CheckResult, DoctorConfig, Status
+from training.preflight.dist import check_allreduce, check_deepspeed_config
 
 
 def _free_port() -> int:
@@ -65,7 +66,7 @@ def test_config_from_env_reads_launch_variables() -> None:
 
 # ---------------------------------------------------------------- master address and port
 def test_master_unset_warns() -> None:
-    [res] = doctor_net.check_master(DoctorConfig())
+    [res] = net.check_master(DoctorConfig())
     assert res.status is Status.WARN and "MASTER_ADDR is not set" in res.message
 
 
@@ -73,8 +74,8 @@ def test_master_unresolvable_fails_with_hosts_fix(monkeypatch: pytest.MonkeyPatc
     def no_such_name(*args, **kwargs):
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
-    monkeypatch.setattr(doctor_net.socket, "getaddrinfo", no_such_name)
-    [res] = doctor_net.check_master(DoctorConfig(master_addr="gpu-node-01x"))
+    monkeypatch.setattr(net.socket, "getaddrinfo", no_such_name)
+    [res] = net.check_master(DoctorConfig(master_addr="gpu-node-01x"))
     assert res.status is Status.FAIL
     assert res.message == "cannot resolve MASTER_ADDR 'gpu-node-01x': Name or service not known"
     assert "/etc/hosts" in res.fix
@@ -82,11 +83,9 @@ def test_master_unresolvable_fails_with_hosts_fix(monkeypatch: pytest.MonkeyPatc
 
 def test_master_on_this_host_free_port_passes() -> None:
     port = _free_port()
-    [res] = doctor_net.check_master(DoctorConfig(master_addr="127.0.0.1", master_port=port))
+    [res] = net.check_master(DoctorConfig(master_addr="127.0.0.1", master_port=port))
     assert res.status is Status.PASS and f"port {port} is free" in res.message
-    [res] = doctor_net.check_master(
-        DoctorConfig(master_addr="127.0.0.1", master_port=port, expect_master=True)
-    )
+    [res] = net.check_master(DoctorConfig(master_addr="127.0.0.1", master_port=port, expect_master=True))
     assert res.status is Status.FAIL and "nothing listens" in res.message
 
 
@@ -95,38 +94,36 @@ def test_master_port_in_use_fails_unless_the_server_is_expected() -> None:
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        [res] = doctor_net.check_master(DoctorConfig(master_addr="127.0.0.1", master_port=port))
+        [res] = net.check_master(DoctorConfig(master_addr="127.0.0.1", master_port=port))
         assert res.status is Status.FAIL and f"port {port} is already in use" in res.message
         assert "MASTER_PORT" in res.fix
-        [res] = doctor_net.check_master(
-            DoctorConfig(master_addr="localhost", master_port=port, expect_master=True)
-        )
+        [res] = net.check_master(DoctorConfig(master_addr="localhost", master_port=port, expect_master=True))
         assert res.status is Status.PASS and "listening" in res.message
 
 
 def test_loopback_master_with_multi_node_hostfile_fails(tmp_path: Path) -> None:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node-a slots=8\nnode-b slots=8\n")
-    [res] = doctor_net.check_master(
+    [res] = net.check_master(
         DoctorConfig(master_addr="127.0.0.1", master_port=_free_port(), hostfile=str(hostfile))
     )
     assert res.status is Status.FAIL and "loopback address but the hostfile lists 2 nodes" in res.message
 
 
 def test_tcp_probe_tells_refused_from_open() -> None:
-    assert doctor_net.tcp_probe("127.0.0.1", _free_port(), 2)[0] == "refused"
+    assert net.tcp_probe("127.0.0.1", _free_port(), 2)[0] == "refused"
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
-        assert doctor_net.tcp_probe("127.0.0.1", server.getsockname()[1], 2) == ("open", "")
+        assert net.tcp_probe("127.0.0.1", server.getsockname()[1], 2) == ("open", "")
 
 
 # ---------------------------------------------------------------- hostfile and ssh
 def test_parse_hostfile() -> None:
     text = "# cluster\nworker-1 slots=8  # first\n\nworker-2 slots=4\n"
-    assert doctor_net.parse_hostfile(text) == [
-        doctor_net.HostSlots("worker-1", 8),
-        doctor_net.HostSlots("worker-2", 4),
+    assert net.parse_hostfile(text) == [
+        net.HostSlots("worker-1", 8),
+        net.HostSlots("worker-2", 4),
     ]
     for bad, why in (
         ("worker-1 8\n", "line 1"),
@@ -134,7 +131,7 @@ def test_parse_hostfile() -> None:
         ("# x\n", "no hosts"),
     ):
         with pytest.raises(ValueError, match=why):
-            doctor_net.parse_hostfile(bad)
+            net.parse_hostfile(bad)
 
 
 def test_hostfile_nodes_resolve_and_need_batch_mode_ssh(
@@ -153,7 +150,7 @@ def test_hostfile_nodes_resolve_and_need_batch_mode_ssh(
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.1 slots=2\nlocalhost slots=2\n")
-    results = {r.name: r for r in doctor_net.check_hostfile(DoctorConfig(hostfile=str(hostfile)))}
+    results = {r.name: r for r in net.check_hostfile(DoctorConfig(hostfile=str(hostfile)))}
     assert results["hostfile:127.0.0.1"].status is Status.PASS
     bad = results["hostfile:localhost"]
     assert bad.status is Status.FAIL and "passwordless ssh failed" in bad.message
@@ -167,20 +164,18 @@ def test_hostfile_nodes_resolve_and_need_batch_mode_ssh(
 def test_bad_hostfile_line_fails(tmp_path: Path) -> None:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("worker-1 slots=eight\n")
-    [res] = doctor_net.check_hostfile(DoctorConfig(hostfile=str(hostfile)))
+    [res] = net.check_hostfile(DoctorConfig(hostfile=str(hostfile)))
     assert res.status is Status.FAIL and "expected 'HOSTNAME slots=N'" in res.message
 
 
 # ---------------------------------------------------------------- interfaces, GPU, disk
 def test_socket_ifname_must_match_an_interface() -> None:
-    ok = doctor_net.check_interfaces(
-        DoctorConfig(env={"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"})
-    )
+    ok = net.check_interfaces(DoctorConfig(env={"NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "lo"}))
     assert [r.status for r in ok] == [Status.PASS, Status.PASS]
-    [bad] = doctor_net.check_interfaces(DoctorConfig(env={"NCCL_SOCKET_IFNAME": "=ib9"}))
+    [bad] = net.check_interfaces(DoctorConfig(env={"NCCL_SOCKET_IFNAME": "=ib9"}))
     assert bad.status is Status.FAIL and "NCCL_SOCKET_IFNAME==ib9 matches no interface" in bad.message
     # gloo takes exact names: a prefix that NCCL would accept is not an interface for gloo
-    [bad] = doctor_net.check_interfaces(DoctorConfig(env={"GLOO_SOCKET_IFNAME": "l"}))
+    [bad] = net.check_interfaces(DoctorConfig(env={"GLOO_SOCKET_IFNAME": "l"}))
     assert bad.status is Status.FAIL
 
 
@@ -189,7 +184,7 @@ def test_gpu_check_cpu_mode_and_cpu_wheel_on_gpu_host(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    [res] = doctor.check_gpu(DoctorConfig())
+    [res] = host.check_gpu(DoctorConfig())
     assert res.status is Status.WARN and res.message.startswith("no GPU: CPU/gloo mode")
     if torch.version.cuda is None:
         _fake_exe(
@@ -199,7 +194,7 @@ def test_gpu_check_cpu_mode_and_cpu_wheel_on_gpu_host(
             '*) echo "| NVIDIA-SMI 550.54.15  Driver Version: 550.54.15  CUDA Version: 12.4 |";; esac\n',
         )
         monkeypatch.setenv("PATH", str(tmp_path / "bin"))
-        [res] = doctor.check_gpu(DoctorConfig())
+        [res] = host.check_gpu(DoctorConfig())
         assert (
             res.status is Status.FAIL
             and "is a CPU build but nvidia-smi sees 1 GPU(s) (driver 550.54.15)" in res.message
@@ -209,10 +204,10 @@ def test_gpu_check_cpu_mode_and_cpu_wheel_on_gpu_host(
 
 def test_disk_thresholds(tmp_path: Path) -> None:
     deep = str(tmp_path / "not" / "yet" / "made")
-    passed = doctor.check_disk(DoctorConfig(cache_dir=deep, checkpoint_dir=str(tmp_path), min_free_gib=0))
+    passed = host.check_disk(DoctorConfig(cache_dir=deep, checkpoint_dir=str(tmp_path), min_free_gib=0))
     assert [r.status for r in passed] == [Status.PASS, Status.PASS]
     assert passed[0].data["filesystem_of"] == str(tmp_path)
-    failed = doctor.check_disk(DoctorConfig(cache_dir=deep, checkpoint_dir=deep, min_free_gib=1e9))
+    failed = host.check_disk(DoctorConfig(cache_dir=deep, checkpoint_dir=deep, min_free_gib=1e9))
     assert all(r.status is Status.FAIL for r in failed) and "GiB free for cache" in failed[0].message
 
 
@@ -277,7 +272,7 @@ def test_unreadable_deepspeed_config_fails(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- object store
 def test_store_probe_on_local_folder(tmp_path: Path) -> None:
-    [res] = doctor_store.check_store(DoctorConfig(store=str(tmp_path / "store"), store_probe_mib=1))
+    [res] = store_check.check_store(DoctorConfig(store=str(tmp_path / "store"), store_probe_mib=1))
     assert res.status is Status.PASS and res.data["write_mib_s"] > 0 and res.data["read_mib_s"] > 0
     assert not list((tmp_path / "store").rglob("*.bin")), "the probe object must be deleted"
 
@@ -285,12 +280,12 @@ def test_store_probe_on_local_folder(tmp_path: Path) -> None:
 @pytest.mark.s3
 def test_store_probe_on_s3_and_missing_bucket(s3_bucket) -> None:
     endpoint = s3_bucket.options.endpoint_url
-    [res] = doctor_store.check_store(
+    [res] = store_check.check_store(
         DoctorConfig(store=s3_bucket.uri, s3_endpoint_url=endpoint, store_probe_mib=1)
     )
     assert res.status is Status.PASS, res.message
     assert "write/read/delete ok" in res.message
-    [res] = doctor_store.check_store(
+    [res] = store_check.check_store(
         DoctorConfig(store="s3://pw-no-such-bucket-x/p", s3_endpoint_url=endpoint, store_probe_mib=1)
     )
     assert res.status is Status.FAIL and "does not exist" in res.message and "create the bucket" in res.fix
@@ -301,13 +296,13 @@ def test_runner_reports_a_crashing_check(monkeypatch: pytest.MonkeyPatch) -> Non
     def boom(cfg: DoctorConfig) -> list[CheckResult]:
         raise RuntimeError("probe exploded")
 
-    monkeypatch.setitem(doctor.CHECKS, "disk", boom)
-    results = doctor.run_doctor(DoctorConfig(only=("disk",)))
+    monkeypatch.setitem(runner.CHECKS, "disk", boom)
+    results = runner.run_doctor(DoctorConfig(only=("disk",)))
     assert [(r.status, r.message) for r in results] == [
         (Status.FAIL, "check crashed: RuntimeError: probe exploded")
     ]
-    assert doctor.exit_code(results) == 1
-    assert "fix: report this" in doctor.format_result(results[0])
+    assert runner.exit_code(results) == 1
+    assert "fix: report this" in runner.format_result(results[0])
 
 
 def test_cli_json_and_exit_status(capsys: pytest.CaptureFixture[str]) -> None:

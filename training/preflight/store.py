@@ -10,7 +10,8 @@ import os
 import time
 import uuid
 
-from training.doctor import CheckResult, DoctorConfig, Status
+from pipeline.storage import S3Options, open_store
+from training.preflight.base import CheckResult, DoctorConfig, Status
 
 _STORE_HINTS = (
     (
@@ -41,7 +42,6 @@ def check_store(cfg: DoctorConfig) -> list[CheckResult]:
     """Write, read back, verify and delete a probe object; report the throughput of each leg."""
     if not cfg.store:
         return []
-    from pipeline.storage import S3Options, open_store
 
     payload = os.urandom(int(cfg.store_probe_mib * 2**20))
     key = f"_pileworks_doctor/{uuid.uuid4().hex}.bin"

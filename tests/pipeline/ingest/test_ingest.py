@@ -22,7 +22,7 @@ from pipeline.records import Quarantined, Record, read_part, read_quarantine
 from pipeline.sample_corpus import sample_corpus_path
 from pipeline.storage import open_store
 from pipeline.units import StageStats, read_part_stats
-from tests.pipeline.test_encoding import CHINESE, FRENCH, JAPANESE, RUSSIAN, SPANISH
+from tests.pipeline.ingest.test_encoding import CHINESE, FRENCH, JAPANESE, RUSSIAN, SPANISH
 
 WORDS = [
     "alpha",
@@ -499,7 +499,9 @@ def test_run_ingest_part_writes_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert [r.text for r in read_part(store, "work/b/ingest", 0)] == ["a", "b"]
     assert [q.reason for q in read_quarantine(store, "work/b/ingest")] == ["missing_text"]
     assert read_part_stats(store, "work/b/ingest", 0).to_json() == stats.to_json()
-    monkeypatch.setattr("pipeline.ingest.stage.ingest_part", lambda *a, **k: pytest.fail("a done part was redone"))
+    monkeypatch.setattr(
+        "pipeline.ingest.stage.ingest_part", lambda *a, **k: pytest.fail("a done part was redone")
+    )
     assert run_ingest_part(store, "work/b/ingest", plan, IngestConfig()).to_json() == stats.to_json()
 
 

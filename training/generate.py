@@ -1,6 +1,6 @@
 """Text from a checkpoint: verify it, convert it to a plain fp32 state dict, load the model, generate.
 
-``python -m training.sample --checkpoint runs/tiny/checkpoints --prompt "The data"`` samples from the newest
+``python -m training.generate --checkpoint runs/tiny/checkpoints --prompt "The data"`` samples from the newest
 complete checkpoint (or from a tag folder given directly); ``--to-fp32 model.pt`` writes the consolidated fp32
 state dict (DeepSpeed's ``zero_to_fp32``) next to its model config. Every file is verified against the tag's
 ``COMPLETE.json`` before anything is unpickled.
@@ -104,7 +104,7 @@ def generate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.sample", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m training.generate", description=__doc__)
     parser.add_argument("--checkpoint", required=True, help="checkpoints folder or one tag folder in it")
     parser.add_argument("--prompt", default="The")
     parser.add_argument("--max-new-tokens", type=int, default=64)

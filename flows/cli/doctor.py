@@ -76,8 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace):
-    from training.doctor import DoctorConfig
-    from training.doctor_net import parse_hostfile
+    from training.preflight.base import DoctorConfig
+    from training.preflight.net import parse_hostfile
 
     world = args.world_size
     if world is None and args.hostfile and os.path.exists(args.hostfile):
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         report = summarize_run(args.during, last=args.last, busbw_gb_s=args.busbw)
         print(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
         return 0 if report.steps else 1
-    from training import doctor
+    from training.preflight import runner as doctor
 
     cfg = _config(args)
     if args.json:
