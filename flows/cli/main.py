@@ -14,17 +14,10 @@ import sys
 
 from flows.cli import build, doctor, inspect, janitor, reap, run, sample, serve, trace, train
 from pipeline import __version__
+from pipeline.errors import ConfigError, PileworksError
 
 # Every command, in the order ``pileworks --help`` lists them.
 COMMANDS = (build, doctor, inspect, janitor, reap, run, sample, serve, trace, train)
-
-EXPECTED_FAILURES = {
-    "CheckpointError",
-    "StorageError",
-    "StageFailed",
-    "TrainingFailed",
-    "DatasetConflictError",
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,14 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, PermissionError) as exc:
+    except (ConfigError, ValueError, FileNotFoundError, PermissionError) as exc:
         # User errors: one clear line, no traceback.
         print(f"pileworks {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except RuntimeError as exc:
-        # Our own failures carry actionable messages; matched by name so that the CLI imports no torch here.
-        if type(exc).__name__ not in EXPECTED_FAILURES:
-            raise
+    except PileworksError as exc:
+        # Our own failures (pipeline.errors) carry actionable messages: one line, no traceback.
         print(f"pileworks {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 
