@@ -19,15 +19,12 @@ from flows import train_artifacts
 from flows.build import build_corpus
 from flows.corpus_config import load_corpus_config
 from flows.heartbeat import with_heartbeat
+from pipeline.errors import TrainingFailed
 
 DEFAULT_TRAIN_CONFIG = (
     Path(importlib.util.find_spec("training").origin or "").parent / "configs" / "tiny.yaml"
 )
 FLOW_RUN_ENV = "PILEWORKS_FLOW_RUN_ID"
-
-
-class TrainingFailed(RuntimeError):
-    """The training job exited non-zero (or timed out); the message has the exit code and the last lines."""
 
 
 def resolved_train_config(config_path: str | None, overrides: dict[str, Any] | None) -> Any:

@@ -21,8 +21,14 @@ RULES = {
     ),
 }
 TRAINING_MAY_USE_FROM_PIPELINE = {
-    "pipeline", "pipeline.manifest", "pipeline.shards", "pipeline.storage", "pipeline.configload",
-}  # fmt: skip
+    "pipeline",
+    "pipeline.manifest",
+    "pipeline.shards",
+    "pipeline.storage",
+    "pipeline.config",
+    "pipeline.errors",
+    "pipeline.configload",
+}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:

@@ -10,16 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from pipeline.errors import StorageError
 from pipeline.storage.options import S3Options
 from pipeline.storage.uploads import NO_JOURNAL, UploadJournal
-
-
-class StorageError(RuntimeError):
-    """An object-store operation failed (after retries); the message names the URI."""
-
-
-class AlreadyExistsError(StorageError):
-    """A create-only write found the object already there (a racing publisher won)."""
 
 
 @dataclass(frozen=True)

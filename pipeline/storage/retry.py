@@ -22,7 +22,7 @@ from typing import TypeVar
 
 import botocore.exceptions
 
-from pipeline.storage.base import StorageError
+from pipeline.errors import PermanentStorageError, StorageError
 from pipeline.storage.options import S3Options
 
 log = logging.getLogger(__name__)
@@ -44,10 +44,6 @@ _TRANSIENT_IO = (
 )
 # errno values that no retry can fix: the disk is full, over quota or read-only.
 _PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
-
-
-class PermanentStorageError(StorageError):
-    """A store operation that cannot succeed by retrying (no credentials, no such bucket, bad endpoint)."""
 
 
 def transient_reason(exc: BaseException) -> str | None:
