@@ -15,7 +15,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from flows.cli import main as cli
+from flows.cli.main import main as cli
 
 pytestmark = [pytest.mark.s3]
 
