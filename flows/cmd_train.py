@@ -69,7 +69,7 @@ def run_prepare_and_train(args: argparse.Namespace) -> int:
     out = flow(
         corpus_config=args.config, train_config=args.train_config, inputs=args.inputs, output=args.output,
         nproc=args.nproc, train_overrides=parse_overrides(args.train_set), corpus_overrides=parse_overrides(args.set),
-        timeout_s=args.timeout,
+        timeout_s=args.timeout, name=args.name,
     )  # fmt: skip
     print_summary(out["corpus"])
     tr = out["training"]

@@ -47,6 +47,7 @@ def run_training_job(
     flow_run_id: str | None,
 ) -> int:
     from training import launch
+    from training.ranklog import LOG_TIME_ENV
 
     log = get_run_logger()
     tail: list[str] = []
@@ -59,7 +60,7 @@ def run_training_job(
     code = launch.run_local(
         manifest_uri, config_path or str(DEFAULT_TRAIN_CONFIG), nproc, overrides=overrides, on_line=on_line,
         timeout_s=timeout_s, allow_dataset_change=allow_dataset_change, max_restarts=max_restarts,
-        env={FLOW_RUN_ENV: flow_run_id or ""},
+        env={FLOW_RUN_ENV: flow_run_id or "", LOG_TIME_ENV: "0"},  # the flow's log line carries the time
     )  # fmt: skip
     if code != 0:
         why = "timed out and was killed" if code == launch.EXIT_TIMEOUT else f"exited with code {code}"
@@ -101,10 +102,11 @@ def prepare_and_train(
     train_overrides: dict[str, Any] | None = None,
     corpus_overrides: dict[str, Any] | None = None,
     timeout_s: float | None = None,
+    name: str | None = None,
 ) -> dict[str, Any]:
     """The one-click flow: build (or reuse) the corpus, then train on it."""
     summary = build_corpus(
-        config_path=corpus_config, inputs=inputs, output=output, overrides=corpus_overrides
+        config_path=corpus_config, inputs=inputs, output=output, name=name, overrides=corpus_overrides
     )
     overrides = dict(train_overrides or {})
     if "output_dir" not in overrides:
