@@ -17,7 +17,11 @@ import sys
 import flows
 from pipeline import __version__
 
+# Commands that run flows or talk to the Prefect API: they get the configured API or the local background server.
+PREFECT_COMMANDS = {"build", "run", "train", "serve", "reap"}
+
 EXPECTED_FAILURES = {
+    "PrefectApiUnavailable",
     "CheckpointError",
     "StorageError",
     "StageFailed",
@@ -43,8 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # A loaded 2-core machine can take longer than the 20 s default to start the ephemeral server.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -57,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        if args.command not in PREFECT_COMMANDS:
+            return int(args.func(args) or 0)
+        from flows.local_server import resolve_api, using_api
+
+        log = logging.getLogger("pileworks")
+        with using_api(resolve_api(on_wait=log.info)):
+            return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, PermissionError) as exc:
         # User errors: one clear line, no traceback.
         print(f"pileworks {args.command}: error: {exc}", file=sys.stderr)
