@@ -154,6 +154,7 @@ def tokenize_parts(ctx: dict[str, Any], n: int, folder: str, keys: list[str], st
                    reuse: dict[str, list[int]]) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
     """Train (or load) the tokenizer, then tokenize every part; returns the tokenizer key and the results."""
     c = _ctx(ctx)
+    stage_progress.stage("tokenizer (trained once per dataset name)")
     tok_key = tokenizer_task(ctx, folder, n, [])
     results = tokenize_task.map(unmapped(ctx), range(n), unmapped(folder), keys, unmapped(tok_key)).result()
     mark_stage_success(c.store(), c.folder("tokens"), n)
@@ -174,13 +175,14 @@ def build_corpus(
     """Build and publish a dataset; returns the summary (manifest URI, dataset id, per-stage stats)."""
     started = time.perf_counter()
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
+    stage_progress.stage("listing inputs")
     planned = plan_inputs(cfg.to_dict())
     n, store = len(planned["plans"]), open_store(cfg.output, s3=cfg.s3)
     work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
     ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict()).to_json()
     get_run_logger().info("build %s: %d input object(s) in %d part(s); work folder %s",
                           cfg.name, len(planned["inputs"]), n, store.uri_of(work))  # fmt: skip
-    stage_progress.start(
+    stage_progress.start_units(
         {
             s: n
             for s in ("ingest", "boilerplate", "clean", "exact dedup", "signatures", "near dedup", "tokenize")
@@ -197,12 +199,13 @@ def build_corpus(
     progress.finished("tokenize")
     lineage = {"prefect_flow_run_id": _flow_run_id(), "build_key": work.split("/")[-1]}
     stats_json = {k: v.to_json() for k, v in stats.items()}
+    stage_progress.stage("shard + publish")
     manifest_uri = publish_task(ctx, n, tok_key, planned["inputs"], stats_json, lineage, results)
-    stage_progress.stop()
     progress.finished("publish")
     summary = artifacts.build_summary(manifest_uri, stats, cfg, time.perf_counter() - started)
     summary["reused_units"] = reuse
     if cfg.dedup.near.enabled:
+        stage_progress.stage("saving the dedup index")
         summary["dedup_index_uri"] = save_index_task(ctx, n, summary["dataset_id"])
     artifacts.publish_build_artifacts(summary)
     get_run_logger().info(

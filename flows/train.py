@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from flows import train_artifacts
 from flows.build import build_corpus
 from flows.heartbeat import with_heartbeat
+from flows.progress import display
 
 DEFAULT_TRAIN_CONFIG = (
     Path(importlib.util.find_spec("training").origin or "").parent / "configs" / "tiny.yaml"
@@ -26,7 +28,44 @@ FLOW_RUN_ENV = "PILEWORKS_FLOW_RUN_ID"
 
 
 class TrainingFailed(RuntimeError):
-    """The training job exited non-zero (or timed out); the message has the exit code and the last lines."""
+    """The training job exited non-zero (or timed out). The message is the first failing rank's own error line
+    (not the launcher's banner); ``detail`` holds the last lines of the job's output."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+RANK_LINE = re.compile(r"^\[Rank (\d+)\] (?:\S+ \S+ )?(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+): (.*)$")
+EXCEPTION_LINE = re.compile(r"^\[Rank (\d+)\] ([A-Za-z_][\w.]*): (.*)$")  # a traceback's last line
+STEP_LINE = re.compile(r"^\[Rank 0\] .*\bstep (\d+)/(\d+) loss ([\d.]+).*\| (\d+) tok/s")
+
+
+def first_rank_error(lines: list[str]) -> str | None:
+    """The first failing rank's own error, e.g. ``rank 1: no dataset at file:///x``.
+
+    An ERROR record is the rank's message; when it only says ``training failed`` (an unexpected exception), the
+    exception line at the end of that rank's traceback is used instead.
+    """
+    for i, line in enumerate(lines):
+        m = RANK_LINE.match(line)
+        if not m or m.group(2) not in ("ERROR", "CRITICAL"):
+            continue
+        rank, message = m.group(1), m.group(4)
+        if message == "training failed":
+            for later in lines[i + 1 :]:
+                e = EXCEPTION_LINE.match(later)
+                if e and e.group(1) == rank and not RANK_LINE.match(later):
+                    message = f"{e.group(2)}: {e.group(3)}"
+        return f"rank {rank}: {message}"
+    return None
+
+
+def _show_progress(line: str) -> None:
+    m = STEP_LINE.match(line)
+    if m:
+        step, total, loss, tps = m.groups()
+        display.stage("training", total=int(total), completed=int(step), detail=f"loss {loss}  {tps} tok/s")
 
 
 def resolved_train_config(config_path: str | None, overrides: dict[str, Any] | None) -> Any:
@@ -54,17 +93,28 @@ def run_training_job(
 
     def on_line(line: str) -> None:
         tail.append(line)
-        del tail[:-40]
+        del tail[:-400]
         log.info("%s", line)
+        _show_progress(line)
 
+    display.stage(f"launching {nproc} rank(s)")
     code = launch.run_local(
         manifest_uri, config_path or str(DEFAULT_TRAIN_CONFIG), nproc, overrides=overrides, on_line=on_line,
         timeout_s=timeout_s, allow_dataset_change=allow_dataset_change, max_restarts=max_restarts,
         env={FLOW_RUN_ENV: flow_run_id or "", LOG_TIME_ENV: "0"},  # the flow's log line carries the time
     )  # fmt: skip
+    display.stage("after training: artifacts")
     if code != 0:
-        why = "timed out and was killed" if code == launch.EXIT_TIMEOUT else f"exited with code {code}"
-        raise TrainingFailed(f"training {why}; last lines:\n" + "\n".join(tail[-15:]))
+        detail = "\n".join(tail[-40:])
+        if code == launch.EXIT_TIMEOUT:
+            raise TrainingFailed(
+                f"training timed out after {timeout_s:.0f} s and was killed; raise --timeout", detail
+            )
+        cause = (
+            first_rank_error(tail)
+            or f"the launcher exited with code {code} before any rank reported an error"
+        )
+        raise TrainingFailed(f"training failed on {cause}", detail)
     return code
 
 
@@ -87,7 +137,10 @@ def train(
     )  # fmt: skip
     result = train_artifacts.training_result(cfg.output_dir)
     train_artifacts.publish_training_artifacts(result)
-    get_run_logger().info("training done: %s", {k: v for k, v in result.items() if k != "history"})
+    get_run_logger().info(
+        "training done: %s steps, loss %s -> %s; checkpoints in %s",
+        result.get("steps"), _fmt(result.get("first_loss")), _fmt(result.get("final_loss")), cfg.output_dir,
+    )  # fmt: skip
     return result
 
 
@@ -114,6 +167,10 @@ def prepare_and_train(
         overrides["output_dir"] = f"{base}-{summary['dataset_id'][:12]}"
     result = train(summary["manifest_uri"], train_config, nproc, overrides, timeout_s)
     return {"corpus": summary, "training": result}
+
+
+def _fmt(loss: float | None) -> str:
+    return f"{loss:.3f}" if isinstance(loss, float) else "-"
 
 
 def _flow_run_id() -> str | None:
