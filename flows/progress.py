@@ -108,6 +108,17 @@ def interactive() -> bool:
     return sys.stdout.isatty() and sys.stderr.isatty()
 
 
+class TerminalFilter(logging.Filter):
+    """What the terminal leaves out unless ``-v``: records marked ``extra={"terminal": False}`` (the launcher's
+    banner) and Prefect's error records (their tracebacks), as the command ends with the failure in one line.
+    Prefect's API log handler still receives them all, so the UI keeps the full story."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "terminal", True) is False:
+            return False
+        return not (record.name.startswith("prefect") and record.levelno >= logging.ERROR)
+
+
 def setup_logging(verbose: bool, live: bool) -> Any:
     """Route the root logger to stderr: through rich's console above the live row, else one plain line each.
 
@@ -130,6 +141,8 @@ def setup_logging(verbose: bool, live: bool) -> Any:
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(PLAIN_FORMAT))
+    if not verbose:
+        handler.addFilter(TerminalFilter())
     root.addHandler(handler)
     root.setLevel(level)
     for noisy in ("httpx", "httpcore", "botocore", "urllib3", "asyncio"):

@@ -369,7 +369,10 @@ def _as_uri(uri: str | Path) -> str:
     text = text.rstrip("/")
     # FileStore creates its root folder; a reader must not create folders for a mistyped path.
     if text.startswith("file://") and not Path(text[len("file://") :]).exists():
-        raise FileNotFoundError(f"no dataset at {text}")
+        raise FileNotFoundError(
+            f"no dataset at {text}: give a manifest.json, a dataset folder or <store>/datasets/<name> "
+            "(`pileworks build` prints the manifest URI it publishes)"
+        )
     return text
 
 
@@ -411,4 +414,7 @@ def load_manifest(uri: str | Path, s3: S3Options | None = None) -> tuple[Manifes
         return _read_dataset(uri, s3)
     if store.exists(LATEST_KEY):
         return _follow_latest(uri, s3)
-    raise FileNotFoundError(f"{uri} holds neither {MANIFEST_KEY} nor {LATEST_KEY}")
+    raise FileNotFoundError(
+        f"no dataset at {uri} (neither {MANIFEST_KEY} nor {LATEST_KEY} there): give a manifest.json, a dataset "
+        "folder or <store>/datasets/<name> (`pileworks build` prints the manifest URI it publishes)"
+    )
