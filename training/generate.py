@@ -9,6 +9,8 @@ state dict (DeepSpeed's ``zero_to_fp32``) next to its model config. Every file i
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
 import os
@@ -44,7 +46,9 @@ def fp32_state_dict(tag_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict[
     if int(record.get("zero_stage", 0)) > 0:
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+        # zero_to_fp32 prints its progress (and a tqdm bar) on every call: keep the command's output to ours.
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
     else:
         blob = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
         state = {k: v.float() for k, v in blob["module"].items()}

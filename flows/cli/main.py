@@ -52,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="debug logging, and the traceback of any failure"
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", help="run `pileworks COMMAND -h` for its options"
+    )
     for command in COMMANDS:
         command.register(sub)
     return parser
