@@ -23,6 +23,7 @@ from pipeline import tokenize
 from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
 from pipeline.dedup import candidates, clusters, exact, near, signatures
+from pipeline.errors import StageFailed
 from pipeline.ingest import config as ingest_config
 from pipeline.ingest import stage as ingest
 from pipeline.manifest import DatasetConflictError
@@ -59,10 +60,6 @@ def _ctx(data: dict[str, Any]) -> BuildContext:
 
 
 # ---------------------------------------------------------------- failures name the stage and the part
-
-
-class StageFailed(RuntimeError):
-    """A stage failed; the message names the stage and the part so the run page says where to look."""
 
 
 @contextlib.contextmanager

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipeline.errors import PileworksError
+
 STATE_FILE = "pileworks-server.json"
 LOG_FILE = "pileworks-server.log"
 PREFERRED_PORT = 4200
@@ -33,7 +35,7 @@ STARTUP_TIMEOUT_S = 180.0  # a fresh SQLite database migrates first: 20-70 s on 
 HEALTH_TIMEOUT_S = 3.0
 
 
-class PrefectApiUnavailable(RuntimeError):
+class PrefectApiUnavailable(PileworksError, RuntimeError):
     """The configured Prefect API does not answer, or the local server could not start."""
 
 

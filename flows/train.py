@@ -20,20 +20,12 @@ from flows import train_artifacts
 from flows.build import build_corpus
 from flows.heartbeat import with_heartbeat
 from flows.progress import display
+from pipeline.errors import TrainingFailed
 
 DEFAULT_TRAIN_CONFIG = (
     Path(importlib.util.find_spec("training").origin or "").parent / "configs" / "tiny.yaml"
 )
 FLOW_RUN_ENV = "PILEWORKS_FLOW_RUN_ID"
-
-
-class TrainingFailed(RuntimeError):
-    """The training job exited non-zero (or timed out). The message is the first failing rank's own error line
-    (not the launcher's banner); ``detail`` holds the last lines of the job's output."""
-
-    def __init__(self, message: str, detail: str = "") -> None:
-        super().__init__(message)
-        self.detail = detail
 
 
 RANK_LINE = re.compile(r"^\[Rank (\d+)\] (?:\S+ \S+ )?(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+): (.*)$")
@@ -59,6 +51,13 @@ def first_rank_error(lines: list[str]) -> str | None:
                     message = f"{e.group(2)}: {e.group(3)}"
         return f"rank {rank}: {message}"
     return None
+
+
+def _failed(message: str, detail: str) -> TrainingFailed:
+    """The failure (one line, for the CLI); ``detail`` keeps the job's last lines for ``-v``."""
+    exc = TrainingFailed(message)
+    exc.detail = detail  # type: ignore[attr-defined]
+    return exc
 
 
 def _show_progress(line: str) -> None:
@@ -107,14 +106,14 @@ def run_training_job(
     if code != 0:
         detail = "\n".join(tail[-40:])
         if code == launch.EXIT_TIMEOUT:
-            raise TrainingFailed(
+            raise _failed(
                 f"training timed out after {timeout_s:.0f} s and was killed; raise --timeout", detail
             )
         cause = (
             first_rank_error(tail)
             or f"the launcher exited with code {code} before any rank reported an error"
         )
-        raise TrainingFailed(f"training failed on {cause}", detail)
+        raise _failed(f"training failed on {cause}", detail)
     return code
 
 

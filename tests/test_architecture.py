@@ -20,7 +20,14 @@ RULES = {
         "training/ runs inside deepspeed/torchrun ranks: no orchestrator and no corpus-only dependencies",
     ),
 }
-TRAINING_MAY_USE_FROM_PIPELINE = {"pipeline", "pipeline.manifest", "pipeline.shards", "pipeline.storage"}
+TRAINING_MAY_USE_FROM_PIPELINE = {
+    "pipeline",
+    "pipeline.manifest",
+    "pipeline.shards",
+    "pipeline.storage",
+    "pipeline.config",
+    "pipeline.errors",
+}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from training.checkpoint import CheckpointError, select_resume_tag, verify_tag
+from pipeline.errors import CheckpointError
+from training.checkpoint import select_resume_tag, verify_tag
 from training.model import GPT, ModelConfig
 
 logger = logging.getLogger(__name__)

@@ -22,10 +22,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pipeline.errors import CheckpointError
 from pipeline.manifest import Manifest, load_manifest
 from pipeline.storage import ObjectStore, open_store, sha256_bytes
 from training.cache import ShardCache
-from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, upload_checkpoint
+from training.checkpoint import load_checkpoint, save_checkpoint, upload_checkpoint
 from training.config import TrainConfig, load_train_config
 from training.data import ShardDataset, build_dataloader, preflight_steps
 from training.engine import (

@@ -21,6 +21,7 @@ import traceback
 from flows.cli import build, doctor, inspect, janitor, reap, run, sample, serve, server, trace, train
 from flows.cli.precheck import UsageError
 from pipeline import __version__
+from pipeline.errors import ConfigError, PileworksError
 
 # Every command, in the order ``pileworks --help`` lists them.
 COMMANDS = (build, doctor, inspect, janitor, reap, run, sample, serve, server, trace, train)
@@ -30,17 +31,10 @@ EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 # Commands that run flows or talk to the Prefect API: they get the configured API or the local background server.
 PREFECT_COMMANDS = {"build", "run", "train", "serve", "reap"}
 
-# Our own failures, all with actionable messages; matched by name so that the CLI imports no torch here.
-EXPECTED_FAILURES = {
-    "PrefectApiUnavailable",
-    "CheckpointError",
-    "StorageError",
-    "AlreadyExistsError",
-    "StageFailed",
-    "TrainingFailed",
-    "DatasetConflictError",
-}
+# Besides our own failures (pipeline.errors), bad input the standard library reports: the message says it all.
 USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+# A wrong command line or config: exit 2, like argparse's own errors.
+USAGE_ERRORS = (UsageError, ConfigError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,8 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def expected(exc: BaseException) -> bool:
     """A failure whose message is the whole story (no traceback needed): ours, or bad input/config/paths."""
-    chain = type(exc).__mro__
-    return isinstance(exc, USER_ERRORS) or any(c.__name__ in EXPECTED_FAILURES for c in chain)
+    return isinstance(exc, (PileworksError, *USER_ERRORS))
 
 
 def one_line(exc: BaseException) -> str:
@@ -118,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             if detail:
                 print(detail, file=sys.stderr)
         print(f"{name}: error: {one_line(exc)}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_FAILED
+        return EXIT_USAGE if isinstance(exc, USAGE_ERRORS) else EXIT_FAILED
 
 
 def entry() -> None:

@@ -14,8 +14,10 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+from pipeline.errors import PileworksError
 
-class UsageError(ValueError):
+
+class UsageError(PileworksError, ValueError):
     """A command line that cannot work (a bad flag value found after parsing): exit 2, like argparse's errors."""
 
 

@@ -7,11 +7,10 @@ this package touches boto3.
 
 from __future__ import annotations
 
+from pipeline.errors import AlreadyExistsError, StorageError
 from pipeline.storage.base import (
-    AlreadyExistsError,
     ObjectInfo,
     ObjectStore,
-    StorageError,
     join_key,
     normalize_key,
     sha256_bytes,

@@ -10,13 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-
-class StorageError(RuntimeError):
-    """An object-store operation failed (after retries); the message names the URI."""
-
-
-class AlreadyExistsError(StorageError):
-    """A create-only write found the object already there (a racing publisher won)."""
+from pipeline.errors import StorageError
 
 
 @dataclass(frozen=True)

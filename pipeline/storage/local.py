@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from pipeline.storage.base import AlreadyExistsError, ObjectInfo, ObjectStore, normalize_key
+from pipeline.errors import AlreadyExistsError
+from pipeline.storage.base import ObjectInfo, ObjectStore, normalize_key
 
 TMP_PREFIX = ".pw-tmp-"
 

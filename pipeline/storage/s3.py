@@ -24,11 +24,10 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
+from pipeline.errors import AlreadyExistsError, StorageError
 from pipeline.storage.base import (
-    AlreadyExistsError,
     ObjectInfo,
     ObjectStore,
-    StorageError,
     join_key,
     normalize_key,
 )

@@ -57,7 +57,7 @@ def test_a_config_typo_names_the_field(home: Path, tmp_path: Path) -> None:
     bad = tmp_path / "corpus.yaml"
     bad.write_text("dedup:\n  near:\n    treshold: 0.7\n")
     done = run_cli(["build", "--config", str(bad)], cli_env(home), tmp_path)
-    assert_one_line_failure(done, 1, "dedup.near.treshold", "threshold")
+    assert_one_line_failure(done, 2, "dedup.near.treshold", "threshold")
 
 
 def test_train_on_a_missing_dataset_names_it_not_the_launcher(home: Path, tmp_path: Path) -> None:
