@@ -93,7 +93,8 @@ def run_training_job(
     def on_line(line: str) -> None:
         tail.append(line)
         del tail[:-400]
-        log.info("%s", line)
+        # The ranks' own lines reach the terminal; the launcher's (torchrun's failure banner) only the run's log.
+        log.info("%s", line, extra={} if line.startswith("[Rank ") else {"terminal": False})
         _show_progress(line)
 
     display.stage(f"launching {nproc} rank(s)")
