@@ -169,7 +169,7 @@ def fetch_tokenizer(manifest: Manifest, store: ObjectStore) -> bytes:
 
 
 def build_run(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> Run:
-    manifest, store = load_manifest(args.manifest)
+    manifest, store = load_manifest(args.manifest, cfg.s3)
     model_cfg = model_config_from_preset(
         cfg.preset, vocab_size=manifest.tokenizer.vocab_size, max_seq_len=cfg.seq_len, overrides=cfg.model
     )
@@ -295,7 +295,7 @@ def checkpoint(run: Run, uploads: list[threading.Thread]) -> None:
     logger.info("checkpoint %s saved in %.2fs", tag_dir.name, seconds)
     run.metrics.log("checkpoint", step=p.step, tag=tag_dir.name, seconds=seconds)
     if run.cfg.checkpoint_upload_uri and run.info.rank == 0:
-        store = open_store(run.cfg.checkpoint_upload_uri)
+        store = open_store(run.cfg.checkpoint_upload_uri, run.cfg.s3)
         thread = threading.Thread(target=upload_checkpoint, args=(tag_dir, store), name="ckpt-upload")
         thread.start()
         uploads.append(thread)

@@ -7,6 +7,8 @@ from typing import Any
 
 import yaml
 
+from flows.s3_flags import add_s3_arguments, dotted_s3_overrides
+
 
 def key_value(item: str) -> tuple[str, Any]:
     """One ``--set KEY=VALUE`` (an argparse type, so a malformed one is a usage error: exit 2)."""
@@ -41,12 +43,18 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
         help="override a corpus config field, e.g. dedup.near.threshold=0.7 (repeatable)",
     )  # fmt: skip
     p.add_argument("--task-runner", default="local", help="local | process | dask | dask://host:port")
+    add_s3_arguments(p)
+
+
+def corpus_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--set`` values, then the S3 flags (which win) as ``s3.<field>`` overrides of the corpus config."""
+    return parse_overrides(args.set) | dotted_s3_overrides(args)
 
 
 def precheck(args: argparse.Namespace) -> None:
     from flows.cli.precheck import check_build
 
-    check_build(args.config, args.inputs, args.output, args.name, parse_overrides(args.set))
+    check_build(args.config, args.inputs, args.output, args.name, corpus_overrides(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     flow = with_task_runner(build_corpus, args.task_runner)
     state = flow(
         config_path=args.config, inputs=args.inputs, output=args.output, name=args.name,
-        overrides=parse_overrides(args.set), return_state=True,
+        overrides=corpus_overrides(args), return_state=True,
     )  # fmt: skip
     summary, run_id = flow_run_outcome(state)
     summary["flow_run_url"] = args.api.run_url(run_id)

@@ -13,6 +13,7 @@ traceback. Ctrl-C is one line and exit 130.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -55,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def expected(exc: BaseException) -> bool:
-    """A failure whose message is the whole story (no traceback needed): ours, or bad input/config/paths."""
+    """A failure whose message is the whole story (no traceback needed): ours, bad input/config/paths, or a full
+    disk, a quota or a read-only folder (the message names the path; no retry helps)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        return True
     return isinstance(exc, (PileworksError, *USER_ERRORS))
 
 

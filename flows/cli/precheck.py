@@ -63,10 +63,17 @@ def _quiet(logger: logging.Logger) -> Iterator[None]:
 
 
 def check_train(manifest_uri: str, config_path: str | None, overrides: dict[str, Any]) -> Any:
-    """Find the dataset (a manifest that loads and validates), then load the training config."""
+    """Find the dataset (a manifest that loads and validates), then load the training config.
+
+    A local dataset is looked up first (a second, before torch is imported); an ``s3://`` one needs the
+    training config's ``s3:`` section to be reached at all."""
     from pipeline.manifest import load_manifest
 
-    load_manifest(manifest_uri)
-    from flows.train import resolved_train_config  # prefect and torch: only once the dataset is found
+    if not manifest_uri.startswith("s3://"):
+        load_manifest(manifest_uri, None)
+    from flows.train import resolved_train_config  # prefect and torch: only once a local dataset is found
 
-    return resolved_train_config(config_path, overrides)
+    cfg = resolved_train_config(config_path, overrides)
+    if manifest_uri.startswith("s3://"):
+        load_manifest(manifest_uri, _fast(cfg.s3))
+    return cfg

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flows.cli.build import add_build_arguments, parse_overrides, print_summary
+from flows.cli.build import add_build_arguments, corpus_overrides, parse_overrides, print_summary
 from flows.cli.train import add_train_arguments, training_lines, training_next_commands
 
 
@@ -25,7 +25,7 @@ def precheck_run(args: argparse.Namespace) -> None:
     from flows.cli.precheck import check_build
     from flows.train import resolved_train_config
 
-    check_build(args.config, args.inputs, args.output, args.name, parse_overrides(args.set))
+    check_build(args.config, args.inputs, args.output, args.name, corpus_overrides(args))
     resolved_train_config(args.train_config, parse_overrides(args.train_set))
 
 
@@ -40,7 +40,7 @@ def run_prepare_and_train(args: argparse.Namespace) -> int:
         flow = with_task_runner(prepare_and_train, args.task_runner)
     state = flow(
         corpus_config=args.config, train_config=args.train_config, inputs=args.inputs, output=args.output,
-        nproc=args.nproc, train_overrides=parse_overrides(args.train_set), corpus_overrides=parse_overrides(args.set),
+        nproc=args.nproc, train_overrides=parse_overrides(args.train_set), corpus_overrides=corpus_overrides(args),
         timeout_s=args.timeout, name=args.name, return_state=True,
     )  # fmt: skip
     out, run_id = flow_run_outcome(state)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.cli.build import key_value, parse_overrides
+from flows.s3_flags import add_s3_arguments, dotted_s3_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     t.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a rank failure")
     t.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+    add_s3_arguments(t)
     t.set_defaults(func=run_train, precheck=precheck_train)
 
 
@@ -36,7 +38,12 @@ def add_train_arguments(p: argparse.ArgumentParser, config_flag: str = "--config
 def precheck_train(args: argparse.Namespace) -> None:
     from flows.cli.precheck import check_train
 
-    check_train(args.manifest, args.train_config, parse_overrides(args.train_set))
+    check_train(args.manifest, args.train_config, train_overrides(args))
+
+
+def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--train-set`` values, then the S3 flags (which win) as ``s3.<field>`` overrides of the train config."""
+    return parse_overrides(args.train_set) | dotted_s3_overrides(args)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -44,7 +51,7 @@ def run_train(args: argparse.Namespace) -> int:
     from flows.train import train
 
     state = train(
-        args.manifest, args.train_config, args.nproc, parse_overrides(args.train_set), args.timeout,
+        args.manifest, args.train_config, args.nproc, train_overrides(args), args.timeout,
         args.allow_dataset_change, args.max_restarts, return_state=True,
     )  # fmt: skip
     result, run_id = flow_run_outcome(state)
