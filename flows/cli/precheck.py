@@ -47,9 +47,29 @@ def check_build(
     from pipeline.ingest import stage as ingest
 
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
-    with _quiet(ingest.log):  # the flow lists them again and says what it skips
+    with _quiet(ingest.log), _unreachable_is_one_line(cfg.s3):  # the flow lists again, and says what it skips
         ingest.list_inputs(list(cfg.resolved_inputs()), s3=_fast(cfg.s3), extensions=cfg.ingest.extensions)
     return cfg
+
+
+@contextlib.contextmanager
+def _unreachable_is_one_line(s3: Any) -> Iterator[None]:
+    """A store that does not answer the one quick try: say so, and what to check (not the retry budget)."""
+    from pipeline.errors import StorageError
+    from pipeline.storage.retry import transient_reason
+
+    try:
+        yield
+    except StorageError as exc:
+        cause = exc.__cause__
+        reason = transient_reason(cause) if cause is not None else None
+        if reason is None:
+            raise
+        endpoint = getattr(s3, "endpoint_url", None) or "AWS"
+        raise StorageError(
+            f"cannot reach the S3 store at {endpoint} ({reason}: {cause}); check s3.endpoint_url "
+            "(--s3-endpoint-url) and that the store is up"
+        ) from cause
 
 
 @contextlib.contextmanager
