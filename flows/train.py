@@ -22,6 +22,7 @@ from flows.corpus_config import load_corpus_config
 from flows.heartbeat import with_heartbeat
 from flows.progress import display
 from pipeline.errors import TrainingFailed
+from training.ranklog import LOG_TIME_ENV
 
 DEFAULT_TRAIN_CONFIG = (
     Path(importlib.util.find_spec("training").origin or "").parent / "configs" / "tiny.yaml"
@@ -86,7 +87,6 @@ def run_training_job(
     flow_run_id: str | None,
 ) -> int:
     from training import launch
-    from training.ranklog import LOG_TIME_ENV
 
     log = get_run_logger()
     tail: list[str] = []
