@@ -18,7 +18,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument(
         "--allow-dataset-change", action="store_true", help="resume a checkpoint made on another dataset"
     )
-    t.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a rank failure")
     t.set_defaults(func=run_train)
 
     r = sub.add_parser(
@@ -46,6 +45,7 @@ def _train_arguments(p: argparse.ArgumentParser, config_flag: str = "--config") 
         "--train-set", action="append", default=[], metavar="KEY=VALUE", help="override a TrainConfig field"
     )
     p.add_argument("--timeout", type=float, default=None, help="kill the job after this many seconds")
+    p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a rank failure")
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -69,7 +69,7 @@ def run_prepare_and_train(args: argparse.Namespace) -> int:
     out = flow(
         corpus_config=args.config, train_config=args.train_config, inputs=args.inputs, output=args.output,
         nproc=args.nproc, train_overrides=parse_overrides(args.train_set), corpus_overrides=parse_overrides(args.set),
-        timeout_s=args.timeout,
+        timeout_s=args.timeout, max_restarts=args.max_restarts,
     )  # fmt: skip
     print_summary(out["corpus"])
     tr = out["training"]
