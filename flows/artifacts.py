@@ -162,13 +162,19 @@ def cluster_markdown(
         cols.append(
             [seg for para in body.splitlines() for seg in (textwrap.wrap(para, width) or [""])][:max_lines]
         )
-    heads = [f"{'**kept**' if d['keep'] else 'dropped'} `{d['id']}`" for d in docs]
+    heads = [f"{'**kept**' if d['keep'] else 'dropped'} `{_short(d['id'])}`" for d in docs]
     lines = [f"## Example: cluster {cid} ({size} documents, {len(docs)} shown)", "",
              "| " + " | ".join(heads) + " |", "|" + "---|" * len(docs),
-             "| " + " | ".join(f"{_cell(str(d['source']))}, {readable.size(d['nbytes'])}" for d in docs) + " |"]  # fmt: skip
+             "| " + " | ".join(readable.size(d["nbytes"]) for d in docs) + " |"]  # fmt: skip
     for i in range(max(len(c) for c in cols)):
         lines.append("| " + " | ".join(_cell(c[i]) if i < len(c) else "" for c in cols) + " |")
+    lines += [""] + [f"- {'kept' if d['keep'] else 'dropped'}: `{d['id']}`" for d in docs]
     return "\n".join(lines)
+
+
+def _short(doc_id: str) -> str:
+    """A document id without its folder (``part-2.jsonl#B9070``); the full id is listed under the table."""
+    return doc_id.rsplit("/", 1)[-1]
 
 
 def dedup_markdown(report: dict[str, Any], cluster: str = "") -> str:

@@ -28,15 +28,19 @@ class Series:
     markers: bool = False  # dots at every point (sparse series such as evaluations)
 
 
-def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """Round tick values (1, 2, 2.5, 5 x 10^k steps) covering [lo, hi]."""
+def nice_ticks(lo: float, hi: float, count: int = 5, *, integer: bool = False) -> list[float]:
+    """Round tick values (1, 2, 2.5, 5 x 10^k steps) covering [lo, hi]; whole steps only when ``integer``."""
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise ValueError(f"tick range must be finite, got [{lo}, {hi}]")
+    if integer:
+        hi = max(hi, lo + count - 1)  # small counts: 0, 1, 2, 3, 4 rather than 0, 0.25, ... 1
     if hi <= lo:
         lo, hi = lo - (abs(lo) or 1.0) * 0.5, hi + (abs(hi) or 1.0) * 0.5
     raw = (hi - lo) / max(1, count - 1)
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    if integer:
+        step = max(1.0, math.ceil(step))
     first = math.floor(lo / step) * step
     ticks = []
     value = first
@@ -76,8 +80,10 @@ def line_chart(
     width: int = 640,
     height: int = 300,
     y_format: Callable[[float], str] = readable.si,
+    marks: Sequence[tuple[float, str]] = (),
 ) -> str:
-    """An SVG line chart: one polyline per series, x and y axes with ticks and labels, a legend."""
+    """An SVG line chart: one polyline per series, x and y axes with ticks and labels, a legend, and a dashed
+    vertical line with its label at each of ``marks`` (x, label), e.g. where a restarted job resumed."""
     pts = [p for s in series for p in s.points]
     if not pts:
         raise ValueError(f"chart {title!r} has no points")
@@ -108,6 +114,11 @@ def line_chart(
     out.append(_text(left + pw / 2, height - 10, x_label, size=12, extra='class="xlabel"'))
     out.append(_text(16, top + ph / 2, y_label, size=12,
                      extra=f'class="ylabel" transform="rotate(-90 16 {top + ph / 2:.1f})"'))  # fmt: skip
+    for x, label in marks:
+        if x0 <= x <= x1:
+            out.append(f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" y2="{top + ph}" stroke="#ff7f0e" '
+                       'stroke-dasharray="4 3" class="mark"/>')  # fmt: skip
+            out.append(_text(sx(x) + 3, top + 12, label, size=10, anchor="start", extra='class="mark"'))
     for i, s in enumerate(series):
         color = COLORS[i % len(COLORS)]
         coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in _thin(s.points))
@@ -135,10 +146,12 @@ def bar_chart(
     """Horizontal bars: one row per category, one bar per group, the value written at the end of each bar."""
     if not categories or not groups:
         raise ValueError(f"chart {title!r} has no bars")
-    left, right, top, bottom, bar, gap = 150, 70, 44, 44, 14, 10
+    left = min(width // 2, max(90, 7 * max(len(c) for c in categories) + 16))  # room for the longest label
+    right, top, bottom, bar, gap = 70, 44, 44, 14, 10
     row = bar * len(groups) + gap
     height = top + row * len(categories) + bottom
-    ticks = nice_ticks(0.0, max(max(v) for v in groups.values()) or 1.0)
+    counts = all(float(v).is_integer() for vs in groups.values() for v in vs)
+    ticks = nice_ticks(0.0, max(max(v) for v in groups.values()) or 1.0, integer=counts)
     pw, hi = width - left - right, ticks[-1]
 
     def sx(v: float) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 import urllib.parse
 
@@ -39,9 +40,15 @@ def test_build_charts_have_one_chart_per_view() -> None:
 
 def test_dedup_audit_rounds_the_rate_and_shows_the_cluster_side_by_side() -> None:
     docs = [
-        {"id": "a.jsonl#0", "source": "a.jsonl", "nbytes": 812, "keep": True, "text": "one | two\nthree"},
         {
-            "id": "b.jsonl#4",
+            "id": "file:///d/a.jsonl#0",
+            "source": "a.jsonl",
+            "nbytes": 812,
+            "keep": True,
+            "text": "one | two\nthree",
+        },
+        {
+            "id": "file:///d/b.jsonl#4",
             "source": "b.jsonl",
             "nbytes": 820,
             "keep": False,
@@ -56,8 +63,9 @@ def test_dedup_audit_rounds_the_rate_and_shows_the_cluster_side_by_side() -> Non
     assert "(38.1%)" in md and not RAW_FLOAT.search(md)
     table = md[md.index("| **kept**") :].splitlines()
     assert table[0] == "| **kept** `a.jsonl#0` | dropped `b.jsonl#4` |"
-    assert table[2] == "| a.jsonl, 812 B | b.jsonl, 820 B |"
+    assert table[2] == "| 812 B | 820 B |"
     assert table[3] == r"| one \| two | one \| two |" and table[4] == "| three | three zeppelin |"
+    assert table[-2:] == ["- kept: `file:///d/a.jsonl#0`", "- dropped: `file:///d/b.jsonl#4`"]
     assert artifacts.cluster_markdown(0, 0, []) == "No near-duplicate cluster in this build."
 
 
@@ -90,7 +98,7 @@ def test_training_markdown_has_the_four_charts_and_where_the_logs_are(tmp_path) 
     (tmp_path / "tensorboard").mkdir()
     result = {"output_dir": str(tmp_path), "steps": 20, "first_loss": history[0]["loss"],
               "final_loss": history[-1]["loss"], "final_valid_loss": 5.2345678, "tokens_per_s": 1244.56789,
-              "data_wait_share": 0.00745123, "history": history, "eval": [{"step": 10, "loss": 6.01234567}],
+              "data_wait_share": 0.00745123, "history": history, "restarts": [{"attempt": 1, "resumed_from": 8}], "eval": [{"step": 10, "loss": 6.01234567}],
               "logs": train_artifacts.log_locations(str(tmp_path))}  # fmt: skip
     md = train_artifacts.training_markdown(result)
     alts = re.findall(r"!\[([^\]]+)\]\(data:image/svg\+xml;base64,", md)
@@ -99,5 +107,27 @@ def test_training_markdown_has_the_four_charts_and_where_the_logs_are(tmp_path) 
     assert not RAW_FLOAT.search(text), RAW_FLOAT.search(text)
     assert "**loss** 7.009 → 5.109 over 20 steps; valid loss 5.235" in text and "1.24k tokens/s" in text
     assert "data wait 0.7% of step time" in text and "| TensorBoard |" in text and "wandb" not in text
+    assert "- **restart 1**: from the checkpoint of step 8" in text
+    loss_svg = base64.b64decode(re.search(r"base64,([^)]+)\)", md)[1]).decode()  # type: ignore[index]
+    assert 'class="mark">restart 1</text>' in loss_svg
     row = train_artifacts.final_row(result)
     assert row["tokens/s"] == "1.24k" and row["data wait"] == "0.7%" and row["final loss"] == "5.109"
+
+
+def test_training_result_reads_restarts_from_every_start_record(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    lines = [
+        {"kind": "start", "attempt": 0, "resumed_from": None},
+        *({"kind": "train", "step": s, "loss": 6.0 - s / 10, "attempt": 0} for s in range(1, 5)),
+        {"kind": "checkpoint", "step": 2, "tag": "step-00000002", "attempt": 0},
+        {"kind": "start", "attempt": 1, "resumed_from": 2},
+        *({"kind": "train", "step": s, "loss": 5.0 - s / 10, "attempt": 1} for s in range(3, 7)),
+        {"kind": "eval", "step": 6, "loss": 4.2, "attempt": 1},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    result = train_artifacts.training_result(str(tmp_path))
+    assert result["restarts"] == [{"attempt": 1, "resumed_from": 2}]
+    assert [h["step"] for h in result["history"]] == [1, 2, 3, 4, 5, 6]  # redone steps: the restart's values
+    assert result["history"][3]["loss"] == 4.6 and result["final_valid_loss"] == 4.2
+    assert train_artifacts.final_row(result)["restarts"] == "1"

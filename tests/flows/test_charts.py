@@ -30,6 +30,13 @@ def test_nice_ticks_cover_the_range_with_round_equal_steps(lo: float, hi: float)
     assert float(mantissa) in (1.0, 2.0, 2.5, 5.0)
 
 
+@pytest.mark.parametrize(
+    ("hi", "expected"), [(1, [0, 1, 2, 3, 4]), (7, [0, 2, 4, 6, 8]), (3000, [0, 1000, 2000, 3000])]
+)
+def test_integer_ticks_are_whole_numbers(hi: int, expected: list[int]) -> None:
+    assert charts.nice_ticks(0, hi, integer=True) == expected
+
+
 def test_line_chart_has_axes_ticks_labels_legend_and_scaled_points() -> None:
     loss = charts.Series("train loss", [(s, 7.0 - s / 50) for s in range(1, 201)])
     valid = charts.Series("valid loss", [(50, 6.1), (100, 5.2), (200, 3.5)], markers=True)
