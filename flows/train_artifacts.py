@@ -112,9 +112,10 @@ def training_markdown(result: dict[str, Any]) -> str:
         ],
         "## Logs",
         "",
-        "| log | where | open with |",
-        "|---|---|---|",
-        *[f"| {name} | `{path}` | `{how}` |" for name, (path, how) in result.get("logs", {}).items()],
+        *[
+            f"- **{name}**: `{path}`; open with `{how}`"
+            for name, (path, how) in result.get("logs", {}).items()
+        ],
     ]
     return "\n".join(lines)
 

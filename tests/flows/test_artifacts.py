@@ -106,7 +106,7 @@ def test_training_markdown_has_the_four_charts_and_where_the_logs_are(tmp_path) 
     text = re.sub(r"\(data:[^)]+\)", "", md)
     assert not RAW_FLOAT.search(text), RAW_FLOAT.search(text)
     assert "**loss** 7.009 → 5.109 over 20 steps; valid loss 5.235" in text and "1.24k tokens/s" in text
-    assert "data wait 0.7% of step time" in text and "| TensorBoard |" in text and "wandb" not in text
+    assert "data wait 0.7% of step time" in text and "- **TensorBoard**: `" in text and "wandb" not in text
     assert "- **restart 1**: from the checkpoint of step 8" in text
     loss_svg = base64.b64decode(re.search(r"base64,([^)]+)\)", md)[1]).decode()  # type: ignore[index]
     assert 'class="mark">restart 1</text>' in loss_svg
