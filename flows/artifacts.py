@@ -10,9 +10,9 @@ from flows import charts, readable
 from flows.corpus_config import CorpusConfig
 from pipeline.dedup.audit import cluster_documents
 from pipeline.manifest import Manifest, load_manifest
-from pipeline.records import StageStats
 from pipeline.storage import S3Options, open_store
 from pipeline.storage.s3 import S3Store
+from pipeline.units import StageStats
 
 MAX_TABLE_ROWS = 50  # longer shard/input lists stay in the manifest; the artifact says how many more
 PRESIGNED_EXPIRY_S = 7 * 24 * 3600  # S3's longest presigned-URL lifetime (SigV4)
