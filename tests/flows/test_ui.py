@@ -144,6 +144,7 @@ def check_build(
     page.get_by_text("Artifacts", exact=True).first.click()
     for key in BUILD_ARTIFACTS:
         expect(page.get_by_text(key, exact=True).first).to_be_visible(timeout=30_000)
+    expect(page.get_by_text(re.compile(r"^\s*result\s*$", re.I))).to_have_count(0)  # no result-record cards
     page.screenshot(path=str(shots / "ui-build-artifacts.png"), full_page=True)
     body = open_artifact(page, expect, ui, arts["manifest"], shots / "ui-manifest.png")
     for fact in ("dataset id", "tokenizer", "train", "sha256", "Inputs"):
