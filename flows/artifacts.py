@@ -101,15 +101,17 @@ def build_charts_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def manifest_link(uri: str, s3: S3Options | None, how: str) -> str:
+def manifest_link(uri: str, s3: S3Options, how: str) -> str:
     """A link a browser on the UI's page can open: s3 -> a presigned or AWS console URL when configured; a local
     store has none (a file:// link from an http page is blocked), so its path is shown as text."""
     if uri.startswith("s3://") and how != "none":
         bucket, _, key = uri.removeprefix("s3://").partition("/")
         if how == "presigned":
-            url = S3Store(bucket, options=s3).presigned_url(key, PRESIGNED_EXPIRY_S)
+            store = open_store(f"s3://{bucket}", s3=s3)
+            assert isinstance(store, S3Store)
+            url = store.presigned_url(key, PRESIGNED_EXPIRY_S)
             return f"[open manifest.json (presigned, valid {PRESIGNED_EXPIRY_S // 86400} days)]({url})"
-        region = (s3.region if s3 else None) or "us-east-1"
+        region = s3.region or "us-east-1"
         return f"[open in the S3 console](https://s3.console.aws.amazon.com/s3/object/{bucket}?region={region}&prefix={key})"
     return f"`{uri.removeprefix('file://')}`"
 

@@ -72,8 +72,8 @@ def test_dedup_audit_rounds_the_rate_and_shows_the_cluster_side_by_side() -> Non
 def test_manifest_link_local_path_as_text_and_s3_presigned_or_console(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert artifacts.manifest_link("file:///data/store/m.json", None, "none") == "`/data/store/m.json`"
-    assert artifacts.manifest_link("s3://b/d/m.json", None, "none") == "`s3://b/d/m.json`"
+    assert artifacts.manifest_link("file:///data/store/m.json", S3Options(), "none") == "`/data/store/m.json`"
+    assert artifacts.manifest_link("s3://b/d/m.json", S3Options(), "none") == "`s3://b/d/m.json`"
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     s3 = S3Options(endpoint_url="http://127.0.0.1:9", region="us-east-1")  # signed locally: nothing is sent
