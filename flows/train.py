@@ -16,11 +16,12 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows import train_artifacts
+from flows import run_names, train_artifacts
 from flows.build import build_corpus
 from flows.corpus_config import load_corpus_config
 from flows.heartbeat import with_heartbeat
 from flows.progress import display
+from flows.train_live import TrainingWatch
 from pipeline.errors import TrainingFailed
 from training.ranklog import LOG_TIME_ENV
 
@@ -75,7 +76,7 @@ def resolved_train_config(config_path: str | None, overrides: dict[str, Any] | N
     return load_train_config(config_path or DEFAULT_TRAIN_CONFIG, **(overrides or {}))
 
 
-@task(name="deepspeed-job", cache_policy=NO_CACHE)
+@task(name="deepspeed-job", task_run_name="deepspeed job: {nproc} ranks", cache_policy=NO_CACHE)
 def run_training_job(
     manifest_uri: str,
     config_path: str | None,
@@ -90,6 +91,8 @@ def run_training_job(
 
     log = get_run_logger()
     tail: list[str] = []
+    cfg = resolved_train_config(config_path, overrides)
+    watch = TrainingWatch(cfg.output_dir, cfg.max_steps)
 
     def on_line(line: str) -> None:
         tail.append(line)
@@ -97,6 +100,7 @@ def run_training_job(
         # The ranks' own lines reach the terminal; the launcher's (torchrun's failure banner) only the run's log.
         log.info("%s", line, extra={} if line.startswith("[Rank ") else {"terminal": False})
         _show_progress(line)
+        watch.on_line(line)
 
     display.stage(f"launching {nproc} rank(s)")
     code = launch.run_local(
@@ -105,6 +109,7 @@ def run_training_job(
         env={FLOW_RUN_ENV: flow_run_id or "", LOG_TIME_ENV: "0"},  # the flow's log line carries the time
     )  # fmt: skip
     display.stage("after training: artifacts")
+    watch.poll()  # the last evaluation, checkpoint and the end record
     if code != 0:
         detail = "\n".join(tail[-40:])
         if code == launch.EXIT_TIMEOUT:
@@ -119,7 +124,31 @@ def run_training_job(
     return code
 
 
-@flow(name="train", result_serializer="json")
+def train_run_name() -> str:
+    """``train tiny on sample@46dab3b9``: the preset and the dataset (name and id prefix) of the run."""
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters or {}
+    try:
+        preset = resolved_train_config(p.get("config_path"), p.get("overrides")).preset
+    except (ValueError, OSError):  # the flow itself reports a bad config, with its message
+        preset = "model"
+    return f"train {preset} on {run_names.dataset_label(str(p.get('manifest_uri', '?')))}"
+
+
+def prepare_run_name() -> str:
+    """``build and train tiny``; renamed with the dataset id once the build has published it."""
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters or {}
+    try:
+        preset = resolved_train_config(p.get("train_config"), p.get("train_overrides")).preset
+    except (ValueError, OSError):
+        preset = "model"
+    return f"build and train {preset}"
+
+
+@flow(name="train", flow_run_name=train_run_name, persist_result=False)
 @with_heartbeat
 def train(
     manifest_uri: str,
@@ -145,7 +174,7 @@ def train(
     return result
 
 
-@flow(name="prepare_and_train", result_serializer="json")
+@flow(name="prepare_and_train", flow_run_name=prepare_run_name, persist_result=False)
 @with_heartbeat
 def prepare_and_train(
     corpus_config: str | None = None,
@@ -156,6 +185,7 @@ def prepare_and_train(
     train_overrides: dict[str, Any] | None = None,
     corpus_overrides: dict[str, Any] | None = None,
     timeout_s: float | None = None,
+    max_restarts: int = 0,
     name: str | None = None,
 ) -> dict[str, Any]:
     """The one-click flow: build (or reuse) the corpus, then train on it."""
@@ -170,7 +200,11 @@ def prepare_and_train(
     if "output_dir" not in overrides:
         base = resolved_train_config(train_config, overrides).output_dir
         overrides["output_dir"] = f"{base}-{summary['dataset_id'][:12]}"
-    result = train(summary["manifest_uri"], train_config, nproc, overrides, timeout_s)
+    result = train(
+        summary["manifest_uri"], train_config, nproc, overrides, timeout_s, max_restarts=max_restarts
+    )
+    run_names.rename_flow_run(f"build {summary['name']} {summary['dataset_id'][:8]} and train "
+                              f"{resolved_train_config(train_config, overrides).preset}")  # fmt: skip
     return {"corpus": summary, "training": result}
 
 

@@ -41,7 +41,7 @@ def run_prepare_and_train(args: argparse.Namespace) -> int:
     state = flow(
         corpus_config=args.config, train_config=args.train_config, inputs=args.inputs, output=args.output,
         nproc=args.nproc, train_overrides=parse_overrides(args.train_set), corpus_overrides=corpus_overrides(args),
-        timeout_s=args.timeout, name=args.name, return_state=True,
+        timeout_s=args.timeout, max_restarts=args.max_restarts, name=args.name, return_state=True,
     )  # fmt: skip
     out, run_id = flow_run_outcome(state)
     corpus, tr = out["corpus"], {k: v for k, v in out["training"].items() if k != "history"}

@@ -19,7 +19,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument(
         "--allow-dataset-change", action="store_true", help="resume a checkpoint made on another dataset"
     )
-    t.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a rank failure")
     t.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
     add_s3_arguments(t)
     t.set_defaults(func=run_train, precheck=precheck_train)
@@ -33,6 +32,7 @@ def add_train_arguments(p: argparse.ArgumentParser, config_flag: str = "--config
         help="override a TrainConfig field, e.g. max_steps=50 (repeatable)",
     )  # fmt: skip
     p.add_argument("--timeout", type=float, default=None, help="kill the job after this many seconds")
+    p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a rank failure")
 
 
 def precheck_train(args: argparse.Namespace) -> None:

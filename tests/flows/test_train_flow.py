@@ -48,7 +48,15 @@ def test_prepare_and_train_records_lineage_and_traces_steps(
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts()
     keys = {a.key for a in artifacts}
-    assert {"training-curve", "training-final", "stage-stats", "shards", "manifest", "build-progress"} <= keys
+    assert {
+        "training-curve",
+        "training-final",
+        "training-progress",
+        "stage-stats",
+        "build-charts",
+        "manifest",
+        "build-progress",
+    } <= keys
     curve = next(a for a in artifacts if a.key == "training-curve")
     assert "loss" in str(curve.data)
     assert isinstance(generate(ckpts, "the", max_new_tokens=5), str)
