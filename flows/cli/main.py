@@ -21,6 +21,8 @@ import traceback
 
 from flows.cli import build, doctor, inspect, janitor, reap, run, sample, serve, server, trace, train
 from flows.cli.precheck import UsageError
+from flows.local_server import resolve_api, using_api
+from flows.progress import display, interactive, open_display, setup_logging
 from pipeline import __version__
 from pipeline.errors import ConfigError, PileworksError
 
@@ -78,9 +80,6 @@ def run_command(args: argparse.Namespace) -> int:
         precheck(args)
     if args.command not in PREFECT_COMMANDS:
         return int(args.func(args) or 0)
-    from flows.local_server import resolve_api, using_api
-    from flows.progress import display
-
     display.stage("connecting to Prefect")
     with using_api(resolve_api(on_wait=logging.getLogger("pileworks").info)) as api:
         args.api = api
@@ -94,8 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
-    from flows.progress import interactive, open_display, setup_logging
-
     console = setup_logging(args.verbose, live=interactive() and not getattr(args, "json", False))
     name = f"pileworks {args.command}"
     try:

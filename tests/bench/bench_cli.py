@@ -51,7 +51,7 @@ def main() -> None:
         store = root / "store"
         cases = {
             "--version": ([*cli, "--version"], 0),
-            "config error": ([*cli, "build", "--config", str(bad)], 1),
+            "config error": ([*cli, "build", "--config", str(bad)], 2),
             "missing input": ([*cli, "build", "--input", str(root / "does-not-exist")], 1),
             "dead PREFECT_API_URL": ([*cli, "build", "--output", str(store)], 1),
         }
