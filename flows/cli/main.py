@@ -33,6 +33,7 @@ EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
 # Commands that run flows or talk to the Prefect API: they get the configured API or the local background server.
 PREFECT_COMMANDS = {"build", "run", "train", "serve", "reap"}
+STARTS_NO_SERVER = {"reap"}  # reaping a server nobody started would start one only to find nothing
 
 # Besides our own failures (pipeline.errors), bad input the standard library reports: the message says it all.
 USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
@@ -81,7 +82,8 @@ def run_command(args: argparse.Namespace) -> int:
     if args.command not in PREFECT_COMMANDS:
         return int(args.func(args) or 0)
     display.stage("connecting to Prefect")
-    with using_api(resolve_api(on_wait=logging.getLogger("pileworks").info)) as api:
+    start = args.command not in STARTS_NO_SERVER
+    with using_api(resolve_api(start=start, on_wait=logging.getLogger("pileworks").info)) as api:
         args.api = api
         return int(args.func(args) or 0)
 

@@ -116,3 +116,9 @@ def test_every_option_has_help_text() -> None:
 
     walk("pileworks", build_parser())
     assert not missing, f"options without help text: {missing}"
+
+
+def test_reap_without_a_server_says_how_to_start_one_and_starts_none(home: Path, tmp_path: Path) -> None:
+    done = run_cli(["reap"], cli_env(home), tmp_path)
+    assert_one_line_failure(done, 1, "no Prefect server runs", "pileworks server start")
+    assert read_state(home) is None
