@@ -1,12 +1,13 @@
 """Checkpoints whose commit we own: DeepSpeed writes the files, a verified ``COMPLETE.json`` makes them real.
 
-DeepSpeed's ``latest`` file is written by rank 0 without waiting for the other ranks, so a rank killed mid-save
-leaves ``latest`` naming a torn checkpoint. Here every rank writes its files under ``<dir>/<tag>/``, then after a
-barrier rank 0 writes ``<tag>/COMPLETE.json`` listing every file with its size and sha256 (temp file, fsync,
-rename). Resume takes the newest tag whose record verifies and falls back to the one before; ``latest`` is never
-written or read. Files are re-hashed *before* anything is unpickled: DeepSpeed loads with ``weights_only=False``,
-so an unverified file would be a code-execution risk. The record also carries what resume must check before
-loading (the dataset id) and what sampling needs without unpickling (the model config).
+DeepSpeed's own ``latest`` file is written by rank 0 without waiting for the other ranks, so a rank killed
+mid-save leaves it naming a torn checkpoint. Here every rank writes its files under ``<dir>/<tag>/``, then after
+a barrier rank 0 writes ``<tag>/COMPLETE.json`` listing every file with its size and sha256 (temp file, fsync,
+rename), and only then ``<dir>/latest`` (for DeepSpeed's tools: ``zero_to_fp32.py``, ``load_checkpoint(dir)``).
+Resume never reads ``latest``: it takes the newest tag whose record verifies and falls back to the one before.
+Files are re-hashed before anything is unpickled, and unpickled weights-only (:mod:`training.safe_load`): the
+record catches corruption, the restricted loader catches tampering. The record also carries what resume must
+check before loading (dataset id, sampler state) and what sampling needs without unpickling (the model config).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from training.safe_load import CheckpointError, safe_load
+
 logger = logging.getLogger(__name__)
 
 RECORD_NAME = "COMPLETE.json"
@@ -34,10 +37,6 @@ RECORD_FORMAT = "pileworks-checkpoint/1"
 TAG_RE = re.compile(r"^step-(\d{8,})$")
 # Test hook: "<step>:<rank>" makes that rank os._exit() after DeepSpeed wrote its files, before the commit.
 CRASH_IN_SAVE_ENV = "PILEWORKS_TEST_EXIT_IN_SAVE"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be used: incomplete, corrupted, or made for another dataset."""
 
 
 def tag_for_step(step: int) -> str:
@@ -294,7 +293,7 @@ def load_checkpoint(
         raise CheckpointError(f"DeepSpeed could not load verified checkpoint {tag_dir}")
     own_rng = rng_file(tag_dir, _rank())
     if own_rng.is_file():
-        restore_rng_state(torch.load(own_rng, weights_only=True))
+        restore_rng_state(safe_load(own_rng))
     else:
         logger.warning(
             "%s has no RNG state for rank %d (world size changed); keeping the seeded RNG", tag, _rank()

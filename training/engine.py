@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from training.config import TrainConfig, lr_multiplier, to_deepspeed_config
 from training.metrics import StepClock
+from training.safe_load import install_safe_checkpoint_engine
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ def build_engine(model: torch.nn.Module, cfg: TrainConfig, info: DistInfo) -> tu
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config, dist_init_required=False
     )
+    install_safe_checkpoint_engine(engine)  # every DeepSpeed load: weights_only=True (training.safe_load)
     if cfg.compile and not info.on_cpu:
         engine.compile()  # compiles the module in place: state-dict keys, hence checkpoints, stay the same
     elif cfg.compile:

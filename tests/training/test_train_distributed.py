@@ -10,15 +10,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.tiny_dataset import build_tiny_dataset
+from tests.training.tamper import plant_payload
 from training.checkpoint import CRASH_IN_SAVE_ENV, RECORD_NAME, list_tags, tag_for_step, verify_tag
 from training.launch import run_local
 from training.metrics import read_metrics
+from training.safe_load import safe_load
 from training.sample import convert_to_fp32, generate, load_model
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -130,9 +133,7 @@ def test_checkpoint_converts_to_fp32_and_generates(
     model, record, used = load_model(out / "checkpoints")  # the newest verified tag
     assert used == tag_dir and record["step"] == MAX_STEPS
     # fp32 training: the ZeRO-merged fp32 master weights equal the module weights DeepSpeed saved.
-    module = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)[
-        "module"
-    ]
+    module = safe_load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu")["module"]
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, module[name].float()), name
     path = convert_to_fp32(tag_dir, tmp_path / "model.pt")
@@ -216,3 +217,23 @@ def test_rank_killed_mid_save_resumes_from_previous_complete(
     assert re.search(r"\[Rank 1\] .*resumed from .*step-00000006", text)
     assert losses(tmp_path) == reference
     assert (torn / RECORD_NAME).is_file()  # the redone save of step 12 committed
+
+
+def test_planted_payload_in_a_verifying_checkpoint_never_runs(
+    manifest_uri: str, reference_run: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """DeepSpeed's own load path (the engine's checkpoint engine) refuses a payload the record vouches for."""
+    out = tmp_path / "run"
+    shutil.copytree(reference_run[0] / "checkpoints", out / "checkpoints")
+    tag_dir = out / "checkpoints" / tag_for_step(MAX_STEPS)
+    optim = tag_dir / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    marker = tmp_path / "pwned"
+    plant_payload(tag_dir, optim.name, marker, base=safe_load(optim))
+    verify_tag(tag_dir)
+    lines: list[str] = []
+    # rank 0 refuses its planted shard (exit 2); torchrun then stops rank 1: the job fails
+    assert train(manifest_uri, out, lines=lines, overrides={"max_steps": MAX_STEPS + 2}) != 0
+    assert not marker.exists()
+    assert any("refused by the weights-only loader" in line and "GLOBAL exec)" in line for line in lines), (
+        "\n".join(lines[-30:])
+    )
