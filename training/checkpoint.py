@@ -33,6 +33,7 @@ from training.safe_load import CheckpointError, safe_load
 logger = logging.getLogger(__name__)
 
 RECORD_NAME = "COMPLETE.json"
+LATEST_NAME = "latest"  # DeepSpeed's pointer: written after the commit for its tools, never read by resume
 RECORD_FORMAT = "pileworks-checkpoint/1"
 TAG_RE = re.compile(r"^step-(\d{8,})$")
 # Test hook: "<step>:<rank>" makes that rank os._exit() after DeepSpeed wrote its files, before the commit.
@@ -105,6 +106,17 @@ def write_complete_record(tag_dir: str | Path, *, step: int, meta: Mapping[str, 
     finally:
         os.close(dir_fd)
     return record
+
+
+def write_latest(ckpt_dir: str | Path, tag: str) -> None:
+    """Point DeepSpeed's ``latest`` at a committed tag (temp file + rename). Call only after the record."""
+    if not (Path(ckpt_dir) / tag / RECORD_NAME).is_file():
+        raise CheckpointError(
+            f"{tag} has no {RECORD_NAME}: DeepSpeed's latest must never name an uncommitted tag"
+        )
+    tmp = Path(ckpt_dir) / f"{LATEST_NAME}.tmp"
+    tmp.write_text(tag, encoding="utf-8")
+    os.replace(tmp, Path(ckpt_dir) / LATEST_NAME)
 
 
 def read_record(tag_dir: str | Path) -> dict[str, Any]:
@@ -252,6 +264,7 @@ def save_checkpoint(
     _barrier()  # every rank's files are on disk before rank 0 vouches for them
     if _rank() == 0:
         write_complete_record(tag_dir, step=step, meta=meta)
+        write_latest(ckpt_dir, tag)
         prune_checkpoints(ckpt_dir, keep_last)
     _barrier()
     return tag_dir

@@ -180,3 +180,16 @@ def test_zero_shards_of_another_world_size_are_refused_before_loading(tmp_path: 
     with pytest.raises(CheckpointError, match="optimizer shards of 2 ranks and this job has 1"):
         load_checkpoint(engine, tmp_path, dataset_id="d", allow_dataset_change=False)
     assert engine.loaded == []
+
+
+def test_deepspeeds_latest_only_ever_names_a_committed_tag(tmp_path: Path) -> None:
+    from training.checkpoint import write_latest
+
+    make_tag(tmp_path, 10)
+    make_tag(tmp_path, 20, commit=False)
+    with pytest.raises(CheckpointError, match="never name an uncommitted tag"):
+        write_latest(tmp_path, tag_for_step(20))
+    assert not (tmp_path / "latest").exists()
+    write_latest(tmp_path, tag_for_step(10))
+    assert (tmp_path / "latest").read_text() == tag_for_step(10)
+    assert select_resume_tag(tmp_path) == tag_for_step(10)

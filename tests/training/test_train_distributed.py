@@ -12,6 +12,8 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,6 +145,28 @@ def test_checkpoint_converts_to_fp32_and_generates(
     assert text == generate(tag_dir, "The model", max_new_tokens=12, temperature=0.8, top_k=20, seed=1)
 
 
+def test_deepspeeds_own_zero_to_fp32_script_works_without_a_tag(
+    reference_run: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """The ``zero_to_fp32.py`` DeepSpeed copies into the checkpoint folder, run unchanged, finds ``latest``."""
+    import torch
+
+    ckpt = reference_run[0] / "checkpoints"
+    assert (ckpt / "latest").read_text() == tag_for_step(MAX_STEPS)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    done = subprocess.run(
+        [sys.executable, str(ckpt / "zero_to_fp32.py"), str(ckpt), str(tmp_path / "fp32")],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = torch.load(tmp_path / "fp32" / "pytorch_model.bin", weights_only=True)
+    model, _record, _tag = load_model(ckpt)
+    ours = model.state_dict()
+    assert set(theirs) <= set(ours) and "embed.weight" in theirs
+    for name, tensor in theirs.items():
+        assert torch.equal(tensor, ours[name]), name
+
+
 def test_zero1_loss_falls_and_is_rank_averaged(manifest_uri: str, tmp_path: Path) -> None:
     lines: list[str] = []
     upload = tmp_path / "uploaded"
@@ -209,7 +233,8 @@ def test_rank_killed_mid_save_resumes_from_previous_complete(
     assert code != 0
     torn = tmp_path / "checkpoints" / tag_for_step(12)
     assert (torn / "mp_rank_00_model_states.pt").is_file() and not (torn / RECORD_NAME).exists()
-    assert not (tmp_path / "checkpoints" / "latest").exists()
+    # DeepSpeed's latest names the last committed tag, never the torn one
+    assert (tmp_path / "checkpoints" / "latest").read_text() == tag_for_step(6)
     lines.clear()
     assert train(manifest_uri, tmp_path, lines=lines) == 0, "\n".join(lines[-40:])
     text = "\n".join(lines)
@@ -217,6 +242,7 @@ def test_rank_killed_mid_save_resumes_from_previous_complete(
     assert re.search(r"\[Rank 1\] .*resumed from .*step-00000006", text)
     assert losses(tmp_path) == reference
     assert (torn / RECORD_NAME).is_file()  # the redone save of step 12 committed
+    assert (tmp_path / "checkpoints" / "latest").read_text() == tag_for_step(MAX_STEPS)
 
 
 def test_planted_payload_in_a_verifying_checkpoint_never_runs(
