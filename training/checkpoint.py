@@ -20,7 +20,7 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from training.resume import ResumeDecision, ResumeState, check_resume
 from training.safe_load import CheckpointError, safe_load
 
 logger = logging.getLogger(__name__)
@@ -279,12 +280,13 @@ def _broadcast_tag(tag: str | None) -> str | None:
 
 
 def load_checkpoint(
-    engine: Any, ckpt_dir: str | Path, *, dataset_id: str, allow_dataset_change: bool
-) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """Collective: restore the newest verified checkpoint; ``(client_state, record)`` or None when none exists.
+    engine: Any, ckpt_dir: str | Path, *, expected: ResumeState, allowed: Collection[str] = ()
+) -> tuple[dict[str, Any], dict[str, Any], ResumeDecision] | None:
+    """Collective: restore the newest verified checkpoint; ``(client_state, record, decision)`` or None.
 
     Rank 0 picks the tag (verifying newest first) and broadcasts it; the first rank of every other node verifies
-    it again, since nodes may see different disks. Refuses another dataset id unless ``allow_dataset_change``.
+    it again, since nodes may see different disks. Before anything is unpickled, the record's resume state is
+    compared with ``expected`` (:func:`training.resume.check_resume`): a difference not in ``allowed`` is refused.
     """
     tag = _broadcast_tag(select_resume_tag(ckpt_dir) if _rank() == 0 else None)
     if tag is None:
@@ -292,11 +294,7 @@ def load_checkpoint(
     tag_dir = Path(ckpt_dir) / tag
     record = verify_tag(tag_dir) if _rank() != 0 and os.environ.get("LOCAL_RANK", "0") == "0" else None
     record = record or read_record(tag_dir)
-    if record.get("dataset_id") != dataset_id and not allow_dataset_change:
-        raise CheckpointError(
-            f"checkpoint {tag} was trained on dataset {record.get('dataset_id')}, this run reads dataset "
-            f"{dataset_id}; pass --allow-dataset-change to continue training on the new data"
-        )
+    decision = _check_record(record, expected, tag, allowed)
     _check_world_size(record, tag)
     _barrier()
     load_path, client_state = engine.load_checkpoint(
@@ -304,6 +302,9 @@ def load_checkpoint(
     )
     if load_path is None:
         raise CheckpointError(f"DeepSpeed could not load verified checkpoint {tag_dir}")
+    client_state = dict(client_state or {})
+    if "resume_state" in record and client_state.get("resume_state") != record["resume_state"]:
+        raise CheckpointError(f"{tag}: the client state's resume state differs from the COMPLETE record's")
     own_rng = rng_file(tag_dir, _rank())
     if own_rng.is_file():
         restore_rng_state(safe_load(own_rng))
@@ -312,7 +313,25 @@ def load_checkpoint(
             "%s has no RNG state for rank %d (world size changed); keeping the seeded RNG", tag, _rank()
         )
     logger.info("resumed from %s (step %s)", tag_dir, record["step"])
-    return dict(client_state or {}), record
+    return client_state, record, decision
+
+
+def _check_record(
+    record: Mapping[str, Any], expected: ResumeState, tag: str, allowed: Collection[str]
+) -> ResumeDecision:
+    """The resume check; a record from before resume states were saved is checked on its dataset id only."""
+    if "resume_state" in record:
+        saved = ResumeState.from_dict(record["resume_state"])
+        return check_resume(saved, expected, tag=tag, allowed=allowed)
+    if record.get("dataset_id") != expected.dataset_id:
+        if "dataset_id" not in allowed:
+            raise CheckpointError(
+                f"checkpoint {tag} was trained on dataset {record.get('dataset_id')}, this run reads dataset "
+                f"{expected.dataset_id}; pass --allow-dataset-change to continue training on the new data"
+            )
+        return ResumeDecision(continue_order=False, changed=("dataset_id",))
+    logger.warning("checkpoint %s predates resume checks: only its dataset id was compared", tag)
+    return ResumeDecision(continue_order=True, changed=())
 
 
 def _check_world_size(record: Mapping[str, Any], tag: str) -> None:

@@ -161,13 +161,18 @@ def train_step(
     grad_accum: int,
     device: torch.device,
     clock: StepClock,
+    seen: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """One optimizer step of ``grad_accum`` micro batches; returns this rank's mean micro-batch loss."""
+    """One optimizer step of ``grad_accum`` micro batches; returns this rank's mean micro-batch loss.
+
+    ``seen``, when given, receives each micro batch's sample ids (``batch["index"]``)."""
     losses = []
     for _ in range(grad_accum):
         t0 = time.perf_counter()
         batch = next(batches)
         clock.add_data_wait(time.perf_counter() - t0)
+        if seen is not None:
+            seen.append(batch["index"])
         inputs = batch["input_ids"].to(device, non_blocking=True)
         labels = batch["labels"].to(device, non_blocking=True)
         loss = engine(inputs, labels)

@@ -111,7 +111,7 @@ def safe_zero_to_fp32() -> Iterator[Any]:
     from deepspeed.utils import zero_to_fp32
 
     saved = zero_to_fp32.torch
-    zero_to_fp32.torch = _TorchWithSafeLoad()  # type: ignore[assignment]
+    zero_to_fp32.torch = _TorchWithSafeLoad()
     try:
         yield zero_to_fp32
     finally:

@@ -47,6 +47,7 @@ BASE = {
     "zero_stage": 2,
     "tensorboard": False,
     "pg_timeout_s": 60,
+    "record_samples": True,
 }
 RUN_TIMEOUT_S = 240
 STEP_LINE = re.compile(r"^\[Rank (\d)\] .* step (\d+)/\d+ loss ([0-9.]+) \(this rank ([0-9.]+)\)")
@@ -73,6 +74,24 @@ def train(manifest_uri: str, out: Path, *, lines: list[str] | None = None, on_li
 
 def losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(out)}
+
+
+def samples_seen(out: Path) -> dict[tuple[int, int], list[int]]:
+    """(step, rank) -> the dataset indices that rank trained on, in order (a replayed step: its last run)."""
+    seen = {}
+    for path in sorted((out / "samples").glob("rank-*.jsonl")):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            seen[(rec["step"], rec["rank"])] = rec["indices"]
+    return seen
+
+
+def global_samples(out: Path) -> dict[int, list[int]]:
+    """step -> the sorted indices all ranks trained on together in that step."""
+    by_step: dict[int, list[int]] = {}
+    for (step, _rank), indices in samples_seen(out).items():
+        by_step.setdefault(step, []).extend(indices)
+    return {step: sorted(indices) for step, indices in by_step.items()}
 
 
 @pytest.fixture(scope="module")
@@ -183,16 +202,43 @@ def test_zero1_loss_falls_and_is_rank_averaged(manifest_uri: str, tmp_path: Path
 
 
 def test_stop_and_resume_is_bitwise_exact(
-    manifest_uri: str, reference: dict[int, float], tmp_path: Path
+    manifest_uri: str, reference: dict[int, float], reference_run: tuple[Path, list[str]], tmp_path: Path
 ) -> None:
+    reference_out = reference_run[0]
     lines: list[str] = []
     assert train(manifest_uri, tmp_path, lines=lines, stop_at_step=9) == 0, "\n".join(lines[-40:])
     assert sorted(losses(tmp_path)) == list(range(1, 10))
     assert train(manifest_uri, tmp_path, lines=lines) == 0, "\n".join(lines[-40:])
     assert any("resumed from" in line and tag_for_step(9) in line for line in lines)
     assert losses(tmp_path) == reference  # every step, bit for bit
+    assert samples_seen(tmp_path) == samples_seen(reference_out)  # every rank, every step, in order
     start = [r for r in read_metrics_all(tmp_path) if r["kind"] == "start"]
     assert [r["resumed_from"] for r in start] == [None, 9]
+
+
+def test_resume_on_another_world_size_sees_the_same_samples_and_a_changed_seed_is_refused(
+    manifest_uri: str, reference_run: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """2 ranks x 4 stop at step 9; 1 rank x 8 (same world * micro batch, same accumulation) finishes: every
+    step trains on exactly the samples of the uninterrupted 2-rank run. ZeRO 0: DeepSpeed cannot re-partition
+    ZeRO optimizer shards. Then a resume with another seed is refused in one line naming the field."""
+    lines: list[str] = []
+    zero0 = {"zero_stage": 0}
+    assert train(manifest_uri, tmp_path, lines=lines, overrides=zero0, stop_at_step=9) == 0, "\n".join(
+        lines[-40:]
+    )
+    one_rank = {**BASE, **zero0, "output_dir": str(tmp_path), "micro_batch_size": 8}
+    code = run_local(manifest_uri, None, 1, overrides=one_rank, on_line=lines.append, timeout_s=RUN_TIMEOUT_S)
+    assert code == 0, "\n".join(lines[-40:])
+    assert any("world_size 2 -> 1" in line and "the global sample order continues" in line for line in lines)
+    assert sorted(global_samples(tmp_path)) == list(range(1, MAX_STEPS + 1))
+    assert global_samples(tmp_path) == global_samples(reference_run[0])
+    lines.clear()
+    changed = {**one_rank, "seed": 5, "max_steps": MAX_STEPS + 1}
+    code = run_local(manifest_uri, None, 1, overrides=changed, on_line=lines.append, timeout_s=RUN_TIMEOUT_S)
+    assert code != 0  # the rank exits 2; torchrun reports a failed worker as 1
+    refusal = [line for line in lines if "does not match this run" in line]
+    assert len(refusal) == 1 and "seed 1234 -> 5" in refusal[0] and "--allow-change seed" in refusal[0]
 
 
 def read_metrics_all(out: Path) -> list[dict]:
