@@ -16,7 +16,7 @@ from training.safe_load import (
     safe_load,
     safe_zero_to_fp32,
 )
-from training.sample import fp32_state_dict, load_model
+from training.generate import fp32_state_dict, load_model
 
 
 def tampered_tag(root: Path, marker: Path, *, zero_stage: int) -> Path:
