@@ -17,6 +17,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument(
         "--allow-dataset-change", action="store_true", help="resume a checkpoint made on another dataset"
     )
+    t.add_argument(
+        "--allow-change",
+        action="append",
+        default=[],
+        metavar="FIELD[,FIELD]",
+        help="resume although these checkpoint fields differ (seed, seq_len, world_size, micro_batch, ...)",
+    )
     t.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a rank failure")
     t.set_defaults(func=run_train)
 
@@ -35,7 +42,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     result = train(
         args.manifest, args.train_config, args.nproc, parse_overrides(args.train_set), args.timeout,
-        args.allow_dataset_change, args.max_restarts,
+        args.allow_dataset_change, args.max_restarts, args.allow_change,
     )  # fmt: skip
     print(json.dumps({k: v for k, v in result.items() if k != "history"}, indent=1))
     return 0

@@ -121,3 +121,14 @@ def test_ranks_reading_different_datasets_are_refused() -> None:
         ValueError, match=r"ranks disagree on the dataset: ranks \[0, 2\]: \('d1', 't1'\); ranks \[1\]"
     ):
         check_ranks_agree([("d1", "t1"), ("d2", "t1"), ("d1", "t1")], what="dataset")
+
+
+def test_the_trainer_command_line_builds_the_allowed_set() -> None:
+    from training.train import parse_args
+
+    args = parse_args(["--manifest", "m", "--allow-change", "seed,seq_len", "--allow-change", "world_size"])
+    assert parse_allowed(args.allow_change, allow_dataset_change=args.allow_dataset_change) == {
+        "seed", "seq_len", "world_size",
+    }  # fmt: skip
+    args = parse_args(["--manifest", "m", "--allow-dataset-change"])
+    assert parse_allowed(args.allow_change, allow_dataset_change=args.allow_dataset_change) == DATASET_CHANGE
