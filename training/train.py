@@ -117,7 +117,7 @@ class Run:
     loader: Any
     valid_loader: Any
     metrics: MetricsWriter
-    tokenizer_bytes: bytes
+    tokenizer_files: dict[str, bytes]  # tokenizer.json and its HF companions, copied into every checkpoint
     progress: Progress
     grad_accum: int
 
@@ -181,11 +181,16 @@ def check_equal_steps(
     )
 
 
-def fetch_tokenizer(manifest: Manifest, store: ObjectStore) -> bytes:
-    data = store.get_bytes(manifest.tokenizer.key)
-    if sha256_bytes(data) != manifest.tokenizer.sha256:
-        raise ValueError(f"{store.uri_of(manifest.tokenizer.key)} does not match the manifest's sha256")
-    return data
+def fetch_tokenizer(manifest: Manifest, store: ObjectStore) -> dict[str, bytes]:
+    """``tokenizer.json`` and its Hugging Face companions (``manifest.tokenizer.files``), each verified."""
+    keys = {manifest.tokenizer.key: manifest.tokenizer.sha256, **manifest.tokenizer.files}
+    files = {}
+    for key, sha256 in keys.items():
+        data = store.get_bytes(key)
+        if sha256_bytes(data) != sha256:
+            raise ValueError(f"{store.uri_of(key)} does not match the manifest's sha256")
+        files["tokenizer.json" if key == manifest.tokenizer.key else key.rsplit("/", 1)[-1]] = data
+    return files
 
 
 def build_run(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> Run:
@@ -232,7 +237,7 @@ def build_run(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> Run
         loader=loader,
         valid_loader=valid_loader,
         metrics=metrics,
-        tokenizer_bytes=fetch_tokenizer(manifest, store),
+        tokenizer_files=fetch_tokenizer(manifest, store),
         progress=Progress(),
         grad_accum=grad_accum,
     )
@@ -297,6 +302,13 @@ def checkpoint(run: Run, uploads: list[threading.Thread]) -> None:
     meta = {
         "dataset_id": run.manifest.dataset_id,
         "resume_state": state,  # readable before anything is unpickled: resume checks it first
+        "tokenizer": {  # the export and evaluation read the special ids from here
+            "sha256": run.manifest.tokenizer.sha256,
+            "vocab_size": run.manifest.tokenizer.vocab_size,
+            "eos_id": run.manifest.tokenizer.eos_id,
+            "pad_id": run.manifest.tokenizer.pad_id,
+            "bos_id": run.manifest.tokenizer.bos_id,
+        },
         "manifest_uri": run.manifest_uri,
         "world_size": run.info.world_size,
         "zero_stage": run.cfg.zero_stage,
@@ -319,7 +331,7 @@ def checkpoint(run: Run, uploads: list[threading.Thread]) -> None:
         client_state=client_state,
         meta=meta,
         keep_last=run.cfg.keep_last,
-        extra_files={"tokenizer.json": run.tokenizer_bytes},
+        extra_files=run.tokenizer_files,
     )
     seconds = time.perf_counter() - t0
     logger.info("checkpoint %s saved in %.2fs", tag_dir.name, seconds)

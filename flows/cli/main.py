@@ -12,14 +12,28 @@ import logging
 import os
 import sys
 
-from flows.cli import build, doctor, inspect, janitor, reap, run, sample, serve, trace, train
+from flows.cli import (
+    build,
+    doctor,
+    export,
+    inspect,
+    janitor,
+    reap,
+    run,
+    sample,
+    serve,
+    trace,
+    train,
+)
 from pipeline import __version__
 
 # Every command, in the order ``pileworks --help`` lists them.
-COMMANDS = (build, doctor, inspect, janitor, reap, run, sample, serve, trace, train)
+COMMANDS = (build, doctor, export, inspect, janitor, reap, run, sample, serve, trace, train)
 
 EXPECTED_FAILURES = {
     "CheckpointError",
+    "UnsafeCheckpointError",
+    "MissingExtraError",
     "StorageError",
     "StageFailed",
     "TrainingFailed",

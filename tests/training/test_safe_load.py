@@ -9,6 +9,7 @@ import torch
 
 from tests.training.tamper import plant_payload
 from training.checkpoint import tag_for_step, verify_tag, write_complete_record
+from training.generate import fp32_state_dict, load_model
 from training.safe_load import (
     UnsafeCheckpointError,
     allowed_globals,
@@ -16,7 +17,6 @@ from training.safe_load import (
     safe_load,
     safe_zero_to_fp32,
 )
-from training.generate import fp32_state_dict, load_model
 
 
 def tampered_tag(root: Path, marker: Path, *, zero_stage: int) -> Path:
