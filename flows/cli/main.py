@@ -15,6 +15,7 @@ import sys
 from flows.cli import (
     build,
     doctor,
+    evaluate,
     export,
     inspect,
     janitor,
@@ -28,7 +29,7 @@ from flows.cli import (
 from pipeline import __version__
 
 # Every command, in the order ``pileworks --help`` lists them.
-COMMANDS = (build, doctor, export, inspect, janitor, reap, run, sample, serve, trace, train)
+COMMANDS = (build, doctor, evaluate, export, inspect, janitor, reap, run, sample, serve, trace, train)
 
 EXPECTED_FAILURES = {
     "CheckpointError",

@@ -186,6 +186,32 @@ def test_deepspeeds_own_zero_to_fp32_script_works_without_a_tag(
         assert torch.equal(tensor, ours[name]), name
 
 
+def test_trained_zero2_checkpoint_exports_to_transformers_with_equal_logits(
+    manifest_uri: str, reference_run: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    import torch
+
+    transformers = pytest.importorskip("transformers", reason="the hf extra is absent")
+    from pipeline.manifest import load_manifest
+    from training.evaluate import evaluate_checkpoint
+    from training.export_hf import export_hf
+
+    ckpt = reference_run[0] / "checkpoints"
+    model, record, _tag = load_model(ckpt)
+    manifest, _store = load_manifest(manifest_uri)
+    assert record["tokenizer"]["eos_id"] == manifest.tokenizer.eos_id
+    out = export_hf(ckpt, tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    ids = torch.tensor([tok("the model was trained on the data of the archive")["input_ids"]])
+    with torch.no_grad():
+        diff = (hf(ids).logits - model(ids)).abs().max().item()
+    assert diff <= 1e-4, diff
+    result = evaluate_checkpoint(ckpt)  # the valid split of its own dataset
+    evals = read_metrics(reference_run[0], "eval")
+    assert result["split"] == "valid" and result["loss"] < evals[0]["loss"] + 1.0
+
+
 def test_zero1_loss_falls_and_is_rank_averaged(manifest_uri: str, tmp_path: Path) -> None:
     lines: list[str] = []
     upload = tmp_path / "uploaded"
