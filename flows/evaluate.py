@@ -16,6 +16,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from tokenizers import Tokenizer
 
+from pipeline.storage.options import resolve_s3_options
 from pipeline.tokenize import Encoder, TokenizeConfig
 
 
@@ -84,8 +85,10 @@ def evaluate(
     seq_len: int | None = None,
     batch_size: int = 8,
     max_samples: int | None = None,
+    s3: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Loss and perplexity of ``checkpoint`` on ``data`` (its dataset's valid split when None)."""
+    """Loss and perplexity of ``checkpoint`` on ``data`` (its dataset's valid split when None); ``s3``: the
+    store configuration (``S3Options`` fields) for ``s3://`` datasets."""
     from training.evaluate import evaluate_checkpoint
 
     tokens, documents = None, None
@@ -93,8 +96,9 @@ def evaluate(
         tokens, documents = encode_jsonl(checkpoint, data)
         data = str(Path(data).resolve())
     result = evaluate_checkpoint(
-        checkpoint, data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, max_samples=max_samples
-    )
+        checkpoint, data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, max_samples=max_samples,
+        s3=resolve_s3_options(s3) if s3 else None,
+    )  # fmt: skip
     if documents is not None:
         result["documents"] = documents
     get_run_logger().info(

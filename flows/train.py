@@ -15,18 +15,17 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows import train_artifacts
+from flows import run_names, train_artifacts
 from flows.build import build_corpus
+from flows.corpus_config import load_corpus_config
 from flows.heartbeat import with_heartbeat
+from flows.train_live import TrainingWatch
+from pipeline.errors import TrainingFailed
 
 DEFAULT_TRAIN_CONFIG = (
     Path(importlib.util.find_spec("training").origin or "").parent / "configs" / "tiny.yaml"
 )
 FLOW_RUN_ENV = "PILEWORKS_FLOW_RUN_ID"
-
-
-class TrainingFailed(RuntimeError):
-    """The training job exited non-zero (or timed out); the message has the exit code and the last lines."""
 
 
 def resolved_train_config(config_path: str | None, overrides: dict[str, Any] | None) -> Any:
@@ -35,7 +34,7 @@ def resolved_train_config(config_path: str | None, overrides: dict[str, Any] | N
     return load_train_config(config_path or DEFAULT_TRAIN_CONFIG, **(overrides or {}))
 
 
-@task(name="deepspeed-job", cache_policy=NO_CACHE)
+@task(name="deepspeed-job", task_run_name="deepspeed job: {nproc} ranks", cache_policy=NO_CACHE)
 def run_training_job(
     manifest_uri: str,
     config_path: str | None,
@@ -51,24 +50,52 @@ def run_training_job(
 
     log = get_run_logger()
     tail: list[str] = []
+    cfg = resolved_train_config(config_path, overrides)
+    watch = TrainingWatch(cfg.output_dir, cfg.max_steps)
 
     def on_line(line: str) -> None:
         tail.append(line)
         del tail[:-40]
         log.info("%s", line)
+        watch.on_line(line)
 
     code = launch.run_local(
         manifest_uri, config_path or str(DEFAULT_TRAIN_CONFIG), nproc, overrides=overrides, on_line=on_line,
         timeout_s=timeout_s, allow_dataset_change=allow_dataset_change, max_restarts=max_restarts,
         env={FLOW_RUN_ENV: flow_run_id or ""}, allow_change=list(allow_change or []),
     )  # fmt: skip
+    watch.poll()  # the last evaluation, checkpoint and the end record
     if code != 0:
         why = "timed out and was killed" if code == launch.EXIT_TIMEOUT else f"exited with code {code}"
         raise TrainingFailed(f"training {why}; last lines:\n" + "\n".join(tail[-15:]))
     return code
 
 
-@flow(name="train", result_serializer="json")
+def train_run_name() -> str:
+    """``train tiny on sample@46dab3b9``: the preset and the dataset (name and id prefix) of the run."""
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters or {}
+    try:
+        preset = resolved_train_config(p.get("config_path"), p.get("overrides")).preset
+    except (ValueError, OSError):  # the flow itself reports a bad config, with its message
+        preset = "model"
+    return f"train {preset} on {run_names.dataset_label(str(p.get('manifest_uri', '?')))}"
+
+
+def prepare_run_name() -> str:
+    """``build and train tiny``; renamed with the dataset id once the build has published it."""
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters or {}
+    try:
+        preset = resolved_train_config(p.get("train_config"), p.get("train_overrides")).preset
+    except (ValueError, OSError):
+        preset = "model"
+    return f"build and train {preset}"
+
+
+@flow(name="train", flow_run_name=train_run_name, persist_result=False)
 @with_heartbeat
 def train(
     manifest_uri: str,
@@ -94,7 +121,7 @@ def train(
     return result
 
 
-@flow(name="prepare_and_train", result_serializer="json")
+@flow(name="prepare_and_train", flow_run_name=prepare_run_name, persist_result=False)
 @with_heartbeat
 def prepare_and_train(
     corpus_config: str | None = None,
@@ -105,16 +132,25 @@ def prepare_and_train(
     train_overrides: dict[str, Any] | None = None,
     corpus_overrides: dict[str, Any] | None = None,
     timeout_s: float | None = None,
+    max_restarts: int = 0,
 ) -> dict[str, Any]:
     """The one-click flow: build (or reuse) the corpus, then train on it."""
     summary = build_corpus(
         config_path=corpus_config, inputs=inputs, output=output, overrides=corpus_overrides
     )
     overrides = dict(train_overrides or {})
+    # One s3: configuration for both halves: the corpus config's, under any s3.* the training overrides set.
+    corpus_s3 = load_corpus_config(corpus_config, overrides=corpus_overrides).s3
+    for key, value in corpus_s3.to_dict().items():
+        overrides.setdefault(f"s3.{key}", value)
     if "output_dir" not in overrides:
         base = resolved_train_config(train_config, overrides).output_dir
         overrides["output_dir"] = f"{base}-{summary['dataset_id'][:12]}"
-    result = train(summary["manifest_uri"], train_config, nproc, overrides, timeout_s)
+    result = train(
+        summary["manifest_uri"], train_config, nproc, overrides, timeout_s, max_restarts=max_restarts
+    )
+    run_names.rename_flow_run(f"build {summary['name']} {summary['dataset_id'][:8]} and train "
+                              f"{resolved_train_config(train_config, overrides).preset}")  # fmt: skip
     return {"corpus": summary, "training": result}
 
 

@@ -28,8 +28,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pipeline.errors import CheckpointError
 from training.resume import ResumeDecision, ResumeState, check_resume
-from training.safe_load import CheckpointError, safe_load
+from training.safe_load import safe_load
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.manifest import load_manifest
-from pipeline.storage import sha256_bytes
+from pipeline.storage import S3Options, sha256_bytes
 from training.cache import ShardCache
 from training.data import ShardDataset
 from training.generate import load_model
@@ -77,6 +77,7 @@ def evaluate_checkpoint(
     data: str | None = None,
     *,
     tokens: np.ndarray | None = None,
+    s3: S3Options | None = None,
     seq_len: int | None = None,
     batch_size: int = 8,
     max_samples: int | None = None,
@@ -97,7 +98,7 @@ def evaluate_checkpoint(
             windows: Iterator[np.ndarray] = stream_windows(np.asarray(tokens, dtype=np.int64), seq_len)
             result.update(data=data, dataset_id=None, split=None)
         else:
-            windows, info = _valid_windows(data or record["manifest_uri"], tag_dir, seq_len, cache_dir)
+            windows, info = _valid_windows(data or record["manifest_uri"], tag_dir, seq_len, cache_dir, s3)
             result.update(info)
         total, counted, samples = _loss_sums(model, windows, batch_size, max_samples)
     if counted == 0:
@@ -108,9 +109,9 @@ def evaluate_checkpoint(
 
 
 def _valid_windows(
-    data: str, tag_dir: Path, seq_len: int, cache_dir: str
+    data: str, tag_dir: Path, seq_len: int, cache_dir: str, s3: S3Options | None
 ) -> tuple[Iterator[np.ndarray], dict]:
-    manifest, store = load_manifest(data)
+    manifest, store = load_manifest(data, s3)
     own = sha256_bytes((tag_dir / "tokenizer.json").read_bytes())
     if manifest.tokenizer.sha256 != own:
         raise ValueError(

@@ -23,10 +23,11 @@ from typing import Any
 
 import torch
 
+from pipeline.errors import CheckpointError, PileworksError
 from pipeline.manifest import load_manifest
+from pipeline.storage import S3Options
 from training.generate import fp32_state_dict, resolve_tag_dir
 from training.model import ModelConfig
-from training.safe_load import CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ HF_TOKENIZER_NAMES = ("tokenizer_config.json", "special_tokens_map.json")  # Hug
 HF_EXTRA_HINT = "the Hugging Face export needs the hf extra: pip install 'pileworks[hf]'"
 
 
-class MissingExtraError(RuntimeError):
+class MissingExtraError(PileworksError, RuntimeError):
     """An optional dependency group (an extra) is not installed."""
 
 
@@ -106,11 +107,11 @@ class SpecialIds:
     bos_id: int | None
 
 
-def special_ids(record: dict[str, Any]) -> SpecialIds:
+def special_ids(record: dict[str, Any], s3: S3Options | None = None) -> SpecialIds:
     """eos/pad/bos ids of a checkpoint: its record's (written since resume checks), else its manifest's."""
     info = record.get("tokenizer")
     if info is None:
-        manifest, _store = load_manifest(record["manifest_uri"])
+        manifest, _store = load_manifest(record["manifest_uri"], s3)
         tk = manifest.tokenizer
         info = {"eos_id": tk.eos_id, "pad_id": tk.pad_id, "bos_id": tk.bos_id}
     return SpecialIds(int(info["eos_id"]), info.get("pad_id"), info.get("bos_id"))

@@ -20,7 +20,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from training.safe_load import CheckpointError
+from pipeline.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 

@@ -24,9 +24,7 @@ from typing import Any
 
 import torch
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be used: incomplete, corrupted, made for another run, or unsafe to unpickle."""
+from pipeline.errors import CheckpointError
 
 
 class UnsafeCheckpointError(CheckpointError):

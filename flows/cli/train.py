@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from flows.cli.build import parse_overrides
+from flows.s3_flags import add_s3_arguments, dotted_s3_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="FIELD[,FIELD]",
         help="resume although these checkpoint fields differ (seed, seq_len, world_size, micro_batch, ...)",
     )
-    t.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a rank failure")
+    add_s3_arguments(t)
     t.set_defaults(func=run_train)
 
 
@@ -35,13 +37,19 @@ def add_train_arguments(p: argparse.ArgumentParser, config_flag: str = "--config
         "--train-set", action="append", default=[], metavar="KEY=VALUE", help="override a TrainConfig field"
     )
     p.add_argument("--timeout", type=float, default=None, help="kill the job after this many seconds")
+    p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a rank failure")
+
+
+def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--train-set`` values, then the S3 flags (which win) as ``s3.<field>`` overrides of the train config."""
+    return parse_overrides(args.train_set) | dotted_s3_overrides(args)
 
 
 def run_train(args: argparse.Namespace) -> int:
     from flows.train import train
 
     result = train(
-        args.manifest, args.train_config, args.nproc, parse_overrides(args.train_set), args.timeout,
+        args.manifest, args.train_config, args.nproc, train_overrides(args), args.timeout,
         args.allow_dataset_change, args.max_restarts, args.allow_change,
     )  # fmt: skip
     print(json.dumps({k: v for k, v in result.items() if k != "history"}, indent=1))

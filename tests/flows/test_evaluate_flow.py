@@ -23,7 +23,7 @@ def test_evaluate_command_prints_json_and_publishes_an_artifact(
     from flows.cli.main import main
 
     uri = build_tiny_dataset(tmp_path / "store", n_docs=60, vocab_size=300, seed=2)
-    manifest, store = load_manifest(uri)
+    manifest, store = load_manifest(uri, None)
     cfg = ModelConfig(
         vocab_size=manifest.tokenizer.vocab_size, n_layer=1, n_head=2, d_model=32, max_seq_len=32
     )

@@ -16,7 +16,7 @@ from tests.fixtures.tiny_dataset import build_tiny_dataset, make_records
 @pytest.fixture(scope="module")
 def published(tmp_path_factory: pytest.TempPathFactory):
     uri = build_tiny_dataset(tmp_path_factory.mktemp("store"), n_docs=40, vocab_size=300, seed=4)
-    manifest, store = load_manifest(uri)
+    manifest, store = load_manifest(uri, None)
     return manifest, store, Path(uri.removeprefix("file://")).parent
 
 

@@ -27,7 +27,7 @@ SEQ_LEN = 32
 def checkpoint(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("eval")
     uri = build_tiny_dataset(root / "store", n_docs=80, vocab_size=400, seed=5)
-    manifest, store = load_manifest(uri)
+    manifest, store = load_manifest(uri, None)
     cfg = ModelConfig(
         vocab_size=manifest.tokenizer.vocab_size, n_layer=1, n_head=2, d_model=32, max_seq_len=64
     )

@@ -35,7 +35,7 @@ N_DOCS, SEED = 60, 3
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory):
     uri = build_tiny_dataset(tmp_path_factory.mktemp("store"), n_docs=N_DOCS, vocab_size=400, seed=SEED)
-    return (*load_manifest(uri), uri)
+    return (*load_manifest(uri, None), uri)
 
 
 def fake_checkpoint(root: Path, dataset, cfg: ModelConfig, **kw) -> tuple[GPT, Path]:

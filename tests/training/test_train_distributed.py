@@ -198,7 +198,7 @@ def test_trained_zero2_checkpoint_exports_to_transformers_with_equal_logits(
 
     ckpt = reference_run[0] / "checkpoints"
     model, record, _tag = load_model(ckpt)
-    manifest, _store = load_manifest(manifest_uri)
+    manifest, _store = load_manifest(manifest_uri, None)
     assert record["tokenizer"]["eos_id"] == manifest.tokenizer.eos_id
     out = export_hf(ckpt, tmp_path / "hf")
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
