@@ -86,6 +86,7 @@ def run_training_job(
     allow_dataset_change: bool,
     max_restarts: int,
     flow_run_id: str | None,
+    allow_change: list[str] | None = None,
 ) -> int:
     from training import launch
 
@@ -107,6 +108,7 @@ def run_training_job(
         manifest_uri, config_path or str(DEFAULT_TRAIN_CONFIG), nproc, overrides=overrides, on_line=on_line,
         timeout_s=timeout_s, allow_dataset_change=allow_dataset_change, max_restarts=max_restarts,
         env={FLOW_RUN_ENV: flow_run_id or "", LOG_TIME_ENV: "0"},  # the flow's log line carries the time
+        allow_change=list(allow_change or []),
     )  # fmt: skip
     display.stage("after training: artifacts")
     watch.poll()  # the last evaluation, checkpoint and the end record
@@ -158,12 +160,15 @@ def train(
     timeout_s: float | None = None,
     allow_dataset_change: bool = False,
     max_restarts: int = 0,
+    allow_change: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Train on a published dataset with ``nproc`` local ranks; returns the final metrics and checkpoint dir."""
+    """Train on a published dataset with ``nproc`` local ranks; returns the final metrics and checkpoint dir.
+
+    ``allow_change``: checkpoint fields a resume may find changed (``--allow-change``, see training.resume)."""
     cfg = resolved_train_config(config_path, overrides)
     run_training_job(
         manifest_uri, config_path, nproc, dict(overrides or {}), timeout_s, allow_dataset_change, max_restarts,
-        _flow_run_id(),
+        _flow_run_id(), allow_change,
     )  # fmt: skip
     result = train_artifacts.training_result(cfg.output_dir)
     train_artifacts.publish_training_artifacts(result)

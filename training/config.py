@@ -80,6 +80,8 @@ class TrainConfig:
     eval_interval: int = 100
     eval_batches: int = 8
     log_interval: int = 10
+    # audit: each rank appends the dataset indices of every step to <output_dir>/samples/rank-N.jsonl
+    record_samples: bool = False
     tensorboard: bool = True
     wandb: bool = False
     wandb_project: str = "pileworks"

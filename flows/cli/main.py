@@ -19,7 +19,21 @@ import os
 import sys
 import traceback
 
-from flows.cli import build, doctor, inspect, janitor, reap, run, sample, serve, server, trace, train
+from flows.cli import (
+    build,
+    doctor,
+    evaluate,
+    export,
+    inspect,
+    janitor,
+    reap,
+    run,
+    sample,
+    serve,
+    server,
+    trace,
+    train,
+)
 from flows.cli.precheck import UsageError
 from flows.local_server import resolve_api, using_api
 from flows.progress import display, interactive, open_display, setup_logging
@@ -27,12 +41,12 @@ from pipeline import __version__
 from pipeline.errors import ConfigError, PileworksError
 
 # Every command, in the order ``pileworks --help`` lists them.
-COMMANDS = (build, doctor, inspect, janitor, reap, run, sample, serve, server, trace, train)
+COMMANDS = (build, doctor, evaluate, export, inspect, janitor, reap, run, sample, serve, server, trace, train)
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 
 # Commands that run flows or talk to the Prefect API: they get the configured API or the local background server.
-PREFECT_COMMANDS = {"build", "run", "train", "serve", "reap"}
+PREFECT_COMMANDS = {"build", "evaluate", "run", "train", "serve", "reap"}
 STARTS_NO_SERVER = {"reap"}  # reaping a server nobody started would start one only to find nothing
 
 # Besides our own failures (pipeline.errors), bad input the standard library reports: the message says it all.

@@ -20,6 +20,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--allow-dataset-change", action="store_true", help="resume a checkpoint made on another dataset"
     )
     t.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+    t.add_argument(
+        "--allow-change",
+        action="append",
+        default=[],
+        metavar="FIELD[,FIELD]",
+        help="resume although these checkpoint fields differ (seed, seq_len, world_size, micro_batch, ...)",
+    )
     add_s3_arguments(t)
     t.set_defaults(func=run_train, precheck=precheck_train)
 
@@ -52,7 +59,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     state = train(
         args.manifest, args.train_config, args.nproc, train_overrides(args), args.timeout,
-        args.allow_dataset_change, args.max_restarts, return_state=True,
+        args.allow_dataset_change, args.max_restarts, args.allow_change, return_state=True,
     )  # fmt: skip
     result, run_id = flow_run_outcome(state)
     result = {k: v for k, v in result.items() if k != "history"}

@@ -70,7 +70,8 @@ def main() -> None:
                     f"from flows.build import build_corpus; build_corpus(output={str(store)!r})",
                 ]
                 old_env = {k: v for k, v in env.items() if k != "PREFECT_HOME"} | {
-                    "PREFECT_HOME": str(root / "eph")
+                    "PREFECT_HOME": str(root / "eph"),
+                    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",  # what the old CLI set
                 }
                 figures["no-change build, temporary server (before)"] = [
                     timed(old, old_env, root, 0) for _ in range(args.repeat)
