@@ -230,7 +230,8 @@ def resolve_api(start: bool = True, on_wait: Callable[[str], None] | None = None
     Raises :class:`PrefectApiUnavailable` at once for a configured API that does not answer: a flow would only
     time out on it later.
     """
-    url = configured_api_url()
+    # The environment first: a dead PREFECT_API_URL fails before prefect (seconds of imports) is even loaded.
+    url = os.environ.get("PREFECT_API_URL") or configured_api_url()
     if url:
         if "api.prefect.cloud" not in url and not healthy(url):  # Prefect Cloud: the client checks its key
             raise PrefectApiUnavailable(

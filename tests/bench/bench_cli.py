@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -20,10 +21,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def timed(argv: list[str], env: dict[str, str], cwd: Path, expect: int) -> float:
+CPU: dict[str, list[float]] = {}  # CPU seconds (user + sys) of each run and its children, per measurement
+
+
+def timed(argv: list[str], env: dict[str, str], cwd: Path, expect: int, name: str = "") -> float:
+    """Wall seconds of one run; its CPU seconds go to CPU[name] (a figure the machine's load does not inflate)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
     seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.setdefault(name, []).append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
     if done.returncode != expect:
         raise SystemExit(
             f"{' '.join(argv)} exited {done.returncode}, expected {expect}:\n{done.stderr[-3000:]}"
@@ -59,10 +67,13 @@ def main() -> None:
         try:
             for name, (argv, expect) in cases.items():
                 case_env = env | ({"PREFECT_API_URL": "http://127.0.0.1:9/api"} if "PREFECT" in name else {})
-                figures[name] = [timed(argv, case_env, root, expect) for _ in range(args.repeat)]
+                figures[name] = [timed(argv, case_env, root, expect, name) for _ in range(args.repeat)]
             build = [*cli, "build", "--output", str(store)]
-            figures["first build (starts the local server)"] = [timed(build, env, root, 0)]
-            figures["no-change build"] = [timed(build, env, root, 0) for _ in range(args.repeat)]
+            first = "first build (starts the local server)"
+            figures[first] = [timed(build, env, root, 0, first)]
+            figures["no-change build"] = [
+                timed(build, env, root, 0, "no-change build") for _ in range(args.repeat)
+            ]
             if not args.skip_old:
                 old = [
                     sys.executable,
@@ -73,9 +84,8 @@ def main() -> None:
                     "PREFECT_HOME": str(root / "eph"),
                     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",  # what the old CLI set
                 }
-                figures["no-change build, temporary server (before)"] = [
-                    timed(old, old_env, root, 0) for _ in range(args.repeat)
-                ]
+                before = "no-change build, temporary server (before)"
+                figures[before] = [timed(old, old_env, root, 0, before) for _ in range(args.repeat)]
         finally:
             subprocess.run([*cli, "server", "stop"], env=env, cwd=root, capture_output=True, timeout=120)
     load = os.getloadavg()[0]
