@@ -15,7 +15,9 @@ Per document, in order:
 4. **Whitespace** (``normalize_whitespace``): CRLF/CR -> LF, Unicode spaces -> ``' '``, no trailing spaces,
    at most ``max_blank_lines`` blank lines in a row, no leading blank lines or trailing whitespace.
 5. **Boilerplate**: lines whose hash is in the corpus-wide boilerplate set (see ``pipeline.boilerplate``).
-6. **Quality**: ``pipeline.quality.check_quality_batch``; a failing document is dropped, counted by rule.
+6. **Language** (``langid``): ``pipeline.langid`` sets ``language`` and ``language_score`` in the meta; a
+   language outside ``langid.allow`` or a score below ``langid.min_score`` drops the document.
+7. **Quality**: ``pipeline.quality.check_quality_batch``; a failing document is dropped, counted by rule.
 
 Speed: the expensive repairs run only where they can change something, and give exactly the output of
 running them everywhere. Pure ASCII text cannot be mojibake, is NFC/NFKC-invariant and has no Unicode
@@ -28,6 +30,7 @@ fast path gives the output of every repair run on every document (sample corpus 
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from collections import Counter
@@ -39,6 +42,7 @@ import ftfy
 import xxhash
 from ftfy.badness import BADNESS_RE
 
+from pipeline.langid import LangIdConfig, identify, language_verdict
 from pipeline.quality import QualityConfig, check_quality_batch
 
 try:  # the regex parser that re itself uses, to read ftfy's BADNESS_RE (see needs_ftfy)
@@ -181,6 +185,7 @@ class CleanConfig:
     max_blank_lines: int = 2
     boilerplate: BoilerplateConfig = field(default_factory=BoilerplateConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
+    langid: LangIdConfig = field(default_factory=LangIdConfig)
 
     def __post_init__(self) -> None:
         if self.normalization not in NORMALIZATIONS:
@@ -323,6 +328,18 @@ def clean_text(text: str, cfg: CleanConfig, boilerplate: frozenset[int], counts:
     return text
 
 
+def _languages(texts: list[str], cfg: LangIdConfig) -> list[tuple[str, float] | None]:
+    return [identify(t, cfg.sample_chars) if cfg.enabled and t.strip() else None for t in texts]
+
+
+def _with_language(meta: str, found: tuple[str, float] | None) -> str:
+    if found is None:
+        return meta
+    data = json.loads(meta) if meta else {}
+    data["language"], data["language_score"] = found
+    return json.dumps(data, ensure_ascii=False)
+
+
 def clean_batch(
     records: list[Record], cfg: CleanConfig, boilerplate: frozenset[int] = frozenset()
 ) -> tuple[list[Record], StageStats]:
@@ -330,17 +347,25 @@ def clean_batch(
     stats = StageStats(stage="clean", docs_in=len(records))
     counts: Counter[str] = Counter()
     texts = [clean_text(rec.text, cfg, boilerplate, counts) for rec in records]
-    empty = [not text.strip() for text in texts]
-    reasons = iter(check_quality_batch([t for t, e in zip(texts, empty, strict=True) if not e], cfg.quality))
+    langs = _languages(texts, cfg.langid)
+    early = [
+        "empty_after_clean" if not t.strip() else (language_verdict(*lang, cfg.langid) if lang else None)
+        for t, lang in zip(texts, langs, strict=True)
+    ]
+    reasons = iter(
+        check_quality_batch([t for t, e in zip(texts, early, strict=True) if e is None], cfg.quality)
+    )
     out: list[Record] = []
-    for rec, text, is_empty in zip(records, texts, empty, strict=True):
+    for rec, text, lang, reason in zip(records, texts, langs, early, strict=True):
         stats.bytes_in += _utf8_len(rec.text)
-        reason = "empty_after_clean" if is_empty else next(reasons)
+        reason = reason or next(reasons)
         if reason is not None:
             stats.drop(reason)
             continue
-        out.append(Record(rec.id, text, rec.source, rec.meta))
+        out.append(Record(rec.id, text, rec.source, _with_language(rec.meta, lang)))
         stats.bytes_out += _utf8_len(text)
+        if lang is not None:
+            counts[f"language.{lang[0]}"] += 1
     stats.docs_out = len(out)
     chars_removed = sum(map(len, (r.text for r in records))) - sum(map(len, texts))
     stats.extra = {"chars_removed": chars_removed, **{k: counts[k] for k in sorted(counts)}}
