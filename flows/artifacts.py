@@ -9,7 +9,7 @@ from flows.corpus_config import CorpusConfig
 from pipeline.manifest import load_manifest
 from pipeline.records import StageStats
 
-STAGE_ORDER = ("ingest", "clean", "exact_dedup", "near_dedup", "tokenize", "shard")
+STAGE_ORDER = ("ingest", "clean", "exact_dedup", "near_dedup", "decontam", "tokenize", "shard")
 
 
 def build_summary(

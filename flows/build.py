@@ -17,6 +17,7 @@ from typing import Any
 from prefect import flow, get_run_logger, unmapped
 
 from flows import artifacts, unitcache
+from flows.build_decontam import run_decontam
 from flows.build_tasks import (
     BuildContext,
     StageFailed,
@@ -192,6 +193,7 @@ def build_corpus(
     keys = ingest_and_clean(ctx, cfg, planned, stats, reuse)
     progress.finished("ingest + clean")
     dedup_folder, keys = run_dedup(ctx, cfg, n, keys, stats, reuse)
+    dedup_folder, keys = run_decontam(ctx, cfg, n, dedup_folder, keys, stats)
     progress.finished("dedup")
     tok_key, results = tokenize_parts(ctx, n, dedup_folder, keys, stats, reuse)
     progress.finished("tokenize")

@@ -18,6 +18,7 @@ import yaml
 from pipeline import __version__
 from pipeline.clean import CleanConfig
 from pipeline.configload import ConfigError, build_config, config_to_dict
+from pipeline.decontam import DecontamConfig
 from pipeline.dedup.exact import ExactDedupConfig
 from pipeline.dedup.near import NearDedupConfig
 from pipeline.ingest import IngestConfig
@@ -46,6 +47,7 @@ class CorpusConfig:
     ingest: IngestConfig = field(default_factory=IngestConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
+    decontam: DecontamConfig = field(default_factory=DecontamConfig)
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     shard: ShardConfig = field(default_factory=ShardConfig)
     # A tokenizer trained on the first build of a dataset name is reused by its rebuilds (same token ids, so
