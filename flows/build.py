@@ -81,7 +81,7 @@ def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]], plans: list[dict[
 def ingest_keys(cfg: CorpusConfig, plans: list[dict[str, Any]], inputs: list[dict[str, Any]]) -> list[str]:
     """A part's key: its plan plus the fingerprint (size, ETag/mtime) of every object it reads."""
     fp = {i["uri"]: [i["size"], i["etag"]] for i in inputs}
-    ing = cfg.to_dict()["ingest"]
+    ing = cfg.to_dict()["ingest"], cfg.to_dict()["sources"]
     return [
         unitcache.unit_key("ingest", p["pieces"], [fp.get(x["uri"]) for x in p["pieces"]], ing) for p in plans
     ]

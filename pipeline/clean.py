@@ -34,8 +34,9 @@ import json
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import ftfy
@@ -52,6 +53,7 @@ except ImportError:  # Python 3.10
     import sre_constants
     import sre_parse as sre_parser
 from pipeline.records import Record, StageStats, iter_part_batches, part_done, read_part_stats, write_part
+from pipeline.sources import SourceConfig, provenance
 from pipeline.storage import ObjectStore
 
 FTFY_CONFIG = ftfy.TextFixerConfig(
@@ -344,6 +346,42 @@ def clean_batch(
     records: list[Record], cfg: CleanConfig, boilerplate: frozenset[int] = frozenset()
 ) -> tuple[list[Record], StageStats]:
     """Clean a batch; every dropped document is counted by reason, every repair in ``stats.extra``."""
+    kept, stats = _clean_indexed(records, cfg, boilerplate)
+    return [r for _, r in kept], stats
+
+
+def clean_batch_by_source(
+    records: list[Record],
+    cfg: CleanConfig,
+    boilerplate: frozenset[int] = frozenset(),
+    per_source: Sequence[CleanConfig] = (),
+) -> tuple[list[Record], StageStats]:
+    """:func:`clean_batch` with the config of each document's source entry (``per_source[entry]``, from
+    :func:`source_clean_configs`), in the batch's order."""
+    if len(set(per_source)) <= 1:
+        return clean_batch(records, per_source[0] if per_source else cfg, boilerplate)
+    groups: dict[int, list[int]] = {}
+    for i, rec in enumerate(records):
+        entry = provenance(rec.meta)[1]
+        groups.setdefault(entry if entry < len(per_source) else -1, []).append(i)
+    kept: list[tuple[int, Record]] = []
+    stats = StageStats(stage="clean")
+    for entry, members in groups.items():
+        group_cfg = per_source[entry] if entry >= 0 else cfg
+        out, group_stats = _clean_indexed([records[i] for i in members], group_cfg, boilerplate)
+        kept += [(members[j], r) for j, r in out]
+        stats.merge(group_stats)
+    return [r for _, r in sorted(kept, key=lambda x: x[0])], stats
+
+
+def source_clean_configs(cfg: CleanConfig, sources: Sequence[SourceConfig]) -> list[CleanConfig]:
+    """The clean config of each source entry: the corpus-wide one with the source's overrides."""
+    return [replace(cfg, langid=s.langid or cfg.langid, quality=s.quality or cfg.quality) for s in sources]
+
+
+def _clean_indexed(
+    records: list[Record], cfg: CleanConfig, boilerplate: frozenset[int]
+) -> tuple[list[tuple[int, Record]], StageStats]:
     stats = StageStats(stage="clean", docs_in=len(records))
     counts: Counter[str] = Counter()
     texts = [clean_text(rec.text, cfg, boilerplate, counts) for rec in records]
@@ -355,14 +393,14 @@ def clean_batch(
     reasons = iter(
         check_quality_batch([t for t, e in zip(texts, early, strict=True) if e is None], cfg.quality)
     )
-    out: list[Record] = []
-    for rec, text, lang, reason in zip(records, texts, langs, early, strict=True):
+    out: list[tuple[int, Record]] = []
+    for i, (rec, text, lang, reason) in enumerate(zip(records, texts, langs, early, strict=True)):
         stats.bytes_in += _utf8_len(rec.text)
         reason = reason or next(reasons)
         if reason is not None:
             stats.drop(reason)
             continue
-        out.append(Record(rec.id, text, rec.source, _with_language(rec.meta, lang)))
+        out.append((i, Record(rec.id, text, rec.source, _with_language(rec.meta, lang))))
         stats.bytes_out += _utf8_len(text)
         if lang is not None:
             counts[f"language.{lang[0]}"] += 1
@@ -381,17 +419,19 @@ def run_clean_part(
     index: int,
     cfg: CleanConfig,
     boilerplate_key: str | None = None,
+    sources: Sequence[SourceConfig] = (),
 ) -> StageStats:
-    """Clean one part; a rerun returns the stored stats of a part already done."""
+    """Clean one part (each document with its source's overrides); a rerun returns the stored stats."""
     if part_done(store, out_folder, index):
         return read_part_stats(store, out_folder, index)
     from pipeline.boilerplate import load_boilerplate  # boilerplate imports this module
 
     boilerplate = load_boilerplate(store, boilerplate_key) if boilerplate_key else frozenset()
     stats = StageStats(stage="clean")
+    per_source = source_clean_configs(cfg, sources)
     kept: list[Record] = []
     for batch in iter_part_batches(store, in_folder, index):
-        out, batch_stats = clean_batch(batch, cfg, boilerplate)
+        out, batch_stats = clean_batch_by_source(batch, cfg, boilerplate, per_source)
         kept.extend(out)
         stats.merge(batch_stats)
     stats.extra.setdefault("chars_removed", 0)

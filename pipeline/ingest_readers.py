@@ -38,6 +38,7 @@ from pipeline.encoding import (
 )
 from pipeline.ingest_streams import DecompressingReader, LineReader, open_seekable
 from pipeline.records import QUARANTINE_SAMPLE_BYTES, Quarantined, Record
+from pipeline.sources import SOURCE_ENTRY, SOURCE_NAME, USER_META, SourceConfig, source_name
 from pipeline.storage import ObjectStore
 
 if TYPE_CHECKING:
@@ -66,6 +67,8 @@ class ReadContext:
     utf8_file: bool = False  # the file's head, or an earlier chunk, held valid non-ASCII UTF-8
     # The first HEAD_SNIFF_BYTES of the (decompressed) object, fetched only when a chunk is not strict UTF-8.
     head: Callable[[], bytes] | None = None
+    source: SourceConfig | None = None  # the configured source this object belongs to
+    entry: int = 0  # its index in the corpus config's sources
 
     def __post_init__(self) -> None:
         self.decoder = FileDecoder(min_confidence=self.cfg.min_detect_confidence)
@@ -86,7 +89,19 @@ class ReadContext:
             self.extra["docs_with_nul"] += 1
             self.extra["nul_chars"] += nuls
         self.extra[f"encoding.{encoding}"] += 1
-        meta = {**meta, "format": self.fmt, "encoding": encoding, "offset": pos}
+        name = (
+            source_name(self.source, meta) if self.source is not None else (meta.get("pile_set_name") or "")
+        )
+        # Our provenance beside the user's meta (namespaced, so a user key named "offset" or "location"
+        # is neither overwritten nor mistaken for ours).
+        meta = {
+            "format": self.fmt,
+            "encoding": encoding,
+            "offset": pos,
+            SOURCE_NAME: name if isinstance(name, str) and name else "default",
+            SOURCE_ENTRY: self.entry,
+            USER_META: meta,
+        }
         rid = doc_id if doc_id is not None else f"{self.uri}#{pos}"
         return Record(rid, text, self.uri, json.dumps(meta, ensure_ascii=False, default=str))
 

@@ -83,7 +83,7 @@ def _stated_language(record: Record) -> str | None:
     """The language the sample corpus's provenance states: ``meta.lang``, or the legacy file's name."""
     if "/legacy/" in record.source:
         return record.source.rsplit("/", 1)[1].split("-")[0]
-    lang = record.meta_dict().get("lang")
+    lang = record.meta_dict()["user"].get("lang")
     return lang.split("-")[0] if isinstance(lang, str) else None
 
 
