@@ -8,6 +8,7 @@ from typing import Any
 from flows.corpus_config import CorpusConfig
 from pipeline.manifest import load_manifest
 from pipeline.records import StageStats
+from pipeline.sources import mixture_table
 
 STAGE_ORDER = ("ingest", "clean", "exact_dedup", "near_dedup", "decontam", "tokenize", "shard")
 
@@ -41,6 +42,7 @@ def build_summary(
         "tokens": {split: info["tokens"] for split, info in manifest.splits.items()},
         "shards": {split: info["shards"] for split, info in manifest.splits.items()},
         "stages": {name: stats[name].to_json() for name in STAGE_ORDER if name in stats},
+        "mixture": mixture_rows(manifest.mixture),
         "shard_table": [
             {"split": s.split, "key": s.key, "tokens": s.tokens, "docs": s.docs, "sha256": s.sha256}
             for s in manifest.shards
@@ -65,6 +67,21 @@ def stage_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def mixture_rows(mixture: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``pileworks inspect mixture`` table as flat rows (the Prefect table artifact)."""
+    rows = []
+    for row in mixture_table(mixture, "train") if mixture else []:
+        langs = sorted(row["languages"].items(), key=lambda kv: -kv[1])
+        rows.append(
+            row
+            | {
+                "asked": ", ".join(f"{k} {v:g}" for k, v in row["asked"].items()),
+                "languages": ", ".join(f"{k} {v}" for k, v in langs),
+            }
+        )
+    return rows
+
+
 def publish_build_artifacts(summary: dict[str, Any]) -> None:
     """Tables of the stages and shards, the dedup audit and a link to the manifest, on the current run."""
     from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
@@ -77,6 +94,11 @@ def publish_build_artifacts(summary: dict[str, Any]) -> None:
         summary["manifest_uri"], link_text=f"manifest {summary['dataset_id']}", key="manifest",
         description="The published dataset's manifest",
     )  # fmt: skip
+    if summary.get("mixture"):
+        create_table_artifact(
+            summary["mixture"], key="mixture",
+            description="Tokens, documents and shares per source (train split), weights asked and target shares",
+        )  # fmt: skip
     report = summary["stages"].get("near_dedup", {}).get("extra", {}).get("report")
     if report:
         create_markdown_artifact(

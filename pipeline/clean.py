@@ -53,7 +53,7 @@ except ImportError:  # Python 3.10
     import sre_constants
     import sre_parse as sre_parser
 from pipeline.records import Record, StageStats, iter_part_batches, part_done, read_part_stats, write_part
-from pipeline.sources import SourceConfig, provenance
+from pipeline.sources import SOURCE_NAME, SourceConfig, provenance
 from pipeline.storage import ObjectStore
 
 FTFY_CONFIG = ftfy.TextFixerConfig(
@@ -334,10 +334,13 @@ def _languages(texts: list[str], cfg: LangIdConfig) -> list[tuple[str, float] | 
     return [identify(t, cfg.sample_chars) if cfg.enabled and t.strip() else None for t in texts]
 
 
-def _with_language(meta: str, found: tuple[str, float] | None) -> str:
-    if found is None:
-        return meta
+def _with_language(meta: str, found: tuple[str, float] | None, counts: Counter[str]) -> str:
+    """``meta`` with the language set; counts the kept document under its source name."""
     data = json.loads(meta) if meta else {}
+    if isinstance(data, dict) and SOURCE_NAME in data:
+        counts[f"source.{data[SOURCE_NAME]}"] += 1
+    if found is None or not isinstance(data, dict):
+        return meta
     data["language"], data["language_score"] = found
     return json.dumps(data, ensure_ascii=False)
 
@@ -400,7 +403,7 @@ def _clean_indexed(
         if reason is not None:
             stats.drop(reason)
             continue
-        out.append((i, Record(rec.id, text, rec.source, _with_language(rec.meta, lang))))
+        out.append((i, Record(rec.id, text, rec.source, _with_language(rec.meta, lang, counts))))
         stats.bytes_out += _utf8_len(text)
         if lang is not None:
             counts[f"language.{lang[0]}"] += 1

@@ -40,6 +40,7 @@ from pipeline.records import (
     read_part_stats,
     write_part,
 )
+from pipeline.sources import provenance
 from pipeline.storage import ObjectStore, S3Options
 
 # A CJK character is a unit by itself; any other run of letters/digits is a word.
@@ -340,6 +341,8 @@ def decontam_batch(
             rec = Record(rec.id, text, rec.source, rec.meta)
         out.append(rec)
         stats.bytes_out += len(rec.text.encode("utf-8", "surrogatepass"))
+        name = f"source.{provenance(rec.meta)[0]}"
+        stats.extra[name] = stats.extra.get(name, 0) + 1
     stats.docs_out = len(out)
     return out, stats
 

@@ -94,11 +94,13 @@ class ReadContext:
         )
         # Our provenance beside the user's meta (namespaced, so a user key named "offset" or "location"
         # is neither overwritten nor mistaken for ours).
+        name = name if isinstance(name, str) and name else "default"
+        self.extra[f"source.{name}"] += 1
         meta = {
             "format": self.fmt,
             "encoding": encoding,
             "offset": pos,
-            SOURCE_NAME: name if isinstance(name, str) and name else "default",
+            SOURCE_NAME: name,
             SOURCE_ENTRY: self.entry,
             USER_META: meta,
         }

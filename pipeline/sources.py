@@ -153,6 +153,25 @@ def asked_weight(sources: Sequence[SourceConfig], entry: int) -> dict[str, float
     return {"epochs": _epochs(sources, entry)}
 
 
+def format_mixture(mixture: Mapping[str, Any], split: str = "train") -> str:
+    """The mixture as a text table: one row per source, then one per language."""
+    lines = [f"{'source':24} {'tokens':>12} {'docs':>8} {'share':>7} {'target':>7}  asked      languages"]
+    for row in mixture_table(mixture, split):
+        asked = ", ".join(f"{k} {v:g}" for k, v in row["asked"].items())
+        top = ", ".join(f"{k} {v}" for k, v in sorted(row["languages"].items(), key=lambda kv: -kv[1])[:4])
+        lines.append(f"{row['source'][:24]:24} {row['tokens']:>12,} {row['docs']:>8,} {row['share']:>7.2%} "
+                     f"{row['target_share']:>7.2%}  {asked:10} {top}")  # fmt: skip
+    langs = mixture.get("languages", {})
+    total = sum(v.get(split, {}).get("tokens", 0) for v in langs.values()) or 1
+    lines.append(f"{'language':24} {'tokens':>12} {'docs':>8} {'share':>7}")
+    for lang in sorted(langs, key=lambda k: -langs[k].get(split, {}).get("tokens", 0)):
+        counts = langs[lang].get(split, {"tokens": 0, "docs": 0})
+        lines.append(
+            f"{lang:24} {counts['tokens']:>12,} {counts['docs']:>8,} {counts['tokens'] / total:>7.2%}"
+        )
+    return "\n".join(lines)
+
+
 def mixture_table(mixture: Mapping[str, Any], split: str = "train") -> list[dict[str, Any]]:
     """Rows (source, tokens, docs, natural share, target share, asked weight) of a manifest's mixture."""
     per_source = mixture.get("sources", {})

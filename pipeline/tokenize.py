@@ -301,7 +301,10 @@ def run_tokenize_part(
             continue
         encoder = encoder or Encoder(tok, cfg, sample=[r.text for r in kept])
         arrays = encoder.encode([r.text for r in kept])
-        tables.append(tokens_table(kept, arrays))
+        table = tokens_table(kept, arrays)
+        tables.append(table)
+        for name, arr in zip(table.column("source_name").to_pylist(), arrays, strict=True):
+            stats.extra[f"source_tokens.{name}"] = stats.extra.get(f"source_tokens.{name}", 0) + len(arr)
         stats.docs_out += len(kept)
         stats.bytes_in += sum(len(r.text.encode("utf-8", "replace")) for r in kept)
         n_tokens = sum(len(a) for a in arrays)
