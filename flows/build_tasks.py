@@ -91,7 +91,8 @@ def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
     """List the raw objects with their fingerprints and pack them into parts of similar byte size."""
     with stage_errors("plan-inputs"):
         cfg = config_from_dict(config)
-        inputs, entry_of = [], {}
+        inputs: list[ingest.InputFile] = []
+        entry_of: dict[str, int] = {}
         for entry, source in enumerate(cfg.resolved_sources()):
             for inp in ingest.list_inputs(list(source.inputs), s3=cfg.s3, extensions=cfg.ingest.extensions):
                 if entry_of.setdefault(inp.uri, entry) != entry:

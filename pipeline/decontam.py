@@ -32,6 +32,7 @@ import xxhash
 
 from pipeline.ingest import IngestConfig, iter_ingest_part, list_inputs, plan_parts
 from pipeline.records import (
+    Quarantined,
     Record,
     StageStats,
     iter_part_batches,
@@ -230,7 +231,7 @@ def read_eval_texts(eval_set: EvalSet, s3: S3Options | None = None) -> list[str]
     cfg = IngestConfig(text_field=eval_set.text_field, txt_mode="paragraph")
     texts: list[str] = []
     for plan in plan_parts(list_inputs(list(eval_set.inputs), s3, cfg.extensions), 1 << 62, cfg=cfg, s3=s3):
-        stats, quarantined = StageStats(stage="eval"), []
+        stats, quarantined = StageStats(stage="eval"), list[Quarantined]()
         texts += [r.text for r in iter_ingest_part(plan, cfg, stats, quarantined, s3)]
         if quarantined:
             bad = quarantined[0]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -278,7 +278,7 @@ class ShardWriter:
         locations: Sequence[str],
         offsets: np.ndarray,
         flat: np.ndarray,
-        provenance: dict[str, Sequence[str]] | None = None,
+        provenance: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         """Add documents in order: document j is ``flat[offsets[j]:offsets[j+1]]`` (``offsets[0] == 0``).
 

@@ -128,16 +128,16 @@ def target_shares(
     for e, members in by_entry.items():
         share = sources[e].share if e < len(sources) else None
         if share is not None:
-            total = sum(tokens[n] for n in members)
-            out.update({n: share * tokens[n] / total for n in members})
+            entry_tokens = sum(tokens[n] for n in members)
+            out.update({n: share * tokens[n] / entry_tokens for n in members})
             fixed += share
     free = [n for n in names if n not in out]
     raw = {n: _epochs(sources, entry_of.get(n, 0)) * tokens[n] for n in free}
-    left = 1.0 - fixed if free else 0.0
-    if free and sum(raw.values()) > 0:
-        out.update({n: left * raw[n] / sum(raw.values()) for n in free})
-    total = sum(out.values())
-    return {n: v / total for n, v in out.items()} if total > 0 else out
+    raw_total = float(sum(raw.values(), 0.0))
+    if free and raw_total > 0:
+        out.update({n: (1.0 - fixed) * raw[n] / raw_total for n in free})
+    grand = float(sum(out.values(), 0.0))
+    return {n: v / grand for n, v in out.items()} if grand > 0 else out
 
 
 def _epochs(sources: Sequence[SourceConfig], entry: int) -> float:

@@ -164,3 +164,27 @@ class BlendedDistributedSampler(ResumableDistributedSampler):
         state = super().state_dict()
         state["blend_block"] = self.block
         return state
+
+
+def blend_sources(mixture: Mapping[str, Any], seq_len: int, enabled: bool = True) -> list[SourceSamples]:
+    """The train split's sources to blend, or ``[]`` when blending is off or there is one source only."""
+    sources = [s for s in source_samples(mixture, "train", seq_len) if s.count > 0 and s.share > 0]
+    return sources if enabled and len(sources) > 1 else []
+
+
+def epoch_order(
+    sources: list[SourceSamples], n: int, *, seed: int, epoch: int
+) -> BlendedOrder | EpochPermutation:
+    """The order the trainer's sampler uses for ``epoch``: blended when there are sources to blend."""
+    if sources:
+        return BlendedOrder(sources, n, seed=seed, epoch=epoch)
+    return EpochPermutation(n, seed=seed, epoch=epoch)
+
+
+def source_tokens(
+    order: BlendedOrder | EpochPermutation, start: int, stop: int, seq_len: int
+) -> dict[str, int]:
+    """Tokens per source trained on at positions ``[start, stop)`` of an epoch (``seq_len`` per sample)."""
+    if not isinstance(order, BlendedOrder):
+        return {}
+    return {name: n * seq_len for name, n in order.drawn_per_source(start, stop).items()}
