@@ -7,8 +7,8 @@ from typing import Any
 
 from flows.corpus_config import CorpusConfig
 from pipeline.manifest import load_manifest
-from pipeline.records import StageStats
 from pipeline.sources import mixture_table
+from pipeline.units import StageStats
 
 STAGE_ORDER = ("ingest", "clean", "exact_dedup", "near_dedup", "decontam", "tokenize", "shard")
 

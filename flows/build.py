@@ -44,8 +44,8 @@ from flows.build_tasks import (
 from flows.corpus_config import CorpusConfig, load_corpus_config
 from flows.heartbeat import with_heartbeat
 from flows.progress import stage_progress
-from pipeline.records import StageStats, mark_stage_success
 from pipeline.storage import open_store
+from pipeline.units import StageStats, mark_stage_success
 
 __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
 

@@ -15,7 +15,7 @@ from flows import unitcache
 from flows.build_tasks import IO_RETRIES, _ctx, _unit, stage_errors
 from flows.corpus_config import CorpusConfig
 from pipeline import decontam
-from pipeline.records import StageStats, mark_stage_success
+from pipeline.units import StageStats, mark_stage_success
 
 
 @task(name="decontam-index", cache_policy=NO_CACHE, **IO_RETRIES)

@@ -19,11 +19,15 @@ from prefect.cache_policies import NO_CACHE
 from flows import unitcache
 from flows.corpus_config import CorpusConfig, config_from_dict
 from flows.progress import stage_progress
-from pipeline import boilerplate, clean, ingest, tokenize
-from pipeline.dedup import exact, near
+from pipeline import tokenize
+from pipeline.clean import boilerplate
+from pipeline.clean import stage as clean
+from pipeline.dedup import candidates, clusters, exact, near, signatures
+from pipeline.ingest import config as ingest_config
+from pipeline.ingest import stage as ingest
 from pipeline.manifest import DatasetConflictError
-from pipeline.records import StageStats, part_name
 from pipeline.storage import ObjectStore, open_store
+from pipeline.units import StageStats, part_name
 
 IO_RETRIES = dict(retries=3, retry_delay_seconds=[2, 10, 30])
 
@@ -91,7 +95,7 @@ def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
     """List the raw objects with their fingerprints and pack them into parts of similar byte size."""
     with stage_errors("plan-inputs"):
         cfg = config_from_dict(config)
-        inputs: list[ingest.InputFile] = []
+        inputs: list[ingest_config.InputFile] = []
         entry_of: dict[str, int] = {}
         for entry, source in enumerate(cfg.resolved_sources()):
             for inp in ingest.list_inputs(list(source.inputs), s3=cfg.s3, extensions=cfg.ingest.extensions):
@@ -107,7 +111,7 @@ def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
 @task(name="ingest", cache_policy=NO_CACHE, **IO_RETRIES)
 def ingest_task(ctx: dict[str, Any], plan: dict[str, Any], key: str) -> dict[str, Any]:
     c = _ctx(ctx)
-    part = ingest.PartPlan.from_json(plan)
+    part = ingest_config.PartPlan.from_json(plan)
     return _unit(c, "ingest", key, c.folder("ingest"), part.index,
                  lambda st: ingest.run_ingest_part(st, c.folder("ingest"), part, c.cfg.ingest, s3=c.cfg.s3,
                                                    sources=c.cfg.resolved_sources()))  # fmt: skip
@@ -180,14 +184,14 @@ def signatures_task(ctx: dict[str, Any], index: int, in_folder: str, upstream: s
     c = _ctx(ctx)
     key = unitcache.unit_key("signatures", upstream, c.config["dedup"]["near"])
     return _unit(c, "signatures", key, c.folder("near/signatures"), index,
-                 lambda st: near.run_signatures_part(st, in_folder, c.folder("near/signatures"), index, c.cfg.dedup.near))  # fmt: skip
+                 lambda st: signatures.run_signatures_part(st, in_folder, c.folder("near/signatures"), index, c.cfg.dedup.near))  # fmt: skip
 
 
 @task(name="near-plan", cache_policy=NO_CACHE)
 def near_plan_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> dict[str, Any]:
     with stage_errors("near-plan"):
         c = _ctx(ctx)
-        return near.plan_near_dedup(c.store(), c.folder("near"), num_parts, c.cfg.dedup.near)
+        return candidates.plan_near_dedup(c.store(), c.folder("near"), num_parts, c.cfg.dedup.near)
 
 
 @task(name="lsh-bands", cache_policy=NO_CACHE)
@@ -196,7 +200,7 @@ def bands_task(
 ) -> dict[str, Any]:
     with stage_errors("lsh-bands"):
         c = _ctx(ctx)
-        return near.run_bands_part(
+        return candidates.run_bands_part(
             c.store(), c.folder("near"), index, c.cfg.dedup.near, plan, from_index=from_index
         ).to_json()
 
@@ -205,7 +209,9 @@ def bands_task(
 def edges_task(ctx: dict[str, Any], partition: int, plan: dict[str, Any], _wait: list[Any]) -> dict[str, Any]:
     with stage_errors("lsh-edges"):
         c = _ctx(ctx)
-        return near.run_edges_part(c.store(), c.folder("near"), partition, c.cfg.dedup.near, plan).to_json()
+        return candidates.run_edges_part(
+            c.store(), c.folder("near"), partition, c.cfg.dedup.near, plan
+        ).to_json()
 
 
 @task(name="near-clusters", cache_policy=NO_CACHE)
@@ -215,7 +221,7 @@ def clusters_task(
     with stage_errors("near-clusters"):
         c = _ctx(ctx)
         es = StageStats.from_json(exact_stats) if exact_stats else None
-        return near.run_clusters(
+        return clusters.run_clusters(
             c.store(), in_folder, c.folder("near"), num_parts, c.cfg.dedup.near, exact_stats=es
         ).to_json()
 
@@ -309,5 +315,5 @@ def save_index_task(ctx: dict[str, Any], num_parts: int, dataset_id: str) -> str
         store = c.store()
         uri = store.uri_of(f"indexes/{c.cfg.name}/{dataset_id}")
         if not store.exists(f"indexes/{c.cfg.name}/{dataset_id}/index.json"):
-            near.save_index(store, c.folder("near"), num_parts, c.cfg.dedup.near, uri)
+            signatures.save_index(store, c.folder("near"), num_parts, c.cfg.dedup.near, uri)
         return uri

@@ -30,19 +30,12 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from pipeline.ingest import IngestConfig, iter_ingest_part, list_inputs, plan_parts
-from pipeline.records import (
-    Quarantined,
-    Record,
-    StageStats,
-    iter_part_batches,
-    part_done,
-    part_name,
-    read_part_stats,
-    write_part,
-)
+from pipeline.ingest.config import IngestConfig
+from pipeline.ingest.stage import iter_ingest_part, list_inputs, plan_parts
+from pipeline.records import Quarantined, Record, iter_part_batches, write_part
 from pipeline.sources import provenance
 from pipeline.storage import ObjectStore, S3Options
+from pipeline.units import StageStats, part_done, part_name, read_part_stats
 
 # A CJK character is a unit by itself; any other run of letters/digits is a word.
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
+from pipeline.clean.quality import QualityConfig
 from pipeline.langid import LangIdConfig
-from pipeline.quality import QualityConfig
 
 if TYPE_CHECKING:
     from pipeline.shards import WrittenShard

@@ -20,7 +20,7 @@ import zstandard
 
 from pipeline.decontam import DecontamConfig, UnitHasher, decontam_batch, index_texts
 from pipeline.records import Record
-from pipeline.sample import sample_corpus_path
+from pipeline.sample_corpus import sample_corpus_path
 from tests.bench.bench_clean import generated_english, repeat_to
 
 BATCH = 2048

@@ -17,7 +17,7 @@ from tiny_corpus import TINY_OVERRIDES, _doc
 
 from pipeline.manifest import load_manifest
 from pipeline.storage import open_store
-from tests.pipeline.test_encoding import FRENCH
+from tests.pipeline.ingest.test_encoding import FRENCH
 from training.blend import BlendedDistributedSampler, blend_sources
 from training.data import ShardDataset
 
@@ -60,7 +60,7 @@ def _write_sources(root: Path) -> dict[str, object]:
 
 def test_three_sources_reach_the_shards_and_blend_by_weight(prefect_harness, tmp_path: Path) -> None:
     from flows.build import build_corpus
-    from flows.cmd_inspect import run_mixture
+    from flows.cli.inspect import run_mixture
     from training.cache import ShardCache
 
     extra = _write_sources(tmp_path / "raw")

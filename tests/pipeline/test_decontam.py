@@ -28,8 +28,9 @@ from pipeline.decontam import (
     units,
     window_hashes,
 )
-from pipeline.records import Record, StageStats, read_part, read_part_stats, write_part
+from pipeline.records import Record, read_part, write_part
 from pipeline.storage import FileStore, open_store
+from pipeline.units import StageStats, read_part_stats
 
 VOCAB = [f"w{i}" for i in range(5000)]
 CJK_CHARS = [chr(c) for c in range(0x4E00, 0x4E00 + 3000)]

@@ -8,13 +8,15 @@ from collections import Counter
 
 import pytest
 
-from pipeline.clean import CleanConfig, clean_batch, normalize_text
+from pipeline.clean.config import CleanConfig
+from pipeline.clean.normalize import normalize_text
+from pipeline.clean.quality import QualityConfig
+from pipeline.clean.stage import clean_batch
 from pipeline.langid import LangIdConfig, identify, language_verdict
-from pipeline.quality import QualityConfig
 from pipeline.records import Record
-from pipeline.sample import sample_corpus_path
-from tests.pipeline.test_encoding import CHINESE, FRENCH, JAPANESE, RUSSIAN, SPANISH
-from tests.pipeline.test_ingest import ingest_all
+from pipeline.sample_corpus import sample_corpus_path
+from tests.pipeline.ingest.test_encoding import CHINESE, FRENCH, JAPANESE, RUSSIAN, SPANISH
+from tests.pipeline.ingest.test_ingest import ingest_all
 
 log = logging.getLogger(__name__)
 ENGLISH = (
