@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from tiny_corpus import TINY_OVERRIDES, _doc
 
 from pipeline.manifest import load_manifest
 from pipeline.storage import open_store
+from tests.flows.tiny_corpus import TINY_OVERRIDES, _doc
 from tests.pipeline.ingest.test_encoding import FRENCH
 from training.blend import BlendedDistributedSampler, blend_sources
 from training.data import ShardDataset

@@ -97,3 +97,20 @@ def test_source_samples_from_ranges() -> None:
     assert (b.first, b.count) == (10, 5)  # samples 10..14: sample 14 is tokens [1400, 1501)
     with pytest.raises(ValueError, match="no source"):
         BlendedOrder([SourceSamples("x", 0, 0, 1.0)], 10, seed=0, epoch=0)
+
+
+def test_source_tokens_and_lineage_use_the_blended_order() -> None:
+    from training.blend import epoch_order, source_tokens
+    from training.lineage import DataShape, step_samples
+    from training.sampler import EpochPermutation
+
+    order = epoch_order(SOURCES, N, seed=4, epoch=0)
+    assert isinstance(order, BlendedOrder)
+    tokens = source_tokens(order, 0, 1000, seq_len=16)
+    assert tokens == {"pile": 500 * 16, "web": 300 * 16, "books": 200 * 16}
+    assert isinstance(epoch_order([], N, seed=4, epoch=0), EpochPermutation)
+    shape = DataShape(n=N, world=2, micro_batch=4, grad_accum=2, seed=4)
+    batches = step_samples(shape, 3, sources=SOURCES)
+    for b in batches:
+        want = BlendedOrder(SOURCES, N, seed=4, epoch=b["epoch"])(b["positions"])
+        assert np.array_equal(b["samples"], want)
