@@ -7,7 +7,10 @@ probabilities in [0, 1]. Codes are ISO 639-1 (``en``, ``zh``, ``ja``...), as the
 Only the first ``sample_chars`` characters are classified: a document's opening is almost always in its
 language, and technical text later on (commands, code, untranslated English passages of a partial
 translation) pulls long documents towards English. On the bundled sample corpus this is right on 302 of its
-310 documents whose language is stated (see ``tests/pipeline/test_langid.py``).
+310 documents whose language is stated (see ``tests/pipeline/test_langid.py``). Three windows spread over the
+document (start, middle, end) were tried: as accurate overall, but Chinese chapters whose later windows are
+tables came out as Wu or Cantonese (``wuu``, ``yue``), so the opening it is. Cost: the model walks every byte
+in Python, ~0.5-1.5 ms per document at 3,000 characters, which makes it the dearest step of clean.
 """
 
 from __future__ import annotations

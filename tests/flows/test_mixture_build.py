@@ -137,6 +137,22 @@ def test_three_sources_reach_the_shards_and_blend_by_weight(prefect_harness, tmp
     ]
     dataset.close()
 
+    # the trainer builds exactly this sampler from the manifest (and a plain one with blend: false)
+    import torch
+
+    from training.config import TrainConfig
+    from training.engine import DistInfo
+    from training.train import build_data
+
+    info = DistInfo(rank=0, world_size=1, local_rank=0, on_cpu=True, device=torch.device("cpu"))
+    for blend in (True, False):
+        cfg = TrainConfig(seq_len=SEQ_LEN, seed=5, num_workers=0, blend=blend, output_dir=str(tmp_path / "run"),
+                          eval_batches=0)  # fmt: skip
+        _, sampler, _, _ = build_data(cfg, manifest, dstore, info)
+        assert isinstance(sampler, BlendedDistributedSampler) is blend
+        if blend:
+            assert list(sampler)[:100] == full[:100]
+
     # pileworks inspect mixture
     assert run_mixture(argparse.Namespace(dataset=summary["manifest_uri"], split="train", json=False)) == 0
     report = json.loads(
