@@ -12,7 +12,7 @@ from pipeline.clean.config import CleanConfig
 from pipeline.clean.normalize import normalize_text
 from pipeline.clean.quality import QualityConfig
 from pipeline.clean.stage import clean_batch
-from pipeline.langid import LangIdConfig, identify, language_verdict
+from pipeline.langid import STATE_DEPTH, FastIdentifier, LangIdConfig, _identifier, identify, language_verdict
 from pipeline.records import Record
 from pipeline.sample_corpus import sample_corpus_path
 from tests.pipeline.ingest.test_encoding import CHINESE, FRENCH, JAPANESE, RUSSIAN, SPANISH
@@ -110,3 +110,43 @@ def test_sample_corpus_accuracy_per_language() -> None:
     assert sum(right.values()) / sum(total.values()) >= 0.95
     assert right["zh"] == total["zh"] and right["en"] == total["en"]
     assert all(right[lang] / total[lang] >= 0.85 for lang in total)
+
+
+def test_fast_identifier_matches_py3langid() -> None:
+    """The vectorised automaton walk gives py3langid's states, languages and probabilities."""
+    import random
+
+    model = _identifier()
+    fast = FastIdentifier(model)
+    rng = random.Random(0)
+    alphabet = "abcdefgh éü中文日本語Привет ,.\n\t"
+    texts = [CHINESE, JAPANESE, RUSSIAN, FRENCH, SPANISH, ENGLISH, "", "x", "ABC DEF", "12 34"]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(200))) for _ in range(200)]
+    texts += [bytes(rng.randrange(256) for _ in range(300)).decode("latin-1") for _ in range(20)]
+    for text in texts:
+        want = model.classify(text)
+        got = fast.classify(text)
+        assert got[0] == want[0] and abs(got[1] - want[1]) < 1e-4, text
+    data = (CHINESE + ENGLISH).encode()
+    walked, state = [], 0
+    for byte in data:  # py3langid's own loop
+        state = model.tk_nextmove[model._rowbase[state] + byte]
+        walked.append(state)
+    assert fast.states(data).tolist() == walked
+
+
+def test_state_depth_is_the_automatons_deepest_state() -> None:
+    """Breadth-first from the start state: a state's distance is the length of the n-gram it stands for."""
+    import numpy as np
+
+    fast = FastIdentifier(_identifier())
+    depth = np.full(len(fast.row_base), -1)
+    depth[0], frontier, d = 0, np.array([0]), 0
+    while frontier.size:
+        reached = fast.next_state[(fast.row_base[frontier][:, None] + np.arange(256)[None, :]).ravel()]
+        reached = np.unique(reached)
+        reached = reached[depth[reached] < 0]
+        d += 1
+        depth[reached] = d
+        frontier = reached
+    assert depth.min() == 0 and depth.max() == STATE_DEPTH
