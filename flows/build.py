@@ -45,6 +45,8 @@ from flows.corpus_config import CorpusConfig, load_corpus_config
 from flows.heartbeat import with_heartbeat
 from flows.progress import stage_progress
 from pipeline.storage import open_store
+from pipeline.storage.s3 import abort_recorded_uploads
+from pipeline.storage.uploads import UploadJournal
 from pipeline.units import StageStats, mark_stage_success
 
 __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
@@ -176,7 +178,9 @@ def build_corpus(
     started = time.perf_counter()
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
     planned = plan_inputs(cfg.to_dict())
-    n, store = len(planned["plans"]), open_store(cfg.output, s3=cfg.s3)
+    n, store = len(planned["plans"]), open_store(cfg.output, cfg.s3)
+    # Uploads still recorded belong to earlier runs that died: abort them now rather than after an hour.
+    abort_recorded_uploads(UploadJournal(store), cfg.s3)
     work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
     ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict()).to_json()
     get_run_logger().info("build %s: %d input object(s) in %d part(s); work folder %s",

@@ -23,13 +23,26 @@ from pipeline import tokenize
 from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
 from pipeline.dedup import candidates, clusters, exact, near, signatures
+from pipeline.errors import StageFailed
 from pipeline.ingest import config as ingest_config
 from pipeline.ingest import stage as ingest
 from pipeline.manifest import DatasetConflictError
 from pipeline.storage import ObjectStore, open_store
+from pipeline.storage.retry import is_permanent
+from pipeline.storage.uploads import UploadJournal
 from pipeline.units import StageStats, part_name
 
-IO_RETRIES = dict(retries=3, retry_delay_seconds=[2, 10, 30])
+
+def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition: a whole-unit retry for transient trouble only; a missing input, missing
+    credentials, access denied, a missing bucket, a bad config or a full disk fail the run at once."""
+    return not is_permanent(state.result(raise_on_failure=False))
+
+
+# Each S3 call already retries its own transient errors (pipeline.storage.retry); these are for whole units.
+IO_RETRIES: dict[str, Any] = dict(
+    retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=_worth_retrying
+)
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,9 @@ class BuildContext:
         return config_from_dict(self.config)
 
     def store(self) -> ObjectStore:
-        return open_store(self.store_uri, s3=self.cfg.s3)
+        store = open_store(self.store_uri, self.cfg.s3)
+        store.uploads = UploadJournal(store)  # multipart uploads recorded in work/uploads until they end
+        return store
 
     def folder(self, name: str) -> str:
         return f"{self.work}/{name}"
@@ -59,10 +74,6 @@ def _ctx(data: dict[str, Any]) -> BuildContext:
 
 
 # ---------------------------------------------------------------- failures name the stage and the part
-
-
-class StageFailed(RuntimeError):
-    """A stage failed; the message names the stage and the part so the run page says where to look."""
 
 
 @contextlib.contextmanager

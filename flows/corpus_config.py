@@ -17,9 +17,10 @@ import yaml
 
 from pipeline import __version__
 from pipeline.clean.config import CleanConfig
-from pipeline.configload import ConfigError, build_config, config_to_dict
+from pipeline.configload import build_config, config_to_dict
 from pipeline.decontam import DecontamConfig
 from pipeline.dedup.config import ExactDedupConfig, NearDedupConfig
+from pipeline.errors import ConfigError
 from pipeline.ingest.config import IngestConfig
 from pipeline.sample_corpus import sample_corpus_path
 from pipeline.shards import ShardConfig

@@ -17,16 +17,14 @@ from prefect.cache_policies import NO_CACHE
 
 from flows import train_artifacts
 from flows.build import build_corpus
+from flows.corpus_config import load_corpus_config
 from flows.heartbeat import with_heartbeat
+from pipeline.errors import TrainingFailed
 
 DEFAULT_TRAIN_CONFIG = (
     Path(importlib.util.find_spec("training").origin or "").parent / "configs" / "tiny.yaml"
 )
 FLOW_RUN_ENV = "PILEWORKS_FLOW_RUN_ID"
-
-
-class TrainingFailed(RuntimeError):
-    """The training job exited non-zero (or timed out); the message has the exit code and the last lines."""
 
 
 def resolved_train_config(config_path: str | None, overrides: dict[str, Any] | None) -> Any:
@@ -107,6 +105,10 @@ def prepare_and_train(
         config_path=corpus_config, inputs=inputs, output=output, overrides=corpus_overrides
     )
     overrides = dict(train_overrides or {})
+    # One s3: configuration for both halves: the corpus config's, under any s3.* the training overrides set.
+    corpus_s3 = load_corpus_config(corpus_config, overrides=corpus_overrides).s3
+    for key, value in corpus_s3.to_dict().items():
+        overrides.setdefault(f"s3.{key}", value)
     if "output_dir" not in overrides:
         base = resolved_train_config(train_config, overrides).output_dir
         overrides["output_dir"] = f"{base}-{summary['dataset_id'][:12]}"

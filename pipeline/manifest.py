@@ -399,7 +399,7 @@ def _read_dataset(dataset_uri: str, s3: S3Options | None) -> tuple[Manifest, Obj
     return Manifest.from_json(data), store
 
 
-def load_manifest(uri: str | Path, s3: S3Options | None = None) -> tuple[Manifest, ObjectStore]:
+def load_manifest(uri: str | Path, s3: S3Options | None) -> tuple[Manifest, ObjectStore]:
     """Load and validate a manifest; returns it with a store rooted at the dataset prefix.
 
     ``uri`` may name ``manifest.json``, a dataset folder, ``latest.json``, or a dataset-name folder (whose

@@ -125,7 +125,7 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizeConfig) -> Tokenizer:
     return tok
 
 
-def load_tokenizer(uri: str | Path, s3: S3Options | None = None) -> Tokenizer:
+def load_tokenizer(uri: str | Path, s3: S3Options | None) -> Tokenizer:
     """Load a tokenizer.json from a local path, ``file://`` or ``s3://`` URI."""
     text = str(uri)
     if "://" not in text:
@@ -147,7 +147,7 @@ def run_train_tokenizer(
     num_parts: int,
     out_key: str,
     cfg: TokenizeConfig,
-    s3: S3Options | None = None,
+    s3: S3Options | None,
 ) -> str:
     """Global step: put the tokenizer at ``out_key`` (trained on the parts in order, or copied from
     ``cfg.tokenizer``) and return its sha256. Skips training when ``out_key`` already exists."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from pipeline.storage import ObjectStore, S3Options, open_store
+from tests.fixtures.aws_trap import aws_trap  # noqa: F401  (a fixture for every test module)
 
 FAKE_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -60,7 +61,9 @@ def s3_bucket(s3_server: str) -> S3Bucket:
 
     bucket = f"pw-test-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket=bucket)
-    options = S3Options(endpoint_url=s3_server, region="us-east-1", max_attempts=2, read_timeout=10.0)
+    options = S3Options(
+        endpoint_url=s3_server, region="us-east-1", max_attempts=3, retry_budget_s=5.0, read_timeout=10.0
+    )
     return S3Bucket(uri=f"s3://{bucket}/root", bucket=bucket, prefix="root", options=options)
 
 
@@ -68,6 +71,6 @@ def s3_bucket(s3_server: str) -> S3Bucket:
 def store(request: pytest.FixtureRequest, tmp_path) -> ObjectStore:
     """An empty ObjectStore on each backend: a tmp folder, then a fresh moto bucket prefix."""
     if request.param == "file":
-        return open_store(str(tmp_path / "store"))
+        return open_store(str(tmp_path / "store"), None)
     s3: S3Bucket = request.getfixturevalue("s3_bucket")
     return open_store(s3.uri, s3=s3.options)

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pipeline.errors import CheckpointError
+
 logger = logging.getLogger(__name__)
 
 RECORD_NAME = "COMPLETE.json"
@@ -34,10 +36,6 @@ RECORD_FORMAT = "pileworks-checkpoint/1"
 TAG_RE = re.compile(r"^step-(\d{8,})$")
 # Test hook: "<step>:<rank>" makes that rank os._exit() after DeepSpeed wrote its files, before the commit.
 CRASH_IN_SAVE_ENV = "PILEWORKS_TEST_EXIT_IN_SAVE"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be used: incomplete, corrupted, or made for another dataset."""
 
 
 def tag_for_step(step: int) -> str:

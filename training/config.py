@@ -18,6 +18,8 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
+from pipeline.configload import build_config, config_to_dict
+from pipeline.storage import S3Options
 from training.model import PRESETS
 
 Precision = Literal["bf16", "fp16", "fp32"]
@@ -70,6 +72,8 @@ class TrainConfig:
     checkpoint_interval: int = 100
     keep_last: int = 3
     checkpoint_upload_uri: str | None = None
+    # how to reach s3:// (manifest, shards, checkpoint upload): the same s3: section as the corpus config
+    s3: S3Options = field(default_factory=S3Options)
     eval_interval: int = 100
     eval_batches: int = 8
     log_interval: int = 10
@@ -166,6 +170,8 @@ def _require(ok: bool, name: str, what: str, value: Any) -> None:
 
 
 def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return config_to_dict(value)
     if isinstance(value, tuple):
         return list(value)
     return value
@@ -241,9 +247,20 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
 
 
 def load_train_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
-    """Read a YAML/JSON TrainConfig (``None``: defaults); ``overrides`` win over the file."""
+    """Read a YAML/JSON TrainConfig (``None``: defaults); ``overrides`` win over the file.
+
+    A dotted override (``s3.endpoint_url``) sets one field of a section and keeps the section's others.
+    """
     data = load_mapping(path) if path else {}
-    data.update(overrides)
+    for name, value in overrides.items():
+        section, dot, leaf = name.partition(".")
+        if not dot:
+            data[name] = value
+            continue
+        current = data.get(section) or {}
+        if not isinstance(current, Mapping):
+            raise ValueError(f"override {name}: {section} is not a section")
+        data[section] = {**current, leaf: value}
     return train_config_from_dict(data)
 
 
@@ -260,6 +277,12 @@ def train_config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
 
 def _coerce(tp: Any, value: Any, name: str) -> Any:
     origin = get_origin(tp)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{name} must be a mapping of {tp.__name__} fields; got {value!r}")
+        return build_config(tp, value, name)
     if origin in (Union, types.UnionType):
         if value is None and type(None) in get_args(tp):
             return None

@@ -18,7 +18,9 @@ from typing import Any
 
 import torch
 
-from training.checkpoint import CheckpointError, select_resume_tag, verify_tag
+from pipeline.errors import CheckpointError
+from pipeline.storage import S3Options
+from training.checkpoint import select_resume_tag, verify_tag
 from training.model import GPT, ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -72,14 +74,14 @@ def convert_to_fp32(checkpoint: str | Path, out_path: str | Path) -> Path:
     return out
 
 
-def _tokenizer(tag_dir: Path, manifest_uri: str | None) -> Any:
+def _tokenizer(tag_dir: Path, manifest_uri: str | None, s3: S3Options | None) -> Any:
     from tokenizers import Tokenizer
 
     if manifest_uri is None:
         return Tokenizer.from_file(str(tag_dir / "tokenizer.json"))  # verified with the tag
     from pipeline.manifest import load_manifest
 
-    manifest, store = load_manifest(manifest_uri)
+    manifest, store = load_manifest(manifest_uri, s3)
     return Tokenizer.from_str(store.get_bytes(manifest.tokenizer.key).decode("utf-8"))
 
 
@@ -91,10 +93,11 @@ def generate(
     top_k: int | None = 50,
     seed: int = 0,
     manifest_uri: str | None = None,
+    s3: S3Options | None = None,
 ) -> str:
     """Prompt + sampled continuation, decoded with the checkpoint's tokenizer (or the manifest's, if given)."""
     model, _record, tag_dir = load_model(checkpoint_dir)
-    tokenizer = _tokenizer(tag_dir, manifest_uri)
+    tokenizer = _tokenizer(tag_dir, manifest_uri, s3)
     ids = tokenizer.encode(prompt, add_special_tokens=False).ids or [0]
     generator = torch.Generator().manual_seed(seed)
     out = model.generate(

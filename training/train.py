@@ -22,11 +22,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pipeline.errors import CheckpointError
 from pipeline.manifest import Manifest, load_manifest
 from pipeline.storage import ObjectStore, open_store, sha256_bytes
 from training.blend import BlendedDistributedSampler, blend_sources, epoch_order, source_tokens
 from training.cache import ShardCache
-from training.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, upload_checkpoint
+from training.checkpoint import load_checkpoint, save_checkpoint, upload_checkpoint
 from training.config import TrainConfig, load_train_config
 from training.data import ShardDataset, build_dataloader, preflight_steps
 from training.engine import (
@@ -179,7 +180,7 @@ def fetch_tokenizer(manifest: Manifest, store: ObjectStore) -> bytes:
 
 
 def build_run(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> Run:
-    manifest, store = load_manifest(args.manifest)
+    manifest, store = load_manifest(args.manifest, cfg.s3)
     model_cfg = model_config_from_preset(
         cfg.preset, vocab_size=manifest.tokenizer.vocab_size, max_seq_len=cfg.seq_len, overrides=cfg.model
     )
@@ -305,7 +306,7 @@ def checkpoint(run: Run, uploads: list[threading.Thread]) -> None:
     logger.info("checkpoint %s saved in %.2fs", tag_dir.name, seconds)
     run.metrics.log("checkpoint", step=p.step, tag=tag_dir.name, seconds=seconds)
     if run.cfg.checkpoint_upload_uri and run.info.rank == 0:
-        store = open_store(run.cfg.checkpoint_upload_uri)
+        store = open_store(run.cfg.checkpoint_upload_uri, run.cfg.s3)
         thread = threading.Thread(target=upload_checkpoint, args=(tag_dir, store), name="ckpt-upload")
         thread.start()
         uploads.append(thread)

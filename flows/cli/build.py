@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from flows.s3_flags import add_s3_arguments, dotted_s3_overrides
+
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """``--set clean.normalization=NFKC --set dedup.near.threshold=0.7`` (values parsed as YAML scalars)."""
@@ -34,6 +36,12 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="dataset name")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     p.add_argument("--task-runner", default="local", help="local | process | dask | dask://host:port")
+    add_s3_arguments(p)
+
+
+def corpus_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--set`` values, then the S3 flags (which win) as ``s3.<field>`` overrides of the corpus config."""
+    return parse_overrides(args.set) | dotted_s3_overrides(args)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     flow = with_task_runner(build_corpus, args.task_runner)
     summary = flow(
         config_path=args.config, inputs=args.inputs, output=args.output, name=args.name,
-        overrides=parse_overrides(args.set),
+        overrides=corpus_overrides(args),
     )  # fmt: skip
     if args.json:
         print(json.dumps(summary, indent=1))

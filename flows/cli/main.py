@@ -8,23 +8,17 @@ prefect) inside their ``run`` functions so that ``pileworks --help`` stays fast.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
 
 from flows.cli import build, doctor, inspect, janitor, reap, run, sample, serve, trace, train
 from pipeline import __version__
+from pipeline.errors import ConfigError, PileworksError
 
 # Every command, in the order ``pileworks --help`` lists them.
 COMMANDS = (build, doctor, inspect, janitor, reap, run, sample, serve, trace, train)
-
-EXPECTED_FAILURES = {
-    "CheckpointError",
-    "StorageError",
-    "StageFailed",
-    "TrainingFailed",
-    "DatasetConflictError",
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,15 +51,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, PermissionError) as exc:
+    except (ConfigError, ValueError, FileNotFoundError, PermissionError) as exc:
         # User errors: one clear line, no traceback.
         print(f"pileworks {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except RuntimeError as exc:
-        # Our own failures carry actionable messages; matched by name so that the CLI imports no torch here.
-        if type(exc).__name__ not in EXPECTED_FAILURES:
-            raise
+    except PileworksError as exc:
+        # Our own failures (pipeline.errors) carry actionable messages: one line, no traceback.
         print(f"pileworks {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        # A full disk, a quota or a read-only folder: the message names the path and the fix (no retry helps).
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        print(f"pileworks {args.command}: error: {exc}", file=sys.stderr)
         return 1
 
 

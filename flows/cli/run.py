@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flows.cli.build import add_build_arguments, parse_overrides, print_summary
+from flows.cli.build import add_build_arguments, corpus_overrides, parse_overrides, print_summary
 from flows.cli.train import add_train_arguments
 
 
@@ -28,7 +28,7 @@ def run_prepare_and_train(args: argparse.Namespace) -> int:
         flow = with_task_runner(prepare_and_train, args.task_runner)
     out = flow(
         corpus_config=args.config, train_config=args.train_config, inputs=args.inputs, output=args.output,
-        nproc=args.nproc, train_overrides=parse_overrides(args.train_set), corpus_overrides=parse_overrides(args.set),
+        nproc=args.nproc, train_overrides=parse_overrides(args.train_set), corpus_overrides=corpus_overrides(args),
         timeout_s=args.timeout,
     )  # fmt: skip
     print_summary(out["corpus"])

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from flows.cli.build import parse_overrides
+from flows.s3_flags import add_s3_arguments, dotted_s3_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,6 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--allow-dataset-change", action="store_true", help="resume a checkpoint made on another dataset"
     )
     t.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a rank failure")
+    add_s3_arguments(t)
     t.set_defaults(func=run_train)
 
 
@@ -30,11 +33,16 @@ def add_train_arguments(p: argparse.ArgumentParser, config_flag: str = "--config
     p.add_argument("--timeout", type=float, default=None, help="kill the job after this many seconds")
 
 
+def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--train-set`` values, then the S3 flags (which win) as ``s3.<field>`` overrides of the train config."""
+    return parse_overrides(args.train_set) | dotted_s3_overrides(args)
+
+
 def run_train(args: argparse.Namespace) -> int:
     from flows.train import train
 
     result = train(
-        args.manifest, args.train_config, args.nproc, parse_overrides(args.train_set), args.timeout,
+        args.manifest, args.train_config, args.nproc, train_overrides(args), args.timeout,
         args.allow_dataset_change, args.max_restarts,
     )  # fmt: skip
     print(json.dumps({k: v for k, v in result.items() if k != "history"}, indent=1))

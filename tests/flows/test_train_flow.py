@@ -39,7 +39,7 @@ def test_prepare_and_train_records_lineage_and_traces_steps(
     train_run_id = record["lineage"]["prefect_flow_run_id"]
     assert train_run_id and record["lineage"]["dataset"]["prefect_flow_run_id"]
 
-    traced = trace_step(ckpts, 4)
+    traced = trace_step(ckpts, 4, s3=None)
     assert traced["prefect_flow_run_id"] == train_run_id
     assert len(traced["samples"]) == 2 * 2  # world x micro batch
     assert traced["shards"] and traced["documents"]

@@ -27,7 +27,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Manifest, Path]:
     """A published tiny dataset: its manifest and its folder (which doubles as a staged folder to republish)."""
     root = tmp_path_factory.mktemp("tiny")
     uri = build_tiny_dataset(root, n_docs=60)
-    manifest, _ = load_manifest(uri)
+    manifest, _ = load_manifest(uri, None)
     return manifest, Path(uri.removeprefix("file://")).parent
 
 
@@ -149,15 +149,15 @@ def test_publish_round_trip_s3(s3_bucket, tiny) -> None:
 
 def test_load_manifest_accepts_local_paths_and_refuses_missing(tmp_path: Path, tiny) -> None:
     manifest, folder = tiny
-    loaded, _ = load_manifest(folder / MANIFEST_KEY)
+    loaded, _ = load_manifest(folder / MANIFEST_KEY, None)
     assert loaded.dataset_id == manifest.dataset_id
-    assert load_manifest(str(folder.parent))[0].dataset_id == manifest.dataset_id  # the name folder
+    assert load_manifest(str(folder.parent), None)[0].dataset_id == manifest.dataset_id  # the name folder
     with pytest.raises(FileNotFoundError):
-        load_manifest(tmp_path / "nope" / "manifest.json")
+        load_manifest(tmp_path / "nope" / "manifest.json", None)
     assert not (tmp_path / "nope").exists()
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="neither"):
-        load_manifest(tmp_path / "empty")
+        load_manifest(tmp_path / "empty", None)
 
 
 def test_republish_identical_is_a_noop_and_different_content_conflicts(tmp_path: Path, tiny) -> None:
@@ -266,6 +266,6 @@ def test_resumed_publish_replaces_a_partial_object(tmp_path: Path, tiny) -> None
 
 
 def test_empty_valid_split_is_listed_with_zeros(tmp_path: Path) -> None:
-    manifest, _ = load_manifest(build_tiny_dataset(tmp_path, n_docs=30, valid_fraction=0.0))
+    manifest, _ = load_manifest(build_tiny_dataset(tmp_path, n_docs=30, valid_fraction=0.0), None)
     assert manifest.splits["valid"] == {"tokens": 0, "docs": 0, "shards": 0}
     assert manifest.split_shards("valid") == [] and manifest.splits["train"]["docs"] == 30

@@ -91,8 +91,8 @@ def test_saved_tokenizer_reloads_and_round_trips_text(tmp_path: Path, tok: Token
     tok.save(str(tmp_path / "tokenizer.json"))
     for loaded in (
         Tokenizer.from_file(str(tmp_path / "tokenizer.json")),
-        load_tokenizer(tmp_path / "tokenizer.json"),
-        load_tokenizer("file://" + str(tmp_path / "tokenizer.json")),
+        load_tokenizer(tmp_path / "tokenizer.json", None),
+        load_tokenizer("file://" + str(tmp_path / "tokenizer.json"), None),
     ):
         assert loaded.to_str() == tok.to_str()
         for text in TRICKY:
@@ -188,7 +188,7 @@ def _docs_store(tmp_path: Path) -> tuple[FileStore, list[Record]]:
 def test_run_tokenize_part_writes_eos_terminated_parts_and_skips_when_done(tmp_path: Path) -> None:
     store, records = _docs_store(tmp_path)
     cfg = TokenizeConfig(vocab_size=600, batch_size=16)
-    sha = run_train_tokenizer(store, "docs", 1, "tok/tokenizer.json", cfg)
+    sha = run_train_tokenizer(store, "docs", 1, "tok/tokenizer.json", cfg, None)
     assert sha == sha256_file(tmp_path / "store/tok/tokenizer.json")
     stats = run_tokenize_part(store, "docs", "tokens", 0, "tok/tokenizer.json", cfg)
     table = pq.read_table(io.BytesIO(store.get_bytes("tokens/part-00000.parquet")))
@@ -214,7 +214,7 @@ def test_run_train_tokenizer_uses_a_given_tokenizer(tmp_path: Path, tok: Tokeniz
     store, _ = _docs_store(tmp_path)
     tok.save(str(tmp_path / "given.json"))
     cfg = TokenizeConfig(tokenizer=str(tmp_path / "given.json"))
-    run_train_tokenizer(store, "docs", 1, "tok.json", cfg)
+    run_train_tokenizer(store, "docs", 1, "tok.json", cfg, None)
     assert Tokenizer.from_str(store.get_bytes("tok.json").decode()).to_str() == tok.to_str()
     with pytest.raises(FileNotFoundError):
         run_tokenize_part(store, "missing", "out", 0, "tok.json", cfg)

@@ -136,7 +136,7 @@ def test_upload_copies_a_verified_tag_record_last(tmp_path: Path) -> None:
     from pipeline.storage import open_store
 
     tag_dir = make_tag(tmp_path / "ckpt", 7)
-    store = open_store(str(tmp_path / "store"))
+    store = open_store(str(tmp_path / "store"), None)
     assert upload_checkpoint(tag_dir, store, prefix="runs/a") == 5
     keys = [info.key for info in store.list("runs/a")]
     assert f"runs/a/{tag_dir.name}/{RECORD_NAME}" in keys
