@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("dataset", help="manifest URI, dataset folder or datasets/<name> of a build")
     m.add_argument("--split", default="train", choices=("train", "valid"))
     m.add_argument("--json", action="store_true", help="print the manifest's mixture section as JSON")
+    add_s3_arguments(m)
     m.set_defaults(func=run_mixture)
 
 
@@ -31,7 +32,7 @@ def run_mixture(args: argparse.Namespace) -> int:
     from pipeline.manifest import load_manifest
     from pipeline.sources import format_mixture
 
-    manifest, _ = load_manifest(args.dataset)
+    manifest, _ = load_manifest(args.dataset, resolve_s3(args))
     if not manifest.mixture:
         raise ValueError(
             f"{args.dataset}: the manifest has no mixture section (built before sources existed)"

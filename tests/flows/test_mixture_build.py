@@ -60,13 +60,13 @@ def _write_sources(root: Path) -> dict[str, object]:
 
 def test_three_sources_reach_the_shards_and_blend_by_weight(prefect_harness, tmp_path: Path) -> None:
     from flows.build import build_corpus
-    from flows.cli.inspect import run_mixture
+    from flows.cli.inspect import register, run_mixture
     from training.cache import ShardCache
 
     extra = _write_sources(tmp_path / "raw")
     overrides = TINY_OVERRIDES | {"shard.target_bytes": 2048, "clean.quality.enabled": False} | extra
     summary = build_corpus(output=str(tmp_path / "store"), overrides=overrides)
-    manifest, dstore = load_manifest(summary["manifest_uri"])
+    manifest, dstore = load_manifest(summary["manifest_uri"], None)
     mixture = manifest.mixture
     assert sorted(mixture["sources"]) == ["Pile-CC", "books", "web"]
     stats = manifest.stats
@@ -154,8 +154,11 @@ def test_three_sources_reach_the_shards_and_blend_by_weight(prefect_harness, tmp
             assert list(sampler)[:100] == full[:100]
 
     # pileworks inspect mixture
-    assert run_mixture(argparse.Namespace(dataset=summary["manifest_uri"], split="train", json=False)) == 0
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["inspect", "mixture", summary["manifest_uri"]])
+    assert args.func is run_mixture and run_mixture(args) == 0
     report = json.loads(
-        open_store(str(tmp_path / "store")).get_bytes(stats["decontam"]["extra"]["report_key"])
+        open_store(str(tmp_path / "store"), None).get_bytes(stats["decontam"]["extra"]["report_key"])
     )
     assert report["matched_ngrams"] and report["eval_sets"]["quiz"]["texts"] == 1
