@@ -182,6 +182,14 @@ class S3Store(ObjectStore):
     def client(self) -> Any:
         return client_for(self.options)
 
+    def presigned_url(self, key: str, expires_s: int) -> str:
+        """A GET URL for ``key`` valid ``expires_s`` seconds, signed locally with the configured credentials."""
+        return str(
+            self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": self._key(key)}, ExpiresIn=expires_s
+            )
+        )
+
     def child(self, prefix: str) -> S3Store:
         sub = normalize_key(prefix).rstrip("/")
         store = S3Store(self.bucket, join_key(self.prefix, sub), options=self.options)
