@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main as cli
+from flows.cli.main import main as cli
 
 pytestmark = [pytest.mark.s3]
 
@@ -96,7 +96,7 @@ def _userns_tmpfs_usable() -> bool:
 
 RUNNER = """
 import sys, time
-from flows.cli import main
+from flows.cli.main import main
 import flows.build  # imports first: the clock measures the failure, not Python's start-up
 t = time.monotonic()
 code = main(sys.argv[1:])
