@@ -156,6 +156,7 @@ def tokenize_parts(ctx: dict[str, Any], n: int, folder: str, keys: list[str], st
                    reuse: dict[str, list[int]]) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
     """Train (or load) the tokenizer, then tokenize every part; returns the tokenizer key and the results."""
     c = _ctx(ctx)
+    stage_progress.stage("tokenizer (trained once per dataset name)")
     tok_key = tokenizer_task(ctx, folder, n, [])
     results = tokenize_task.map(unmapped(ctx), range(n), unmapped(folder), keys, unmapped(tok_key)).result()
     mark_stage_success(c.store(), c.folder("tokens"), n)
@@ -177,6 +178,7 @@ def build_corpus(
     """Build and publish a dataset; returns the summary (manifest URI, dataset id, per-stage stats)."""
     started = time.perf_counter()
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
+    stage_progress.stage("listing inputs")
     planned = plan_inputs(cfg.to_dict())
     n, store = len(planned["plans"]), open_store(cfg.output, cfg.s3)
     # Uploads still recorded belong to earlier runs that died: abort them now rather than after an hour.
@@ -186,7 +188,7 @@ def build_corpus(
     get_run_logger().info("build %s: %d input object(s) in %d part(s); work folder %s",
                           cfg.name, len(planned["inputs"]), n, store.uri_of(work))  # fmt: skip
     stages = build_stages(cfg)  # the terminal's bars and the UI's progress artifact count the same stages
-    stage_progress.start({s: 1 if s == "publish" else n for s in stages})
+    stage_progress.start_units({s: 1 if s == "publish" else n for s in stages})
     progress = artifacts.RunProgress(stages, key="build-progress")
     stats: dict[str, StageStats] = {}
     reuse: dict[str, list[int]] = {}
@@ -200,11 +202,11 @@ def build_corpus(
     stats_json = {k: v.to_json() for k, v in stats.items()}
     with stage_progress.step("publish"):
         manifest_uri = publish_task(ctx, n, tok_key, planned["inputs"], stats_json, lineage, results)
-    stage_progress.stop()
     progress.finished("publish")
     summary = artifacts.build_summary(manifest_uri, stats, cfg, time.perf_counter() - started)
     summary["reused_units"] = reuse
     if cfg.dedup.near.enabled:
+        stage_progress.stage("saving the dedup index")
         summary["dedup_index_uri"] = save_index_task(ctx, n, summary["dataset_id"])
     artifacts.publish_build_artifacts(summary, cfg)
     run_names.rename_flow_run(f"build {cfg.name} {summary['dataset_id'][:8]}")

@@ -6,6 +6,9 @@ pagination and error parsing run exactly as against AWS.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,6 +17,21 @@ import pytest
 
 from pipeline.storage import ObjectStore, S3Options, open_store
 from tests.fixtures.aws_trap import aws_trap  # noqa: F401  (a fixture for every test module)
+
+# A private Prefect home for the whole session, set before anything imports prefect: a command that starts the
+# local background server (flows/local_server.py) starts it here, and the session stops it and removes the folder.
+TEST_PREFECT_HOME = tempfile.mkdtemp(prefix="pileworks-test-prefect-")
+os.environ["PREFECT_HOME"] = TEST_PREFECT_HOME
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from pathlib import Path
+
+    from flows.local_server import stop_server
+
+    stop_server(Path(TEST_PREFECT_HOME))
+    shutil.rmtree(TEST_PREFECT_HOME, ignore_errors=True)
+
 
 FAKE_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",

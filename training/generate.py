@@ -3,12 +3,14 @@
 ``python -m training.generate --checkpoint runs/tiny/checkpoints --prompt "The data"`` samples from the newest
 complete checkpoint (or from a tag folder given directly); ``--to-fp32 model.pt`` writes the consolidated fp32
 state dict (DeepSpeed's ``zero_to_fp32``) next to its model config. Every file is verified against the tag's
-``COMPLETE.json`` before anything is unpickled.
+``COMPLETE.json`` before anything is unpickled, and unpickled weights-only.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
 import os
@@ -22,6 +24,7 @@ from pipeline.errors import CheckpointError
 from pipeline.storage import S3Options
 from training.checkpoint import select_resume_tag, verify_tag
 from training.model import GPT, ModelConfig
+from training.safe_load import safe_load, safe_zero_to_fp32
 
 logger = logging.getLogger(__name__)
 
@@ -38,17 +41,23 @@ def resolve_tag_dir(checkpoint: str | Path) -> Path:
 
 
 def fp32_state_dict(tag_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The consolidated fp32 weights of a verified tag and its record (ZeRO 1-3 via zero_to_fp32)."""
+    """The consolidated fp32 weights of a verified tag and its record (ZeRO 1-3 via zero_to_fp32).
+
+    Every file is unpickled by the weights-only loader (:mod:`training.safe_load`), after the record verified.
+    """
     tag_dir = Path(tag_dir)
-    record = verify_tag(tag_dir)  # before any torch.load with weights_only=False
+    record = verify_tag(tag_dir)
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if int(record.get("zero_stage", 0)) > 0:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+        # zero_to_fp32 prints its progress (and a tqdm bar) on every call: keep the command's output to ours.
+        quiet = contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())
+        with safe_zero_to_fp32() as zero_to_fp32, quiet[0], quiet[1]:
+            state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(
+                str(tag_dir.parent), tag=tag_dir.name
+            )
     else:
-        blob = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        blob = safe_load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu")
         state = {k: v.float() for k, v in blob["module"].items()}
     return state, record
 

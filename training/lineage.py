@@ -78,6 +78,15 @@ def _start_from_metrics(output_dir: Path, step: int) -> tuple[int, int, int]:
     return best
 
 
+def check_step_in_checkpoint(step: int, trained: int, tag_dir: str | Path) -> None:
+    """A step the checkpoint has not reached was never trained: its samples would be a guess, so refuse it."""
+    if not 1 <= step <= trained:
+        raise ValueError(
+            f"step {step} is not in checkpoint {tag_dir}, which has trained steps 1..{trained}; "
+            f"trace a step in that range (or pass a later checkpoint)"
+        )
+
+
 def trace_step(
     checkpoint: str | Path,
     step: int,
@@ -95,6 +104,7 @@ def trace_step(
 
     tag_dir = resolve_tag_dir(checkpoint)
     record = read_record(tag_dir)
+    check_step_in_checkpoint(step, int(record["step"]), tag_dir)
     cfg = record["train_config"]
     manifest, store = load_manifest(manifest_uri or record["manifest_uri"], s3)
     if manifest.dataset_id != record["dataset_id"]:

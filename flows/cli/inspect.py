@@ -11,11 +11,11 @@ from pipeline.storage import ObjectStore, S3Options, open_store
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="inspect what a build did")
-    what = p.add_subparsers(dest="what", metavar="WHAT", required=True)
+    what = p.add_subparsers(dest="what", metavar="WHAT", required=True, help="what to inspect: dedup")
     d = what.add_parser("dedup", help="the near-dedup report and a cluster's documents side by side")
     d.add_argument("dataset", help="manifest URI, dataset folder or datasets/<name> of a build")
     d.add_argument("--cluster", type=int, default=None, help="cluster number (0 = the largest, the default)")
-    d.add_argument("--width", type=int, default=160)
+    d.add_argument("--width", type=int, default=160, help="columns of the side-by-side view (default 160)")
     d.add_argument("--report", action="store_true", help="print the whole dedup report as JSON")
     add_s3_arguments(d)
     d.set_defaults(func=run_dedup)

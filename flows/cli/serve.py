@@ -13,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve", help="serve deployments: scheduled corpus rebuilds and one-click prepare-and-train"
     )
     p.add_argument("--cron", default="0 3 * * *", help="rebuild schedule (cron, default daily 03:00)")
-    p.add_argument("--timezone", default="UTC")
+    p.add_argument("--timezone", default="UTC", help="time zone of the cron schedule (default UTC)")
     p.add_argument("--config", help="corpus YAML for the scheduled rebuild (default: the embedded one)")
     p.add_argument("--output", help="store root for the scheduled rebuild")
     p.add_argument("--train-config", help="train YAML for prepare_and_train")

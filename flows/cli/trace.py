@@ -13,8 +13,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", required=True, help="checkpoints folder or one tag folder of the run")
     p.add_argument("--step", type=int, required=True, help="optimizer step (1-based)")
     p.add_argument("--manifest", default=None, help="manifest URI, if the dataset moved since training")
-    p.add_argument("--max-docs", type=int, default=20)
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--max-docs", type=int, default=20, help="documents to list, largest share first (default 20)"
+    )
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
     add_s3_arguments(p)
     p.set_defaults(func=run)
 

@@ -57,7 +57,11 @@ def _local_files(source: str) -> list[str]:
         return sorted(str(p) for p in Path(path).rglob("*") if p.is_file())
     if os.path.isfile(path):
         return [path]
-    raise ValueError(f"input source {source!r} does not exist")
+    raise ValueError(f"input {source!r} does not exist: check the path (a glob in quotes: 'data/**/*.jsonl')")
+
+
+def _is_pattern(source: str) -> bool:
+    return any(c in source.split("://", 1)[-1] for c in _GLOB_CHARS)
 
 
 def _local_inputs(source: str) -> Iterator[InputFile]:
@@ -120,16 +124,20 @@ def list_inputs(
         files = list(_s3_inputs(source, s3) if source.startswith("s3://") else _local_inputs(source))
         usable = [f for f in files if format_of(f.uri, extensions) is not None]
         skipped = [f.uri for f in files if format_of(f.uri, extensions) is None]
-        if skipped:
-            log.warning(
+        if skipped:  # INFO: a folder often holds a README; a source of nothing usable is an error below
+            log.info(
                 "ingest: skipping %d file(s) of unknown format under %s: %s",
                 len(skipped),
                 source,
                 ", ".join(s.rsplit("/", 1)[-1] for s in skipped[:5]),
             )
+        if not files:
+            what = "matches nothing" if _is_pattern(source) else "is empty"
+            raise ValueError(f"input {source!r} {what}: check the path or pattern")
         if not usable:
             raise ValueError(
-                f"input source {source!r} holds no file of a known format ({sorted(extensions)})"
+                f"input {source!r} holds no file of a known format: give files ending in "
+                f"{', '.join(sorted(extensions))} (or add the suffix to ingest.extensions)"
             )
         found.update((f.uri, f) for f in usable)
     return [found[uri] for uri in sorted(found)]

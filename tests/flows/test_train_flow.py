@@ -76,4 +76,4 @@ def test_a_failing_training_job_fails_the_flow_with_its_exit_code(prefect_harnes
         return_state=True,
     )
     assert state.is_failed()
-    assert "exited with code" in state.message
+    assert "training failed on rank 0: no dataset at" in state.message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import io
 import json
@@ -123,6 +124,23 @@ def test_documents_end_with_one_eos_and_literal_specials_stay_text(tok: Tokenize
             assert tok.decode(ids[:-1].tolist(), skip_special_tokens=False) == text.replace("\x00", "\x00")
     lone = Encoder(tok, TokenizeConfig(vocab_size=2048)).encode(["bad \ud800 surrogate"])[0]
     assert tok.decode(lone[:-1].tolist()) == "bad \ufffd surrogate"
+
+
+def test_literal_specials_become_special_ids_when_configured(tok: Tokenizer) -> None:
+    """special_text="special": the literal text gives the special ids (as Hugging Face's tokenizer does), and
+    the tiktoken fast path agrees with tokenizers on it."""
+    text = "a literal <|endoftext|> inside a document and <|pad|> too"
+    cfg = TokenizeConfig(vocab_size=2048, special_text="special")
+    fast = Encoder(tok, cfg, sample=TRICKY)
+    assert fast.name == "tiktoken"
+    for encoder in (fast, Encoder(tok, dataclasses.replace(cfg, fast_path=False))):
+        ids = encoder.encode([text])[0].tolist()
+        assert ids.count(0) == 2 and ids.count(1) == 1 and ids[-1] == 0
+        assert tok.decode(ids[:-1], skip_special_tokens=False) == text
+    as_text = Encoder(tok, TokenizeConfig(vocab_size=2048)).encode([text])[0].tolist()
+    assert as_text.count(0) == 1 and 1 not in as_text
+    with pytest.raises(ValueError, match=r"tokenize\.special_text"):
+        TokenizeConfig(special_text="drop")  # type: ignore[arg-type]
 
 
 def _byte_tokenizer(merges: list[tuple[str, str]], reverse_merge_ids: bool = False) -> Tokenizer:

@@ -10,7 +10,6 @@ from pipeline.errors import ConfigError, PileworksError
 from pipeline.manifest import DatasetConflictError
 
 
-@pytest.mark.slow  # the flow starts Prefect's server before it reads the config
 def test_cli_reports_a_config_error_with_the_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -39,7 +38,7 @@ def test_cli_reports_our_own_failures_in_one_line(tmp_path: Path, capsys: pytest
     (tmp_path / "checkpoints").mkdir()
     assert main(["trace", "--checkpoint", str(tmp_path / "checkpoints"), "--step", "1"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("pileworks trace: CheckpointError:") and "no complete checkpoint" in err
+    assert err.startswith("pileworks trace: error:") and "no complete checkpoint" in err
     assert "Traceback" not in err
 
 
@@ -75,9 +74,7 @@ def test_every_pileworks_error_is_caught_by_type(
     monkeypatch.setattr(janitor, "run", fail)
     assert main(["janitor", "--output", str(tmp_path)]) == 1
     err = capsys.readouterr().err
-    assert (
-        err == f"pileworks janitor: {error.__name__}: the store at file:///x answered 503 after 4 attempts\n"
-    )
+    assert err == "pileworks janitor: error: the store at file:///x answered 503 after 4 attempts\n"
 
 
 def test_a_config_error_is_a_user_error(

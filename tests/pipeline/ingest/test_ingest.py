@@ -109,6 +109,11 @@ def test_list_inputs_paths_dirs_globs_and_file_uris(tmp_path: Path) -> None:
         list_inputs([str(tmp_path / "missing")], None)
     with pytest.raises(ValueError, match="no file of a known format"):
         list_inputs([str(tmp_path / "a/README.md")], None)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"'.*empty' is empty: check the path"):
+        list_inputs([str(tmp_path / "empty")], None)
+    with pytest.raises(ValueError, match=r"'.*\*\.nomatch' matches nothing: check the path or pattern"):
+        list_inputs([str(tmp_path / "a/**/*.nomatch")], None)
 
 
 # ---------------------------------------------------------------- formats
