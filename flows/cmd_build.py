@@ -33,18 +33,25 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", help="store root: a folder, file:// or s3://bucket/prefix")
     p.add_argument("--name", help="dataset name")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
-    p.add_argument("--task-runner", default="local", help="local | process | dask | dask://host:port")
+    p.add_argument(
+        "--task-runner", default="local",
+        help="local (worker processes on this machine) | threads | dask://host:port (a Dask scheduler)",
+    )  # fmt: skip
+    p.add_argument(
+        "--workers", type=int, default=None, help="worker processes for local (default: the cores)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from flows.build import build_corpus
-    from flows.runners import with_task_runner
+    from flows.runners import prefect_api, with_task_runner
 
-    flow = with_task_runner(build_corpus, args.task_runner)
-    summary = flow(
-        config_path=args.config, inputs=args.inputs, output=args.output, name=args.name,
-        overrides=parse_overrides(args.set),
-    )  # fmt: skip
+    flow = with_task_runner(build_corpus, args.task_runner, args.workers)
+    with prefect_api():
+        summary = flow(
+            config_path=args.config, inputs=args.inputs, output=args.output, name=args.name,
+            overrides=parse_overrides(args.set),
+        )  # fmt: skip
     if args.json:
         print(json.dumps(summary, indent=1))
     else:

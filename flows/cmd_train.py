@@ -60,17 +60,15 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_prepare_and_train(args: argparse.Namespace) -> int:
-    from flows.runners import with_task_runner
+    from flows.runners import prefect_api
     from flows.train import prepare_and_train
 
-    flow = prepare_and_train
-    if args.task_runner != "local":
-        flow = with_task_runner(prepare_and_train, args.task_runner)
-    out = flow(
-        corpus_config=args.config, train_config=args.train_config, inputs=args.inputs, output=args.output,
-        nproc=args.nproc, train_overrides=parse_overrides(args.train_set), corpus_overrides=parse_overrides(args.set),
-        timeout_s=args.timeout,
-    )  # fmt: skip
+    with prefect_api():
+        out = prepare_and_train(
+            corpus_config=args.config, train_config=args.train_config, inputs=args.inputs, output=args.output,
+            nproc=args.nproc, train_overrides=parse_overrides(args.train_set), corpus_overrides=parse_overrides(args.set),
+            timeout_s=args.timeout, task_runner=args.task_runner, workers=args.workers,
+        )  # fmt: skip
     print_summary(out["corpus"])
     tr = out["training"]
     if tr["steps"]:

@@ -1,7 +1,7 @@
 """Terminal progress bars per stage (rich), fed by the tasks of the running flow.
 
-Only the process that runs the flow with the local (thread) task runner shows bars; tasks on Dask workers or in
-subprocesses simply don't report here. Prefect progress artifacts are the UI's equivalent (flows/artifacts.py).
+Only the process that runs the flow shows bars: it advances them as each chunk task of a pass completes (tasks
+in worker processes have no terminal of their own), and whatever the task runner. Prefect progress artifacts are the UI's equivalent (flows/artifacts.py).
 """
 
 from __future__ import annotations
@@ -36,9 +36,12 @@ class StageProgress:
     @contextlib.contextmanager
     def step(self, stage: str) -> Iterator[None]:
         yield
+        self.advance(stage)
+
+    def advance(self, stage: str, units: int = 1) -> None:
         with self._lock:
             if self._progress is not None and stage in self._tasks:
-                self._progress.advance(self._tasks[stage])
+                self._progress.advance(self._tasks[stage], units)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # build_corpus's globals travel with the flow to Dask workers (the flow function is pickled by value);

@@ -18,6 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from flows import train_artifacts
 from flows.build import build_corpus
 from flows.heartbeat import with_heartbeat
+from flows.runners import with_task_runner
 
 DEFAULT_TRAIN_CONFIG = (
     Path(importlib.util.find_spec("training").origin or "").parent / "configs" / "tiny.yaml"
@@ -101,9 +102,11 @@ def prepare_and_train(
     train_overrides: dict[str, Any] | None = None,
     corpus_overrides: dict[str, Any] | None = None,
     timeout_s: float | None = None,
+    task_runner: str = "local",
+    workers: int | None = None,
 ) -> dict[str, Any]:
-    """The one-click flow: build (or reuse) the corpus, then train on it."""
-    summary = build_corpus(
+    """The one-click flow: build (or reuse) the corpus on ``task_runner``'s workers, then train on it."""
+    summary = with_task_runner(build_corpus, task_runner, workers)(
         config_path=corpus_config, inputs=inputs, output=output, overrides=corpus_overrides
     )
     overrides = dict(train_overrides or {})
