@@ -7,7 +7,7 @@ from typing import Any
 
 from flows.corpus_config import CorpusConfig
 from pipeline.manifest import load_manifest
-from pipeline.records import StageStats
+from pipeline.units import StageStats
 
 STAGE_ORDER = ("ingest", "clean", "exact_dedup", "near_dedup", "tokenize", "shard")
 

@@ -45,8 +45,8 @@ from flows.heartbeat import with_heartbeat
 from flows.profile import BuildProfile
 from flows.progress import stage_progress
 from flows.runners import make_task_runner, worker_count
-from pipeline.records import StageStats, mark_stage_success
 from pipeline.storage import open_store
+from pipeline.units import StageStats, mark_stage_success
 
 __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
 

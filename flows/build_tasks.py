@@ -20,11 +20,15 @@ from prefect.cache_policies import NO_CACHE
 
 from flows import profile, unitcache
 from flows.corpus_config import CorpusConfig, config_from_dict
-from pipeline import boilerplate, clean, ingest, tokenize
-from pipeline.dedup import exact, near
+from pipeline import tokenize
+from pipeline.clean import boilerplate
+from pipeline.clean import stage as clean
+from pipeline.dedup import candidates, clusters, exact, near, signatures
+from pipeline.ingest import config as ingest_config
+from pipeline.ingest import stage as ingest
 from pipeline.manifest import DatasetConflictError
-from pipeline.records import StageStats, part_name
 from pipeline.storage import ObjectStore, open_store
+from pipeline.units import StageStats, part_name
 
 IO_RETRIES = dict(retries=3, retry_delay_seconds=[2, 10, 30])
 
@@ -159,7 +163,7 @@ def ingest_chunk_task(
     store, cfg, out = c.store(), c.cfg, []
     ing, bp = c.folder("ingest"), c.folder("boilerplate")
     for plan, key in zip(plans, keys, strict=True):
-        part = ingest.PartPlan.from_json(plan)
+        part = ingest_config.PartPlan.from_json(plan)
         units = {"ingest": _unit(store, "ingest", key, ing, part.index,
                                  partial(ingest.run_ingest_part, out_folder=ing, plan=part, cfg=cfg.ingest, s3=cfg.s3))}  # fmt: skip
         units["boilerplate"] = _unit(store, "boilerplate", _unit_key(c, "boilerplate", key), bp, part.index,
@@ -211,7 +215,7 @@ def signatures_chunk_task(
         if cfg.dedup.near.enabled:
             units["signatures"] = _unit(store, "signatures", _unit_key(c, "signatures", up),
                                         c.folder("near/signatures"), index,
-                                        partial(near.run_signatures_part, in_folder=folder,
+                                        partial(signatures.run_signatures_part, in_folder=folder,
                                                 out_folder=c.folder("near/signatures"), index=index, cfg=cfg.dedup.near))  # fmt: skip
         out.append(units)
     return out
@@ -272,7 +276,7 @@ def exact_resolve_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) ->
 def near_plan_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> dict[str, Any]:
     with stage_errors("near-plan"), profile.measure("near-plan"):
         c = _ctx(ctx)
-        return near.plan_near_dedup(c.store(), c.folder("near"), num_parts, c.cfg.dedup.near)
+        return candidates.plan_near_dedup(c.store(), c.folder("near"), num_parts, c.cfg.dedup.near)
 
 
 @task(name="lsh-bands", cache_policy=NO_CACHE)
@@ -284,7 +288,7 @@ def bands_task(
     for index in indices:
         records: list[dict[str, Any]] = []
         with stage_errors("lsh-bands", index), profile.measure("lsh-bands", records):
-            stats = near.run_bands_part(
+            stats = candidates.run_bands_part(
                 store, c.folder("near"), index, cfg.dedup.near, plan, from_index=from_index
             )
         out.append({"lsh-bands": {"stats": stats.to_json(), "profile": records}})
@@ -300,7 +304,7 @@ def edges_task(
     for partition in partitions:
         records: list[dict[str, Any]] = []
         with stage_errors("lsh-edges", partition), profile.measure("lsh-edges", records):
-            stats = near.run_edges_part(store, c.folder("near"), partition, cfg.dedup.near, plan)
+            stats = candidates.run_edges_part(store, c.folder("near"), partition, cfg.dedup.near, plan)
         out.append({"lsh-edges": {"stats": stats.to_json(), "profile": records}})
     return out
 
@@ -312,7 +316,7 @@ def clusters_task(
     with stage_errors("near-clusters"), profile.measure("near-clusters"):
         c = _ctx(ctx)
         es = StageStats.from_json(exact_stats) if exact_stats else None
-        return near.run_clusters(
+        return clusters.run_clusters(
             c.store(), in_folder, c.folder("near"), num_parts, c.cfg.dedup.near, exact_stats=es
         ).to_json()
 
@@ -392,5 +396,5 @@ def save_index_task(ctx: dict[str, Any], num_parts: int, dataset_id: str) -> str
         store = c.store()
         uri = store.uri_of(f"indexes/{c.cfg.name}/{dataset_id}")
         if not store.exists(f"indexes/{c.cfg.name}/{dataset_id}/index.json"):
-            near.save_index(store, c.folder("near"), num_parts, c.cfg.dedup.near, uri)
+            signatures.save_index(store, c.folder("near"), num_parts, c.cfg.dedup.near, uri)
         return uri

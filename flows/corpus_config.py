@@ -16,12 +16,11 @@ from typing import Any
 import yaml
 
 from pipeline import __version__
-from pipeline.clean import CleanConfig
+from pipeline.clean.config import CleanConfig
 from pipeline.configload import ConfigError, build_config, config_to_dict
-from pipeline.dedup.exact import ExactDedupConfig
-from pipeline.dedup.near import NearDedupConfig
-from pipeline.ingest import IngestConfig
-from pipeline.sample import sample_corpus_path
+from pipeline.dedup.config import ExactDedupConfig, NearDedupConfig
+from pipeline.ingest.config import IngestConfig
+from pipeline.sample_corpus import sample_corpus_path
 from pipeline.shards import ShardConfig
 from pipeline.storage import S3Options
 from pipeline.tokenize import TokenizeConfig

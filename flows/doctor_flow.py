@@ -12,18 +12,15 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from training.doctor import CHECK_NAMES, CHECKS, CheckResult, DoctorConfig, Status, exit_code, summary
+from training.preflight import runner
+from training.preflight.base import CheckResult, DoctorConfig, Status
 
 
 @task(cache_policy=NO_CACHE, task_run_name="doctor-{name}")
 def run_check(cfg: DoctorConfig, name: str) -> list[dict]:
     """One check; never raises for a finding (a FAIL is data), only the flow decides the run's state."""
     logger = get_run_logger()
-    try:
-        results = CHECKS[name](cfg)
-    except Exception as exc:  # a crashing probe is a finding too, reported with the traceback
-        logger.exception("check %s crashed", name)
-        results = [CheckResult(name, Status.FAIL, f"check crashed: {type(exc).__name__}: {exc}")]
+    results = runner.run_check(cfg, name)
     for r in results:
         log = (
             logger.error
@@ -65,17 +62,15 @@ def doctor_flow(
         skip=tuple(skip or ()),
     )
     found: list[dict] = []
-    for name in CHECK_NAMES:
-        if (cfg.only and name not in cfg.only) or name in cfg.skip:
-            continue
+    for name in runner.selected_checks(cfg):
         found.extend(run_check(cfg, name))
     results = [CheckResult(d["name"], Status(d["status"]), d["message"], d["fix"], d["data"]) for d in found]
     create_table_artifact(
         key="doctor-report",
         table=[{k: d[k] for k in ("status", "name", "message", "fix")} for d in found],
-        description=f"pileworks doctor: {summary(results)}",
+        description=f"pileworks doctor: {runner.summary(results)}",
     )
-    if fail_on_fail and exit_code(results):
+    if fail_on_fail and runner.exit_code(results):
         failed = "; ".join(f"{r.name}: {r.message}" for r in results if r.status is Status.FAIL)
         raise RuntimeError(f"doctor found failures: {failed}")
     return found

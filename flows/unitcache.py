@@ -19,8 +19,8 @@ import logging
 from typing import Any
 
 from pipeline import __version__
-from pipeline.records import part_name
 from pipeline.storage import ObjectStore
+from pipeline.units import part_name
 
 log = logging.getLogger(__name__)
 CACHE_PREFIX = "cache/units"

@@ -17,15 +17,15 @@ import io
 import json
 import os
 import tempfile
-from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.storage import ObjectStore
+from pipeline.units import StageStats, finish_unit, part_done, part_name, part_unit
 
 SCHEMA = pa.schema(
     [
@@ -72,68 +72,8 @@ class Quarantined:
     sample: bytes = b""
 
 
-@dataclass
-class StageStats:
-    """Counted outcome of one stage over one or more parts. Every drop has a reason."""
-
-    stage: str
-    docs_in: int = 0
-    docs_out: int = 0
-    bytes_in: int = 0
-    bytes_out: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def drop(self, reason: str, n: int = 1) -> None:
-        self.dropped[reason] += n
-
-    def merge(self, other: StageStats) -> StageStats:
-        """Add ``other`` into self (numeric ``extra`` values are summed, others kept from the first)."""
-        self.docs_in += other.docs_in
-        self.docs_out += other.docs_out
-        self.bytes_in += other.bytes_in
-        self.bytes_out += other.bytes_out
-        self.dropped.update(other.dropped)
-        for key, value in other.extra.items():
-            mine = self.extra.get(key)
-            if isinstance(value, (int, float)) and isinstance(mine, (int, float)):
-                self.extra[key] = mine + value
-            elif key not in self.extra:
-                self.extra[key] = value
-        return self
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "stage": self.stage,
-            "docs_in": self.docs_in,
-            "docs_out": self.docs_out,
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-            "dropped": dict(sorted(self.dropped.items())),
-            "extra": self.extra,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> StageStats:
-        return cls(
-            stage=data["stage"],
-            docs_in=int(data["docs_in"]),
-            docs_out=int(data["docs_out"]),
-            bytes_in=int(data["bytes_in"]),
-            bytes_out=int(data["bytes_out"]),
-            dropped=Counter(data.get("dropped", {})),
-            extra=dict(data.get("extra", {})),
-        )
-
-
 def text_bytes(records: Iterable[Record]) -> int:
     return sum(len(r.text.encode("utf-8", "surrogatepass")) for r in records)
-
-
-def part_name(index: int) -> str:
-    if index < 0:
-        raise ValueError(f"part index must be >= 0, got {index}")
-    return f"part-{index:05d}"
 
 
 # ---------------------------------------------------------------- part files
@@ -241,12 +181,7 @@ def write_part_metadata(
             schema=QUARANTINE_SCHEMA,
         )
         store.put_bytes(f"{folder}/quarantine/{name}.parquet", _parquet_bytes(qtable))
-    store.put_bytes(f"{folder}/{name}.stats.json", json.dumps(stats.to_json(), indent=1).encode())
-    store.put_bytes(f"{folder}/{name}.done", b"")
-
-
-def part_done(store: ObjectStore, folder: str, index: int) -> bool:
-    return store.exists(f"{folder}/{part_name(index)}.done")
+    finish_unit(store, part_unit(folder, index), stats)
 
 
 def read_part(store: ObjectStore, folder: str, index: int) -> list[Record]:
@@ -269,10 +204,6 @@ def iter_part_batches(
         yield table_to_records(pa.Table.from_batches([batch]))
 
 
-def read_part_stats(store: ObjectStore, folder: str, index: int) -> StageStats:
-    return StageStats.from_json(json.loads(store.get_bytes(f"{folder}/{part_name(index)}.stats.json")))
-
-
 def read_quarantine(store: ObjectStore, folder: str) -> list[Quarantined]:
     out: list[Quarantined] = []
     for info in store.list(f"{folder}/quarantine/"):
@@ -282,21 +213,3 @@ def read_quarantine(store: ObjectStore, folder: str) -> list[Quarantined]:
         for row in table.to_pylist():
             out.append(Quarantined(**row))
     return out
-
-
-def mark_stage_success(store: ObjectStore, folder: str, num_parts: int) -> None:
-    missing = [i for i in range(num_parts) if not part_done(store, folder, i)]
-    if missing:
-        raise RuntimeError(f"{folder}: parts {missing[:10]} are not done; refusing to write _SUCCESS")
-    store.put_bytes(f"{folder}/_SUCCESS", json.dumps({"parts": num_parts}).encode())
-
-
-def stage_succeeded(store: ObjectStore, folder: str) -> bool:
-    return store.exists(f"{folder}/_SUCCESS")
-
-
-def merged_stats(store: ObjectStore, folder: str, num_parts: int, stage: str) -> StageStats:
-    total = StageStats(stage=stage)
-    for i in range(num_parts):
-        total.merge(read_part_stats(store, folder, i))
-    return total

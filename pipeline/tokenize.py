@@ -31,15 +31,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pipeline.fast_bpe import UnsupportedTokenizer, tiktoken_from_tokenizer, verify_same_ids
 from pipeline.manifest import Manifest, ShardInfo, TokenizerInfo, publish_dataset
-from pipeline.records import (
-    Record,
-    StageStats,
-    iter_part_batches,
-    merged_stats,
-    part_done,
-    part_name,
-    read_part_stats,
-)
+from pipeline.records import Record, iter_part_batches
 from pipeline.shards import (
     SPLITS,
     ShardConfig,
@@ -51,6 +43,7 @@ from pipeline.shards import (
 )
 from pipeline.storage import ObjectStore, open_store, sha256_bytes, split_uri
 from pipeline.storage.options import S3Options
+from pipeline.units import StageStats, merged_stats, part_done, part_name, read_part_stats
 
 log = logging.getLogger(__name__)
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -85,7 +85,7 @@ def trace_step(
     from training.cache import ShardCache
     from training.checkpoint import read_record
     from training.data import ShardDataset
-    from training.sample import resolve_tag_dir
+    from training.generate import resolve_tag_dir
 
     tag_dir = resolve_tag_dir(checkpoint)
     record = read_record(tag_dir)

@@ -1,3 +1,4 @@
-"""Deduplication: exact (``pipeline.dedup.exact``: a hash of the cleaned text) and near-duplicate
-(MinHash + LSH: ``minhash``, ``lsh``, ``clusters``, ``near``). Each is split into steps that hand off through
-files (per-part hashes or signatures -> one global decision -> a per-part filter)."""
+"""Deduplication: exact (``exact``: a hash of the cleaned text) and near-duplicate (MinHash LSH). Configs in
+``config``; the near steps hand off through files: ``signatures`` -> ``candidates`` (plan, bands, edges) ->
+``clusters`` (over ``graph``, reported by ``audit``) -> the filter in ``near``, which also runs them in order.
+The arithmetic lives in ``minhash`` and ``lsh``."""

@@ -12,20 +12,19 @@ import io
 import json
 import textwrap
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.dedup.clusters import Clusters, size_histogram
+from pipeline.dedup.config import NearDedupConfig
+from pipeline.dedup.graph import Clusters, size_histogram
 from pipeline.dedup.lsh import s_curve, split_refs
 from pipeline.dedup.minhash import estimated_jaccard, set_jaccard
-from pipeline.records import StageStats, part_done, part_name
+from pipeline.dedup.signatures import gather_signatures, load_signatures
 from pipeline.storage import ObjectStore
-
-if TYPE_CHECKING:
-    from pipeline.dedup.near import NearDedupConfig
+from pipeline.units import StageStats, folder_key, part_done, part_name
 
 HIGH_REMOVAL_RATE = 0.5
 
@@ -53,8 +52,6 @@ def read_texts(store: ObjectStore, in_folder: str, refs: np.ndarray) -> dict[int
 
 
 def _per_source(store: ObjectStore, work: str, num_parts: int, table: pa.Table, dropped: np.ndarray) -> dict:
-    from pipeline.dedup.near import folder_key, load_signatures
-
     docs: Counter[str] = Counter()
     for i in range(num_parts):
         _, info = load_signatures(store, folder_key(work, "signatures"), i, matrix=False)
@@ -68,8 +65,6 @@ def _per_source(store: ObjectStore, work: str, num_parts: int, table: pa.Table, 
 
 def _sample_pairs(store, in_folder, work, table, clusters: Clusters, cfg: NearDedupConfig) -> list[dict]:
     """Dropped documents (seeded sample) with the kept document of their cluster: estimated vs true Jaccard."""
-    from pipeline.dedup.near import gather_signatures
-
     dropped = np.flatnonzero(~clusters.keep & ((clusters.refs >> np.uint64(63)) == 0))
     if not len(dropped) or not cfg.pair_samples:
         return []

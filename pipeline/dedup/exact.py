@@ -20,32 +20,15 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass
 
 import numpy as np
 import xxhash
 
-from pipeline.records import (
-    Record,
-    StageStats,
-    iter_part_batches,
-    part_done,
-    part_name,
-    read_part_stats,
-    write_part,
-)
+from pipeline.records import Record, iter_part_batches, write_part
 from pipeline.storage import ObjectStore
+from pipeline.units import StageStats, part_done, part_name, read_part_stats
 
 DROP_REASON = "exact_duplicate"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ExactDedupConfig:
-    enabled: bool = True
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.enabled, bool):
-            raise ValueError(f"ExactDedupConfig.enabled must be a bool, got {self.enabled!r}")
 
 
 def text_hashes(records: list[Record]) -> np.ndarray:

@@ -14,6 +14,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from pipeline.dedup.minhash import fmix64
+
 INDEX_FLAG = np.uint64(1 << 63)
 _ROW_BITS = np.uint64(32)
 _ROW_MASK = np.uint64((1 << 32) - 1)
@@ -59,8 +61,6 @@ def band_keys(sigs: np.ndarray, b: int, r: int) -> np.ndarray:
 
     The band number is mixed in, so keys of different bands never meet in one bucket.
     """
-    from pipeline.dedup.minhash import _fmix64
-
     if b * r > sigs.shape[1]:
         raise ValueError(f"b*r = {b * r} exceeds the signature length {sigs.shape[1]}")
     vals = sigs[:, : b * r].reshape(len(sigs), b, r)
@@ -70,7 +70,7 @@ def band_keys(sigs: np.ndarray, b: int, r: int) -> np.ndarray:
     for j in range(r):
         acc *= _BAND_MUL
         acc += vals[:, :, j]
-    return _fmix64(acc)
+    return fmix64(acc)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -49,7 +49,7 @@ def _fmix32(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint32(16))
 
 
-def _fmix64(h: np.ndarray) -> np.ndarray:
+def fmix64(h: np.ndarray) -> np.ndarray:
     h = h ^ (h >> np.uint64(33))
     h = h * np.uint64(0xFF51AFD7ED558CCD)
     h = h ^ (h >> np.uint64(33))
@@ -58,7 +58,7 @@ def _fmix64(h: np.ndarray) -> np.ndarray:
 
 
 def _fmix64_int(h: int) -> int:
-    return int(_fmix64(np.array([h], dtype=np.uint64))[0])
+    return int(fmix64(np.array([h], dtype=np.uint64))[0])
 
 
 def _combine_int(token_hashes: Sequence[int]) -> int:
@@ -222,7 +222,7 @@ class MinHasher:
         else:
             chars = char_tokens(text)
             cps = np.frombuffer(chars.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-            th = _fmix64(cps.astype(np.uint64) ^ np.uint64(_CHAR_SALT))
+            th = fmix64(cps.astype(np.uint64) ^ np.uint64(_CHAR_SALT))
         return self._combine(th)
 
     def _combine(self, th: np.ndarray) -> np.ndarray:
@@ -235,7 +235,7 @@ class MinHasher:
         for j in range(1, n):
             acc *= mul
             acc += th[j : j + m]
-        h = _fmix64(acc)
+        h = fmix64(acc)
         return h if self.scheme == "affine64" else h >> np.uint64(32)
 
     def _permuted_min(self, hashes: np.ndarray, lens: np.ndarray, out: np.ndarray) -> None:
@@ -247,7 +247,7 @@ class MinHasher:
         if self.scheme == "affine32":
             hv = _fmix32(hashes.astype(np.uint32))
         elif self.scheme == "affine64":
-            hv = _fmix64(hashes)
+            hv = fmix64(hashes)
         else:
             hv = hashes
         buf = np.empty_like(hv)

@@ -21,11 +21,14 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from flows.corpus_config import load_corpus_config
-from pipeline import boilerplate, clean, ingest, tokenize
+from pipeline import tokenize
+from pipeline.clean import boilerplate
+from pipeline.clean import stage as clean
 from pipeline.dedup import exact, near
-from pipeline.records import mark_stage_success
-from pipeline.sample import sample_corpus_path
+from pipeline.ingest import stage as ingest
+from pipeline.sample_corpus import sample_corpus_path
 from pipeline.storage import open_store
+from pipeline.units import mark_stage_success, read_part_stats
 
 
 class Clock:
@@ -50,7 +53,7 @@ def bench_stages(root: Path) -> None:
     n, w, clock = len(plans), "work/bench", Clock()
     for p in plans:
         clock.run("ingest", ingest.run_ingest_part, store, f"{w}/ingest", p, cfg.ingest)
-    text_mb = sum(ingest.read_part_stats(store, f"{w}/ingest", i).bytes_out for i in range(n)) / 1e6
+    text_mb = sum(read_part_stats(store, f"{w}/ingest", i).bytes_out for i in range(n)) / 1e6
     for i in range(n):
         clock.run(
             "clean", boilerplate.run_boilerplate_count_part, store, f"{w}/ingest", f"{w}/bp", i, cfg.clean

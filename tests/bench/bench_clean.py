@@ -20,10 +20,12 @@ from collections import Counter
 import ftfy
 import zstandard
 
-from pipeline.clean import FTFY_CONFIG, CleanConfig, clean_batch, line_hash, normalize_text
-from pipeline.quality import check_quality_batch
+from pipeline.clean.config import CleanConfig
+from pipeline.clean.normalize import FTFY_CONFIG, line_hash, normalize_text
+from pipeline.clean.quality import check_quality_batch
+from pipeline.clean.stage import clean_batch
 from pipeline.records import Record
-from pipeline.sample import sample_corpus_path
+from pipeline.sample_corpus import sample_corpus_path
 
 BATCH = 2048
 

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import zstandard
 
-from pipeline.ingest import IngestConfig, PartPlan, ingest_part, list_inputs, plan_parts
-from pipeline.records import StageStats
-from pipeline.sample import sample_corpus_path
+from pipeline.ingest.config import IngestConfig, PartPlan
+from pipeline.ingest.stage import ingest_part, list_inputs, plan_parts
+from pipeline.sample_corpus import sample_corpus_path
+from pipeline.units import StageStats
 
 MB = 1024 * 1024
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from pipeline.dedup.clusters import choose_keepers, connected_labels
+from pipeline.dedup.graph import choose_keepers, connected_labels
 from pipeline.dedup.lsh import band_keys, candidate_pairs, make_refs, optimal_params
 from pipeline.dedup.minhash import MinHasher
 
@@ -159,8 +159,9 @@ def mutate(text: str, rng: random.Random, rate: float) -> str:
 
 
 def write_corpus(root: str, docs: list[tuple[str, str]], copies: int, parts: int) -> None:
-    from pipeline.records import Record, StageStats, write_part
+    from pipeline.records import Record, write_part
     from pipeline.storage import FileStore
+    from pipeline.units import StageStats
 
     rng = random.Random(1)
     store = FileStore(root)
@@ -190,23 +191,28 @@ def _run_step(root: str, step: str, arg: int, parts: int) -> tuple[float, float]
     """One step in a fresh process: (CPU seconds, peak RSS MiB, RSS MiB after imports, before the step)."""
     import pyarrow.parquet  # noqa: F401  (imported before the baseline, like every step does)
 
-    from pipeline.dedup import near
+    from pipeline.dedup import candidates, clusters, near, signatures
+    from pipeline.dedup.config import NearDedupConfig
     from pipeline.storage import FileStore
 
     store = FileStore(root)
-    cfg = near.NearDedupConfig()
+    cfg = NearDedupConfig()
     base = _vm_hwm_mib()
     t0 = time.process_time()
     if step == "signatures":
-        near.run_signatures_part(store, "in", "work/signatures", arg, cfg)
+        signatures.run_signatures_part(store, "in", "work/signatures", arg, cfg)
     elif step == "plan":  # datasketch's parameter search (scipy integration), once per build
-        near.plan_near_dedup(store, "work", parts, cfg)
+        candidates.plan_near_dedup(store, "work", parts, cfg)
     elif step == "bands":
-        near.run_bands_part(store, "work", arg, cfg, near.plan_near_dedup(store, "work", parts, cfg))
+        candidates.run_bands_part(
+            store, "work", arg, cfg, candidates.plan_near_dedup(store, "work", parts, cfg)
+        )
     elif step == "edges":
-        near.run_edges_part(store, "work", arg, cfg, near.plan_near_dedup(store, "work", parts, cfg))
+        candidates.run_edges_part(
+            store, "work", arg, cfg, candidates.plan_near_dedup(store, "work", parts, cfg)
+        )
     elif step == "clusters":
-        near.run_clusters(store, "in", "work", parts, cfg)
+        clusters.run_clusters(store, "in", "work", parts, cfg)
     else:
         near.run_near_filter_part(store, "in", "out", arg, "work/clusters")
     return time.process_time() - t0, _vm_hwm_mib(), base

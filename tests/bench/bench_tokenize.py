@@ -16,7 +16,7 @@ import time
 import zstandard
 
 from pipeline.fast_bpe import tiktoken_from_tokenizer
-from pipeline.sample import sample_corpus_path
+from pipeline.sample_corpus import sample_corpus_path
 from pipeline.tokenize import Encoder, TokenizeConfig, train_tokenizer
 
 

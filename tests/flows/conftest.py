@@ -21,7 +21,7 @@ def prefect_harness():
 
 @pytest.fixture
 def tiny_corpus(tmp_path: Path) -> Path:
-    from tiny_corpus import write_tiny_corpus
+    from tests.flows.tiny_corpus import write_tiny_corpus
 
     write_tiny_corpus(tmp_path / "raw", files=4)
     return tmp_path / "raw"

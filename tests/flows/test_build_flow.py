@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-from tiny_corpus import TINY_OVERRIDES
 
 from pipeline.manifest import load_manifest
+from tests.flows.tiny_corpus import TINY_OVERRIDES
 
 pytestmark = pytest.mark.slow
 

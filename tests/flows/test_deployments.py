@@ -34,7 +34,7 @@ def test_prefect_yaml_deployments_are_valid() -> None:
 
 
 def test_serve_builds_a_cron_rebuild_and_a_one_click_deployment() -> None:
-    from flows.cmd_serve import build_deployments
+    from flows.cli.serve import build_deployments
 
     args = argparse.Namespace(
         cron="*/30 * * * *", timezone="UTC", config=None, output="/tmp/x", train_config=None
@@ -46,7 +46,7 @@ def test_serve_builds_a_cron_rebuild_and_a_one_click_deployment() -> None:
 
 
 def test_serve_rejects_a_bad_config_before_serving(tmp_path: Path) -> None:
-    from flows.cmd_serve import build_deployments
+    from flows.cli.serve import build_deployments
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("dedup:\n  near:\n    treshold: 0.5\n")

@@ -173,7 +173,7 @@ def task_states(flow_run_id: str) -> list[str]:
 
 
 def test_reap_cli_rejects_a_bad_watch_interval(capsys: pytest.CaptureFixture[str]) -> None:
-    from flows.cli import main
+    from flows.cli.main import main
 
     assert main(["reap", "--watch", "0"]) == 2
     assert "--watch must be > 0" in capsys.readouterr().err
@@ -182,7 +182,7 @@ def test_reap_cli_rejects_a_bad_watch_interval(capsys: pytest.CaptureFixture[str
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_reap_crashes_a_killed_run_and_leaves_a_live_one(server: PrefectServer, tmp_path: Path) -> None:
-    from flows.cli import main
+    from flows.cli.main import main
     from flows.reaper import reap
 
     script = tmp_path / "probe.py"

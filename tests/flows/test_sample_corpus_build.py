@@ -37,9 +37,8 @@ def test_build_sample_corpus_with_embedded_defaults(prefect_harness, tmp_path: P
 def test_cli_build_prints_the_summary(
     prefect_harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
-
-    from flows.cli import main
+    from flows.cli.main import main
+    from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
 
     write_tiny_corpus(tmp_path / "raw")
     sets = [f"--set={k}={v}" for k, v in TINY_OVERRIDES.items() if k != "name"]
@@ -72,7 +71,7 @@ def test_cli_build_prints_the_summary(
 def test_cli_reports_a_config_error_with_the_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from flows.cli import main
+    from flows.cli.main import main
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("clean:\n  normalisation: NFC\n")
@@ -82,7 +81,7 @@ def test_cli_reports_a_config_error_with_the_field(
 
 
 def test_version_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
-    from flows.cli import main
+    from flows.cli.main import main
     from pipeline import __version__
 
     with pytest.raises(SystemExit) as exit_info:
@@ -92,7 +91,7 @@ def test_version_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_reports_our_own_failures_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from flows.cli import main
+    from flows.cli.main import main
 
     (tmp_path / "checkpoints").mkdir()
     assert main(["trace", "--checkpoint", str(tmp_path / "checkpoints"), "--step", "1"]) == 1

@@ -19,12 +19,12 @@ def test_prepare_and_train_records_lineage_and_traces_steps(
     prefect_harness, tiny_corpus: Path, tmp_path: Path
 ) -> None:
     from prefect.client.orchestration import get_client
-    from tiny_corpus import TINY_OVERRIDES
 
     from flows.train import prepare_and_train
+    from tests.flows.tiny_corpus import TINY_OVERRIDES
     from training.checkpoint import read_record, select_resume_tag
+    from training.generate import generate
     from training.lineage import trace_step
-    from training.sample import generate
 
     out = prepare_and_train(
         inputs=[str(tiny_corpus)], output=str(tmp_path / "store"), nproc=2,

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tiny_corpus import TINY_OVERRIDES
 
 from flows.build_tasks import unit_config
 from flows.corpus_config import load_corpus_config
+from tests.flows.tiny_corpus import TINY_OVERRIDES
 
 # stage -> (a field the step does not read, a field it does), as dotted config paths with a new value
 CASES: dict[str, tuple[tuple[str, Any], tuple[str, Any]]] = {

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import build_parser
+from flows.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.records import Record, StageStats
+from pipeline.records import Record
 from pipeline.shards import (
     DOCS_SCHEMA,
     IndexedShard,
@@ -28,6 +28,7 @@ from pipeline.shards import (
 )
 from pipeline.storage import FileStore
 from pipeline.tokenize import iter_token_batches, tokens_table, write_shards, write_token_part
+from pipeline.units import StageStats
 from tests.fixtures.tiny_dataset import NUM_PARTS, build_tiny_dataset
 
 CODES = {

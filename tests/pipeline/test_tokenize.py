@@ -15,8 +15,8 @@ import zstandard
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from pipeline.fast_bpe import UnsupportedTokenizer, tiktoken_from_tokenizer, verify_same_ids
-from pipeline.records import Record, StageStats, read_part_stats, write_part
-from pipeline.sample import sample_corpus_path
+from pipeline.records import Record, write_part
+from pipeline.sample_corpus import sample_corpus_path
 from pipeline.storage import FileStore, sha256_file
 from pipeline.tokenize import (
     TOKENS_SCHEMA,
@@ -27,6 +27,7 @@ from pipeline.tokenize import (
     run_train_tokenizer,
     train_tokenizer,
 )
+from pipeline.units import StageStats, read_part_stats
 from tests.fixtures.tiny_dataset import make_records
 
 TRICKY = [

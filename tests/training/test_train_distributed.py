@@ -17,9 +17,9 @@ import pytest
 
 from tests.fixtures.tiny_dataset import build_tiny_dataset
 from training.checkpoint import CRASH_IN_SAVE_ENV, RECORD_NAME, list_tags, tag_for_step, verify_tag
+from training.generate import convert_to_fp32, generate, load_model
 from training.launch import run_local
 from training.metrics import read_metrics
-from training.sample import convert_to_fp32, generate, load_model
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -1,0 +1,192 @@
+"""Corpus-wide boilerplate lines: lines that recur in many documents (cookie banners, "All rights reserved.",
+navigation, licence footers) are removed by the clean stage.
+
+Two steps hand off through files, so each can run on its own worker and be resumed alone:
+
+1. ``run_boilerplate_count_part`` (one per input part): normalise each document exactly as clean does
+   (``pipeline.clean.normalize.normalize_text``, so the hashes match what clean will see), hash every stripped line of
+   at least ``min_line_chars`` characters with xxhash64 and count the documents that contain it (once per
+   document). Writes ``<count_folder>/part-NNNNN.npy`` (a 2 x n uint64 array: sorted hashes, document
+   counts), ``part-NNNNN.stats.json`` and, last, ``part-NNNNN.done``.
+   Beside it, ``part-NNNNN.fences.npy``: where each of :data:`FENCES` equal ranges of the hash space starts
+   in the sorted array, so a merge can read one range of every part (a ranged get) without the rest.
+2. ``merge_boilerplate`` (global): sum the counts of all parts and keep the hashes whose document frequency
+   reaches ``max(min_docs, ceil(min_fraction * total_docs))``. Writes one sorted uint64 ``.npy`` array (no
+   pickle) at ``out_key``. ``run_clean_part`` loads it with :func:`load_boilerplate`.
+
+Memory of the merge does not grow with the corpus: it runs one hash range at a time, as many ranges as it
+takes to keep each under ``budget_bytes`` (16 bytes per distinct (part, line) pair in the range), reading
+that range of every part's array by its fences. Only the kept hashes (the boilerplate set, small) add up.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable
+
+import numpy as np
+
+from pipeline.clean.config import CleanConfig
+from pipeline.clean.normalize import line_hash, normalize_text
+from pipeline.records import Record, iter_part_batches
+from pipeline.storage import ObjectStore
+from pipeline.units import StageStats, part_name
+
+
+def doc_line_hashes(text: str, min_line_chars: int) -> set[int]:
+    """The distinct line hashes of one normalised document (lines shorter than the minimum are skipped)."""
+    return {line_hash(line) for line in text.split("\n") if len(line.strip()) >= min_line_chars}
+
+
+def count_lines_part(records: Iterable[Record], cfg: CleanConfig) -> dict[int, int]:
+    """xxhash64 of stripped line -> number of documents containing it (counted once per document)."""
+    counts: Counter[int] = Counter()
+    scratch: Counter[str] = Counter()
+    min_chars = cfg.boilerplate.min_line_chars
+    for rec in records:
+        counts.update(doc_line_hashes(normalize_text(rec.text, cfg, scratch), min_chars))
+    return dict(counts)
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    sink = io.BytesIO()
+    np.save(sink, array, allow_pickle=False)
+    return sink.getvalue()
+
+
+def _npy_load(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def counts_to_array(counts: dict[int, int]) -> np.ndarray:
+    """A 2 x n uint64 array: row 0 the sorted hashes, row 1 their document counts."""
+    hashes = np.fromiter(counts.keys(), dtype=np.uint64, count=len(counts))
+    docs = np.fromiter(counts.values(), dtype=np.uint64, count=len(counts))
+    order = np.argsort(hashes, kind="stable")
+    return np.stack([hashes[order], docs[order]])
+
+
+def run_boilerplate_count_part(
+    store: ObjectStore, in_folder: str, out_folder: str, index: int, cfg: CleanConfig
+) -> StageStats:
+    """Count the line document-frequencies of one input part; a rerun of a done part reads its stats."""
+    name = part_name(index)
+    if store.exists(f"{out_folder}/{name}.done"):
+        return StageStats.from_json(json.loads(store.get_bytes(f"{out_folder}/{name}.stats.json")))
+    counts: Counter[int] = Counter()
+    stats = StageStats(stage="boilerplate_count")
+    for batch in iter_part_batches(store, in_folder, index):
+        stats.docs_in += len(batch)
+        counts.update(count_lines_part(batch, cfg))
+    stats.docs_out = stats.docs_in
+    stats.extra = {"distinct_lines": len(counts)}
+    array = counts_to_array(counts)
+    store.put_bytes(f"{out_folder}/{name}.npy", _npy_bytes(array))
+    store.put_bytes(f"{out_folder}/{name}.fences.npy", _npy_bytes(fences_of(array[0])))
+    store.put_bytes(f"{out_folder}/{name}.stats.json", json.dumps(stats.to_json(), indent=1).encode())
+    store.put_bytes(f"{out_folder}/{name}.done", b"")
+    return stats
+
+
+def boilerplate_threshold(total_docs: int, cfg: CleanConfig) -> int:
+    return max(cfg.boilerplate.min_docs, math.ceil(cfg.boilerplate.min_fraction * total_docs))
+
+
+FENCE_BITS = 8
+FENCES = 1 << FENCE_BITS  # equal ranges of the 64-bit hash space; a merge range is a run of them
+MERGE_BUDGET_BYTES = 64 * 1024 * 1024
+
+
+def fences_of(sorted_hashes: np.ndarray) -> np.ndarray:
+    """Positions where each of the FENCES hash ranges starts in ``sorted_hashes``, plus its length (int64)."""
+    bounds = np.arange(FENCES, dtype=np.uint64) << np.uint64(64 - FENCE_BITS)
+    return np.append(np.searchsorted(sorted_hashes, bounds), len(sorted_hashes)).astype(np.int64)
+
+
+class _PartCounts:
+    """One part's sorted (hash, documents) array in the store, read one fence range at a time."""
+
+    def __init__(self, store: ObjectStore, folder: str, index: int) -> None:
+        self.store, self.key = store, f"{folder}/{part_name(index)}.npy"
+        fences_key = f"{folder}/{part_name(index)}.fences.npy"
+        self.whole: np.ndarray | None = None
+        if store.exists(fences_key):
+            self.fences = _npy_load(store.get_bytes(fences_key))
+            head = store.get_range(self.key, 0, 256)  # the .npy header: magic, version, length, dict
+            self.offset = 10 + int.from_bytes(head[8:10], "little")
+        else:  # counted by an older version: no fences, read the whole (small) array once
+            self.whole = _npy_load(store.get_bytes(self.key))
+            self.fences = fences_of(self.whole[0])
+
+    def size(self, lo: int, hi: int) -> int:
+        return int(self.fences[hi] - self.fences[lo])
+
+    def slice(self, lo: int, hi: int) -> np.ndarray:
+        a, b, n = int(self.fences[lo]), int(self.fences[hi]), int(self.fences[-1])
+        if self.whole is not None:
+            return self.whole[:, a:b]
+        if a == b:
+            return np.zeros((2, 0), np.uint64)
+        rows = [self.store.get_range(self.key, self.offset + 8 * (r * n + a), 8 * (b - a)) for r in (0, 1)]
+        return np.stack([np.frombuffer(r, dtype="<u8") for r in rows])
+
+
+def merge_ranges(parts: list[_PartCounts], budget_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive fence ranges, each holding at most ``budget_bytes`` of (hash, count) pairs (one fence
+    range at least, whatever its size)."""
+    sizes = [sum(p.size(f, f + 1) for p in parts) * 16 for f in range(FENCES)]
+    ranges, lo, acc = [], 0, 0
+    for f, size in enumerate(sizes):
+        if acc and acc + size > budget_bytes:
+            ranges.append((lo, f))
+            lo, acc = f, 0
+        acc += size
+    ranges.append((lo, FENCES))
+    return ranges
+
+
+def merge_boilerplate(
+    store: ObjectStore,
+    count_folder: str,
+    num_parts: int,
+    cfg: CleanConfig,
+    out_key: str,
+    budget_bytes: int = MERGE_BUDGET_BYTES,
+) -> int:
+    """Sum the per-part counts, write the sorted hashes of boilerplate lines to ``out_key``; returns how many.
+
+    Idempotent: when ``out_key`` exists it is not recomputed.
+    """
+    if store.exists(out_key):
+        return len(_npy_load(store.get_bytes(out_key)))
+    parts, total_docs = [], 0
+    for index in range(num_parts):
+        name = part_name(index)
+        if not store.exists(f"{count_folder}/{name}.done"):
+            raise RuntimeError(f"{count_folder}/{name} is not done; run run_boilerplate_count_part first")
+        stats = json.loads(store.get_bytes(f"{count_folder}/{name}.stats.json"))
+        total_docs += int(stats["docs_in"])
+        parts.append(_PartCounts(store, count_folder, index))
+    threshold = boilerplate_threshold(total_docs, cfg)
+    kept = []
+    for lo, hi in merge_ranges(parts, budget_bytes):
+        merged = (
+            np.concatenate([p.slice(lo, hi) for p in parts], axis=1) if parts else np.zeros((2, 0), np.uint64)
+        )
+        hashes, inverse = np.unique(merged[0], return_inverse=True)
+        docs = np.bincount(inverse.ravel(), weights=merged[1], minlength=len(hashes))
+        kept.append(hashes[docs >= threshold])
+        del merged, hashes, inverse, docs
+    keep = np.concatenate(kept) if kept else np.zeros(0, np.uint64)
+    store.put_bytes(out_key, _npy_bytes(keep.astype(np.uint64)))
+    return len(keep)
+
+
+def load_boilerplate(store: ObjectStore, key: str) -> frozenset[int]:
+    array = _npy_load(store.get_bytes(key))
+    if array.dtype != np.uint64 or array.ndim != 1:
+        raise ValueError(f"{store.uri_of(key)} is not a 1-d uint64 boilerplate hash array")
+    return frozenset(array.tolist())

@@ -1,0 +1,159 @@
+"""Near dedup, step 1: a MinHash signature per document, one unit per input part; and the persisted index.
+
+A signature unit ``U`` is ``U.sig.npz`` (the docs x num_perm matrix), ``U.docs.parquet`` (id, source, bytes,
+shingle count per document), ``U.stats.json``, ``U.done``. A persisted index (``save_index``) is a folder of
+such units plus ``index.json`` with the signature parameters a later build must match.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.dedup.config import NearDedupConfig
+from pipeline.dedup.lsh import split_refs
+from pipeline.records import iter_part_batches
+from pipeline.storage import ObjectStore, open_store
+from pipeline.units import (
+    StageStats,
+    finish_unit,
+    folder_key,
+    get_npz,
+    part_name,
+    put_npz,
+    require_done,
+    unit_stats,
+)
+
+DOCS_SCHEMA = pa.schema(
+    [("id", pa.string()), ("source", pa.string()), ("nbytes", pa.int64()), ("shingles", pa.int64())]
+)
+
+
+def load_signatures(
+    store: ObjectStore, sig_folder: str, index: int, *, matrix: bool = True
+) -> tuple[np.ndarray, pa.Table]:
+    """One completed signature unit: the (docs, num_perm) matrix (empty unless ``matrix``) and its docs table
+    (id, source, nbytes, shingles)."""
+    unit = folder_key(sig_folder, part_name(index))
+    require_done(store, unit)
+    sigs = get_npz(store, f"{unit}.sig.npz")["sig"] if matrix else np.zeros((0, 0), dtype=np.uint32)
+    return sigs, pq.ParquetFile(io.BytesIO(store.get_bytes(f"{unit}.docs.parquet"))).read()
+
+
+def run_signatures_part(
+    store: ObjectStore, in_folder: str, out_folder: str, index: int, cfg: NearDedupConfig
+) -> StageStats:
+    """Signatures of one docs part: ``sig.npz`` (matrix), ``docs.parquet`` (id, source, bytes), stats, marker."""
+    unit = folder_key(out_folder, part_name(index))
+    if (stats := unit_stats(store, unit)) is not None:
+        return stats
+    t0 = time.perf_counter()
+    hasher = cfg.hasher()
+    sigs: list[np.ndarray] = []
+    cols: dict[str, list[Any]] = {"id": [], "source": [], "nbytes": [], "shingles": []}
+    for batch in iter_part_batches(store, in_folder, index, cfg.batch_docs):
+        sig, counts = hasher.signatures([r.text for r in batch])
+        sigs.append(sig)
+        cols["id"] += [r.id for r in batch]
+        cols["source"] += [r.source for r in batch]
+        cols["nbytes"] += [len(r.text.encode("utf-8", "surrogatepass")) for r in batch]
+        cols["shingles"] += counts.tolist()
+    matrix = np.concatenate(sigs) if sigs else np.zeros((0, cfg.num_perm), dtype=hasher.dtype)
+    put_npz(store, f"{unit}.sig.npz", sig=matrix)
+    sink = io.BytesIO()
+    pq.write_table(pa.table(cols, schema=DOCS_SCHEMA), sink, compression="zstd")
+    store.put_bytes(f"{unit}.docs.parquet", sink.getvalue())
+    n = len(cols["id"])
+    stats = StageStats(stage="near_signatures", docs_in=n, docs_out=n, bytes_in=sum(cols["nbytes"]))
+    stats.extra = {"no_shingles": cols["shingles"].count(0), "seconds": round(time.perf_counter() - t0, 3)}
+    return finish_unit(store, unit, stats)
+
+
+# ---------------------------------------------------------------- the persisted index
+
+
+def open_index(cfg: NearDedupConfig) -> tuple[ObjectStore, int] | None:
+    """The persisted index named by ``cfg.index_uri`` and its part count; refuses incompatible signatures."""
+    if not cfg.index_uri:
+        return None
+    istore = open_store(cfg.index_uri)
+    if not istore.exists("index.json"):
+        raise FileNotFoundError(f"{cfg.index_uri}: no index.json (write one with save_index)")
+    meta = json.loads(istore.get_bytes("index.json"))
+    if meta["params"] != cfg.signature_params():
+        raise ValueError(
+            f"index {cfg.index_uri} was built with {meta['params']}, this build uses {cfg.signature_params()}: "
+            "signatures are not comparable; rebuild the index or match the near-dedup settings"
+        )
+    return istore, int(meta["num_parts"])
+
+
+def index_store(cfg: NearDedupConfig) -> ObjectStore:
+    opened = open_index(cfg)
+    if opened is None:
+        raise ValueError("doc refs name persisted-index documents but NearDedupConfig.index_uri is not set")
+    return opened[0]
+
+
+def by_part(
+    store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig, *, matrix: bool = True
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, pa.Table]]:
+    """For each part the refs point into: (positions in refs, rows, signature matrix, docs table).
+
+    Each part (index parts from the index store) is loaded once, so memory holds one part at a time.
+    """
+    is_index, part, row = split_refs(refs)
+    istore = None
+    for flag, p in sorted(set(zip(is_index.tolist(), part.tolist(), strict=True))):
+        sel = np.flatnonzero((is_index == flag) & (part == p))
+        if flag:
+            istore = istore or index_store(cfg)
+            sigs, docs = load_signatures(istore, "", p, matrix=matrix)
+        else:
+            sigs, docs = load_signatures(store, folder_key(work, "signatures"), p, matrix=matrix)
+        yield sel, row[sel], sigs, docs
+
+
+def gather_signatures(store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig) -> np.ndarray:
+    """Signature rows of ``refs`` (index documents' from the persisted index)."""
+    out = np.zeros((len(refs), cfg.num_perm), dtype=cfg.hasher().dtype)
+    for sel, rows, sigs, _ in by_part(store, work, refs, cfg):
+        out[sel] = sigs[rows]
+    return out
+
+
+def save_index(store: ObjectStore, work: str, num_parts: int, cfg: NearDedupConfig, index_uri: str) -> int:
+    """Persist this build's kept documents (signatures + ids, no pickle) for a later build's ``index_uri``.
+
+    The index is a folder of signature units (the layout of ``W/signatures``) plus ``index.json`` with the
+    signature parameters, which a later build must match. Returns the number of indexed documents.
+    """
+    folder = folder_key(work, "clusters")
+    if not store.exists(f"{folder}/_SUCCESS"):
+        raise FileNotFoundError(f"{store.uri_of(folder)} has no _SUCCESS: run run_clusters before save_index")
+    istore = open_store(index_uri)
+    total = 0
+    for i in range(num_parts):
+        sigs, docs = load_signatures(store, folder_key(work, "signatures"), i)
+        keep = docs.column("shingles").to_numpy() > 0
+        keep[get_npz(store, f"{folder}/drop/{part_name(i)}.npz")["rows"]] = False
+        rows = np.flatnonzero(keep)
+        put_npz(istore, f"{part_name(i)}.sig.npz", sig=sigs[rows])
+        sink = io.BytesIO()
+        pq.write_table(docs.take(pa.array(rows)), sink, compression="zstd")
+        istore.put_bytes(f"{part_name(i)}.docs.parquet", sink.getvalue())
+        finish_unit(
+            istore, part_name(i), StageStats(stage="near_index", docs_in=len(docs), docs_out=len(rows))
+        )
+        total += len(rows)
+    meta = {"params": cfg.signature_params(), "num_parts": num_parts, "docs": total}
+    istore.put_bytes("index.json", json.dumps(meta, indent=1).encode())
+    return total

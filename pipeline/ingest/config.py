@@ -1,0 +1,106 @@
+"""Ingest's config and plan types: formats by suffix, :class:`IngestConfig`, and the fingerprinted inputs and
+part plans the stage passes between its steps (small, frozen, JSON-serialisable)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+FORMATS = ("txt", "txt.gz", "txt.zst", "jsonl", "jsonl.gz", "jsonl.zst", "parquet")
+DEFAULT_EXTENSIONS: Mapping[str, str] = MappingProxyType(
+    {
+        ".txt": "txt",
+        ".txt.gz": "txt.gz",
+        ".txt.zst": "txt.zst",
+        ".jsonl": "jsonl",
+        ".ndjson": "jsonl",
+        ".jsonl.gz": "jsonl.gz",
+        ".json.gz": "jsonl.gz",
+        ".jsonl.zst": "jsonl.zst",
+        ".json.zst": "jsonl.zst",
+        ".parquet": "parquet",
+    }
+)
+# Planning weighs pieces by the text they will produce (that is what a part holds in memory), estimating
+# compressed inputs (gz, zst, parquet) at 4x their size, a typical ratio for text, without opening them.
+COMPRESSION_ESTIMATE = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class IngestConfig:
+    """How raw objects become documents. ``extensions`` maps a file-name suffix to one of :data:`FORMATS`."""
+
+    txt_mode: str = "file"  # "file": one document per file; "paragraph": blank-line separated blocks
+    text_field: str = "text"
+    meta_field: str = "meta"
+    id_field: str | None = None  # take record ids from this field instead of "<uri>#<position>"
+    target_part_bytes: int = 32 * 1024 * 1024
+    max_doc_bytes: int = 10 * 1024 * 1024
+    min_detect_confidence: float = 0.8
+    extensions: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_EXTENSIONS))
+
+    def __post_init__(self) -> None:
+        if self.txt_mode not in ("file", "paragraph"):
+            raise ValueError(f"ingest.txt_mode must be 'file' or 'paragraph', got {self.txt_mode!r}")
+        for name in ("text_field", "meta_field"):
+            if not getattr(self, name):
+                raise ValueError(f"ingest.{name} must be a non-empty field name")
+        if self.id_field is not None and not self.id_field:
+            raise ValueError("ingest.id_field must be a field name or None")
+        if self.target_part_bytes < 1:
+            raise ValueError(f"ingest.target_part_bytes must be >= 1, got {self.target_part_bytes}")
+        if self.max_doc_bytes < 1:
+            raise ValueError(f"ingest.max_doc_bytes must be >= 1, got {self.max_doc_bytes}")
+        if not 0.0 <= self.min_detect_confidence <= 1.0:
+            raise ValueError(
+                f"ingest.min_detect_confidence must be in [0, 1], got {self.min_detect_confidence}"
+            )
+        bad = {
+            ext: fmt for ext, fmt in self.extensions.items() if fmt not in FORMATS or not ext.startswith(".")
+        }
+        if bad:
+            raise ValueError(f"ingest.extensions: {bad} must map '.suffix' to one of {FORMATS}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputFile:
+    """One raw object and its fingerprint (recorded in the manifest; a rebuild redoes what changed)."""
+
+    uri: str
+    size: int
+    etag: str
+    mtime: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Piece:
+    """A whole object, bytes ``[start, end)`` of one (txt/jsonl) or row groups ``[start, end)`` (parquet)."""
+
+    uri: str
+    fmt: str
+    size: int
+    start: int = 0
+    end: int | None = None  # None: to the end of the object
+    weight: int = 0  # bytes this piece accounts for in planning
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartPlan:
+    index: int
+    pieces: tuple[Piece, ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(p.weight for p in self.pieces)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "pieces": [asdict(p) for p in self.pieces]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PartPlan:
+        return cls(index=int(data["index"]), pieces=tuple(Piece(**p) for p in data["pieces"]))

@@ -1,0 +1,307 @@
+"""Ingest: raw objects (txt, jsonl[.gz|.zst], parquet on file:// or s3://) -> docs parts.
+
+Three steps, each a pure function over small serialisable values so a flow can fan out over parts:
+
+1. :func:`list_inputs` expands sources (paths, folders, globs, ``file://``, ``s3://bucket/prefix``) into
+   fingerprinted :class:`InputFile` objects, sorted by URI.
+2. :func:`plan_parts` packs them into :class:`PartPlan` units of similar byte size; a large uncompressed
+   ``.jsonl``/``.txt`` is split into byte ranges and a large parquet file into row-group ranges.
+3. :func:`ingest_part` / :func:`run_ingest_part` read one plan into records (the readers live in
+   :mod:`pipeline.ingest.readers`) and write the part. Bad input is quarantined with a reason, never fatal.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pyarrow as pa
+
+from pipeline.ingest import readers, streams
+from pipeline.ingest.config import (
+    COMPRESSION_ESTIMATE,
+    DEFAULT_EXTENSIONS,
+    IngestConfig,
+    InputFile,
+    PartPlan,
+    Piece,
+)
+from pipeline.ingest.encoding import is_line_safe
+from pipeline.records import PartWriter, Quarantined, Record
+from pipeline.storage import ObjectStore, S3Options, StorageError, open_store, split_uri
+from pipeline.units import StageStats, part_done, read_part_stats
+
+log = logging.getLogger(__name__)
+_GLOB_CHARS = ("*", "?", "[")
+
+
+# ---------------------------------------------------------------- listing
+
+
+def format_of(uri: str, extensions: Mapping[str, str]) -> str | None:
+    """The format of the longest matching suffix (``.jsonl.zst`` before ``.zst``), or None."""
+    name = uri.rsplit("/", 1)[-1].lower()
+    matches = [ext for ext in extensions if name.endswith(ext.lower())]
+    return extensions[max(matches, key=len)] if matches else None
+
+
+def _local_files(source: str) -> list[str]:
+    path = source[len("file://") :] if source.startswith("file://") else source
+    path = os.path.expanduser(path)
+    if any(c in path for c in _GLOB_CHARS):
+        return sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
+    if os.path.isdir(path):
+        return sorted(str(p) for p in Path(path).rglob("*") if p.is_file())
+    if os.path.isfile(path):
+        return [path]
+    raise ValueError(f"input source {source!r} does not exist")
+
+
+def _local_inputs(source: str) -> Iterator[InputFile]:
+    for path in _local_files(source):
+        absolute = Path(path).resolve()
+        st = absolute.stat()
+        yield InputFile(
+            uri="file://" + str(absolute),
+            size=st.st_size,
+            etag=f"{st.st_mtime_ns}-{st.st_size}",
+            mtime=st.st_mtime,
+        )
+
+
+def _s3_inputs(source: str, s3: S3Options | None) -> Iterator[InputFile]:
+    bucket, _, pattern = source[len("s3://") :].partition("/")
+    store = open_store(f"s3://{bucket}", s3=s3)
+    cut = min([pattern.find(c) for c in _GLOB_CHARS if c in pattern] or [len(pattern)])
+    prefix = pattern[:cut]
+    infos = list(store.list(prefix)) if prefix else list(store.list())
+    if cut < len(pattern):
+        from fnmatch import fnmatchcase
+
+        infos = [i for i in infos if fnmatchcase(i.key, pattern)]
+    elif prefix:  # one object if the key exists, else the "folder" below it (never a mere name prefix)
+        exact = [i for i in infos if i.key == prefix]
+        infos = exact or [i for i in infos if i.key.startswith(prefix.rstrip("/") + "/")]
+    for info in infos:
+        yield InputFile(uri=f"s3://{bucket}/{info.key}", size=info.size, etag=info.etag, mtime=info.mtime)
+
+
+def list_inputs(
+    sources: list[str], s3: S3Options | None = None, extensions: Mapping[str, str] = DEFAULT_EXTENSIONS
+) -> list[InputFile]:
+    """Every supported object under ``sources``, deduplicated and sorted by URI.
+
+    Files with an unknown suffix are skipped with a warning (a folder often holds README/PROVENANCE files);
+    a source that matches no supported file at all is an error, so a typo cannot yield an empty corpus.
+    """
+    found: dict[str, InputFile] = {}
+    for source in sources:
+        files = list(_s3_inputs(source, s3) if source.startswith("s3://") else _local_inputs(source))
+        usable = [f for f in files if format_of(f.uri, extensions) is not None]
+        skipped = [f.uri for f in files if format_of(f.uri, extensions) is None]
+        if skipped:
+            log.warning(
+                "ingest: skipping %d file(s) of unknown format under %s: %s",
+                len(skipped),
+                source,
+                ", ".join(s.rsplit("/", 1)[-1] for s in skipped[:5]),
+            )
+        if not usable:
+            raise ValueError(
+                f"input source {source!r} holds no file of a known format ({sorted(extensions)})"
+            )
+        found.update((f.uri, f) for f in usable)
+    return [found[uri] for uri in sorted(found)]
+
+
+# ---------------------------------------------------------------- planning
+
+
+class _Stores:
+    """One store per root URI for the duration of a plan or a part (S3 clients are reused across objects)."""
+
+    def __init__(self, s3: S3Options | None):
+        self.s3 = s3
+        self.cache: dict[str, ObjectStore] = {}
+
+    def locate(self, uri: str) -> tuple[ObjectStore, str]:
+        root, key = split_uri(uri)
+        if root not in self.cache:
+            local = root[len("file://") :] if root.startswith("file://") else None
+            if local is not None and not os.path.isdir(local):  # FileStore would create the folder
+                raise FileNotFoundError(f"{uri} does not exist")
+            self.cache[root] = open_store(root, s3=self.s3)
+        return self.cache[root], key
+
+
+def _split_bytes(inp: InputFile, fmt: str, target: int) -> list[Piece]:
+    count = -(-inp.size // target)
+    bounds = [inp.size * i // count for i in range(count + 1)]
+    return [
+        Piece(
+            uri=inp.uri,
+            fmt=fmt,
+            size=inp.size,
+            start=bounds[i],
+            end=None if i == count - 1 else bounds[i + 1],
+            weight=bounds[i + 1] - bounds[i],
+        )
+        for i in range(count)
+    ]
+
+
+def _split_row_groups(inp: InputFile, store: ObjectStore, key: str, target: int) -> list[Piece]:
+    import pyarrow.parquet as pq
+
+    with streams.open_seekable(store, key, inp.size) as f:
+        meta = pq.ParquetFile(f).metadata
+    sizes = [meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)]
+    pieces, first, acc = [], 0, 0
+    for g, size in enumerate(sizes):
+        if acc and acc + size > target:
+            pieces.append((first, g, acc))
+            first, acc = g, 0
+        acc += size
+    pieces.append((first, len(sizes), acc))
+    return [  # weights: the uncompressed bytes of the row groups
+        Piece(
+            uri=inp.uri,
+            fmt="parquet",
+            size=inp.size,
+            start=a,
+            end=None if b == len(sizes) else b,
+            weight=max(w, 1),
+        )
+        for a, b, w in pieces
+    ]
+
+
+def _pieces_of(inp: InputFile, cfg: IngestConfig, target: int, stores: _Stores) -> list[Piece]:
+    fmt = format_of(inp.uri, cfg.extensions)
+    if fmt is None:
+        raise ValueError(f"{inp.uri}: unknown format (ingest.extensions has {sorted(cfg.extensions)})")
+    estimate = inp.size * (COMPRESSION_ESTIMATE if fmt == "parquet" or "." in fmt else 1)
+    whole = [Piece(uri=inp.uri, fmt=fmt, size=inp.size, weight=max(estimate, 1))]
+    if estimate <= target:
+        return whole
+    if "." in fmt:
+        log.info("ingest: %s (~%d MiB of text) is compressed and read as one piece", inp.uri, estimate >> 20)
+        return whole
+    try:
+        if fmt == "parquet":
+            return _split_row_groups(inp, *stores.locate(inp.uri), target)
+        if fmt == "jsonl" or (fmt == "txt" and cfg.txt_mode == "paragraph"):
+            store, key = stores.locate(inp.uri)
+            bom = readers.sniff_bom(store, key)
+            if bom is None or is_line_safe(bom):
+                return _split_bytes(inp, fmt, target)
+    except (OSError, StorageError) as e:  # read at ingest time instead, where the failure is quarantined
+        log.warning("ingest: cannot inspect %s for splitting (%s); planning it whole", inp.uri, e)
+    return whole
+
+
+def plan_parts(
+    inputs: list[InputFile],
+    target_part_bytes: int,
+    *,
+    cfg: IngestConfig | None = None,
+    s3: S3Options | None = None,
+) -> list[PartPlan]:
+    """Pack inputs, in order, into parts of about ``target_part_bytes`` of text.
+
+    A pure function of the inputs, except that files to be split are peeked at: large parquet files for their
+    row-group sizes, large text files for a UTF-16/32 byte-order mark (such files are never split). A
+    compressed file is never split: its part holds all of its text (see COMPRESSION_ESTIMATE).
+    """
+    if target_part_bytes < 1:
+        raise ValueError(f"target_part_bytes must be >= 1, got {target_part_bytes}")
+    cfg = cfg or IngestConfig()
+    stores = _Stores(s3)
+    parts: list[list[Piece]] = []
+    current: list[Piece] = []
+    for inp in inputs:
+        for piece in _pieces_of(inp, cfg, target_part_bytes, stores):
+            if current and sum(p.weight for p in current) + piece.weight > target_part_bytes:
+                parts.append(current)
+                current = []
+            current.append(piece)
+    if current:
+        parts.append(current)
+    return [PartPlan(index=i, pieces=tuple(pieces)) for i, pieces in enumerate(parts)]
+
+
+# ---------------------------------------------------------------- reading
+
+
+# Permanent conditions of one object: quarantined as "read_error" and the part goes on. Any other I/O error
+# (a network outage, S3 throttling past the store's retries) propagates, so the unit fails as a whole and
+# its task is retried: a transient failure must not become a part that is silently missing records.
+UNREADABLE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def iter_ingest_part(
+    plan: PartPlan,
+    cfg: IngestConfig,
+    stats: StageStats,
+    quarantined: list[Quarantined],
+    s3: S3Options | None = None,
+) -> Iterator[Record]:
+    """Stream the records of every piece of ``plan``; bad input goes to ``quarantined``, counts to ``stats``.
+
+    Bad or missing input is quarantined, never raised; transient I/O errors are raised (see UNREADABLE).
+    """
+    stores = _Stores(s3)
+    docs = nbytes = 0
+    for piece in plan.pieces:
+        ctx = readers.ReadContext(uri=piece.uri, fmt=piece.fmt, cfg=cfg)
+        try:
+            for item in readers.read_piece(piece, ctx, *stores.locate(piece.uri)):
+                if isinstance(item, Record):
+                    docs += 1
+                    nbytes += len(item.text.encode("utf-8", "surrogatepass"))
+                    yield item
+                else:
+                    quarantined.append(item)
+        except (*UNREADABLE, pa.ArrowException) as e:  # records read before the failure are kept
+            reason = "corrupt_file" if isinstance(e, pa.ArrowException) else "read_error"
+            log.warning("ingest: %s %s: %s", reason, piece.uri, e)
+            quarantined.append(ctx.quarantine(f"B{piece.start}", reason, f"{type(e).__name__}: {e}"))
+        stats.bytes_in += ctx.bytes_read
+        for name, value in ctx.extra.items():
+            stats.extra[name] = stats.extra.get(name, 0) + value
+    for q in quarantined:
+        stats.drop(q.reason)
+    stats.docs_out = docs
+    stats.docs_in = docs + len(quarantined)
+    stats.bytes_out = nbytes
+    stats.extra["pieces"] = len(plan.pieces)
+
+
+def ingest_part(
+    plan: PartPlan, cfg: IngestConfig, s3: S3Options | None = None
+) -> tuple[list[Record], list[Quarantined], StageStats]:
+    """Read every piece of ``plan`` into memory: (records, quarantined, stats). Runners stream instead."""
+    stats = StageStats(stage="ingest")
+    quarantined: list[Quarantined] = []
+    records = list(iter_ingest_part(plan, cfg, stats, quarantined, s3))
+    return records, quarantined, stats
+
+
+def run_ingest_part(
+    store: ObjectStore, out_folder: str, plan: PartPlan, cfg: IngestConfig, s3: S3Options | None = None
+) -> StageStats:
+    """The unit of work: ingest one plan into ``out_folder/part-<index>``, streaming (bounded memory however
+    large the compressed input); a completed part is not redone."""
+    if part_done(store, out_folder, plan.index):
+        return read_part_stats(store, out_folder, plan.index)
+    stats = StageStats(stage="ingest")
+    quarantined: list[Quarantined] = []
+    with PartWriter(store, out_folder, plan.index) as writer:
+        writer.write(iter_ingest_part(plan, cfg, stats, quarantined, s3))
+        writer.finish(stats, quarantined)
+    log.info("ingest part %d: %d docs, %d quarantined %s", plan.index, stats.docs_out, len(quarantined),
+             dict(stats.dropped))  # fmt: skip
+    return stats

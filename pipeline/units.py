@@ -1,0 +1,214 @@
+"""The unit protocol, spelled once: every unit of work writes its outputs, then its stats, then its marker.
+
+A *unit* is a key prefix ``U`` in a store (``work/clean/part-00003``, ``work/near/edges/p-00001``): its outputs
+are ``U.<suffix>`` or ``U/...`` objects, then ``U.stats.json`` (its counted :class:`StageStats`), then
+``U.done`` (empty, written last). A reader never reads a unit without its marker, and a rerun skips every unit
+that has one (:func:`unit_stats` returns its stored stats), so a crash between two writes costs only a redo of
+that unit. A step over a whole folder marks it with ``_SUCCESS`` once every unit in it is done
+(:func:`mark_stage_success`), or, for a global step, after its outputs and ``stats.json``
+(:func:`finish_folder`).
+
+Arrays hand off between steps as ``.npy``/``.npz`` loaded with ``allow_pickle=False`` (no pickle anywhere).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pipeline.storage import ObjectStore
+
+SUCCESS = "_SUCCESS"
+
+
+@dataclass
+class StageStats:
+    """Counted outcome of one stage over one or more parts. Every drop has a reason."""
+
+    stage: str
+    docs_in: int = 0
+    docs_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] += n
+
+    def merge(self, other: StageStats) -> StageStats:
+        """Add ``other`` into self (numeric ``extra`` values are summed, others kept from the first)."""
+        self.docs_in += other.docs_in
+        self.docs_out += other.docs_out
+        self.bytes_in += other.bytes_in
+        self.bytes_out += other.bytes_out
+        self.dropped.update(other.dropped)
+        for key, value in other.extra.items():
+            mine = self.extra.get(key)
+            if isinstance(value, (int, float)) and isinstance(mine, (int, float)):
+                self.extra[key] = mine + value
+            elif key not in self.extra:
+                self.extra[key] = value
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "docs_in": self.docs_in,
+            "docs_out": self.docs_out,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "dropped": dict(sorted(self.dropped.items())),
+            "extra": self.extra,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StageStats:
+        return cls(
+            stage=data["stage"],
+            docs_in=int(data["docs_in"]),
+            docs_out=int(data["docs_out"]),
+            bytes_in=int(data["bytes_in"]),
+            bytes_out=int(data["bytes_out"]),
+            dropped=Counter(data.get("dropped", {})),
+            extra=dict(data.get("extra", {})),
+        )
+
+
+# ---------------------------------------------------------------- unit names
+
+
+def part_name(index: int) -> str:
+    if index < 0:
+        raise ValueError(f"part index must be >= 0, got {index}")
+    return f"part-{index:05d}"
+
+
+def folder_key(folder: str, name: str) -> str:
+    """``folder/name``, or ``name`` at the store root (``folder == ""``)."""
+    return f"{folder}/{name}" if folder else name
+
+
+def part_unit(folder: str, index: int) -> str:
+    """The unit of part ``index`` in ``folder``: ``folder/part-NNNNN``."""
+    return folder_key(folder, part_name(index))
+
+
+# ---------------------------------------------------------------- one unit: outputs, stats, marker
+
+
+def stats_bytes(stats: StageStats) -> bytes:
+    return json.dumps(stats.to_json(), indent=1).encode()
+
+
+def finish_unit(store: ObjectStore, unit: str, stats: StageStats) -> StageStats:
+    """Stats, then the marker, after the unit's outputs: a unit without its marker is never read and is redone."""
+    store.put_bytes(f"{unit}.stats.json", stats_bytes(stats))
+    store.put_bytes(f"{unit}.done", b"")
+    return stats
+
+
+def unit_done(store: ObjectStore, unit: str) -> bool:
+    return store.exists(f"{unit}.done")
+
+
+def unit_stats(store: ObjectStore, unit: str) -> StageStats | None:
+    """The stored stats of a finished unit (a rerun returns these and skips the work), else None."""
+    if not unit_done(store, unit):
+        return None
+    return read_unit_stats(store, unit)
+
+
+def read_unit_stats(store: ObjectStore, unit: str) -> StageStats:
+    return StageStats.from_json(json.loads(store.get_bytes(f"{unit}.stats.json")))
+
+
+def require_done(store: ObjectStore, unit: str) -> None:
+    if not unit_done(store, unit):
+        raise FileNotFoundError(
+            f"{store.uri_of(unit)} has no .done marker: run the step that writes it first"
+        )
+
+
+def done_stats_or_fail(store: ObjectStore, unit: str) -> StageStats:
+    stats = unit_stats(store, unit)
+    if stats is None:
+        raise FileNotFoundError(f"{store.uri_of(unit)} is not done: run the previous step first")
+    return stats
+
+
+# ---------------------------------------------------------------- parts of a folder, and _SUCCESS
+
+
+def part_done(store: ObjectStore, folder: str, index: int) -> bool:
+    return unit_done(store, part_unit(folder, index))
+
+
+def read_part_stats(store: ObjectStore, folder: str, index: int) -> StageStats:
+    return read_unit_stats(store, part_unit(folder, index))
+
+
+def merged_stats(store: ObjectStore, folder: str, num_parts: int, stage: str) -> StageStats:
+    total = StageStats(stage=stage)
+    for i in range(num_parts):
+        total.merge(read_part_stats(store, folder, i))
+    return total
+
+
+def mark_stage_success(store: ObjectStore, folder: str, num_parts: int) -> None:
+    """``_SUCCESS`` once every part of the folder has its marker (refuses otherwise)."""
+    missing = [i for i in range(num_parts) if not part_done(store, folder, i)]
+    if missing:
+        raise RuntimeError(f"{folder}: parts {missing[:10]} are not done; refusing to write {SUCCESS}")
+    store.put_bytes(f"{folder}/{SUCCESS}", json.dumps({"parts": num_parts}).encode())
+
+
+def stage_succeeded(store: ObjectStore, folder: str) -> bool:
+    return store.exists(f"{folder}/{SUCCESS}")
+
+
+def finish_folder(store: ObjectStore, folder: str, stats: StageStats) -> StageStats:
+    """A global step's end: ``folder/stats.json``, then ``folder/_SUCCESS``, after its outputs."""
+    store.put_bytes(f"{folder}/stats.json", stats_bytes(stats))
+    store.put_bytes(f"{folder}/{SUCCESS}", b"")
+    return stats
+
+
+def folder_stats(store: ObjectStore, folder: str) -> StageStats | None:
+    """The stats of a finished global step (see :func:`finish_folder`), else None."""
+    if not stage_succeeded(store, folder):
+        return None
+    return StageStats.from_json(json.loads(store.get_bytes(f"{folder}/stats.json")))
+
+
+# ---------------------------------------------------------------- arrays
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    sink = io.BytesIO()
+    np.save(sink, array, allow_pickle=False)
+    return sink.getvalue()
+
+
+def put_npy(store: ObjectStore, key: str, array: np.ndarray) -> None:
+    store.put_bytes(key, npy_bytes(array))
+
+
+def get_npy(store: ObjectStore, key: str) -> np.ndarray:
+    return np.load(io.BytesIO(store.get_bytes(key)), allow_pickle=False)
+
+
+def put_npz(store: ObjectStore, key: str, **arrays: np.ndarray) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
+    store.put_bytes(key, buf.getvalue())
+
+
+def get_npz(store: ObjectStore, key: str) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(store.get_bytes(key)), allow_pickle=False) as data:
+        return {name: data[name] for name in data.files}

@@ -1,0 +1,159 @@
+"""Corpus-wide boilerplate lines: counted once per document across parts, merged into a sorted uint64 .npy,
+removed by clean from every document where they repeat, kept where they are unique or under the threshold."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+
+import numpy as np
+import pytest
+
+from pipeline.clean.boilerplate import (
+    boilerplate_threshold,
+    count_lines_part,
+    load_boilerplate,
+    merge_boilerplate,
+    run_boilerplate_count_part,
+)
+from pipeline.clean.config import BoilerplateConfig, CleanConfig
+from pipeline.clean.normalize import line_hash
+from pipeline.clean.quality import QualityConfig
+from pipeline.clean.stage import run_clean_part
+from pipeline.records import Record, read_part, write_part
+from pipeline.units import StageStats
+
+WORD_TEXT = "river garden morning village teacher window market winter summer letter evening station"
+WORDS = WORD_TEXT.split()
+FOOTER = "Copyright 2024 Example Corp. All rights reserved."
+NAV = "Home | About us | Contact | Privacy policy"
+RARE = "Subscribe to our newsletter for weekly updates."  # in 3 docs only: under the threshold
+CFG = CleanConfig(
+    boilerplate=BoilerplateConfig(min_docs=5, min_line_chars=20), quality=QualityConfig(enabled=False)
+)
+
+
+def body(seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(10)) + f" {seed}-{k}." for k in range(4)]
+
+
+def corpus() -> list[list[Record]]:
+    """Two parts, 12 docs: FOOTER in 10 (twice in one), NAV (with CRLF and padding) in 6, RARE in 3."""
+    docs = []
+    for i in range(12):
+        lines = body(i)
+        if i < 10:
+            lines.append(FOOTER)
+        if i == 0:
+            lines.insert(0, FOOTER)
+        if i % 2 == 0:
+            lines.insert(1, "   " + NAV + "  ")
+        if i < 3:
+            lines.insert(2, RARE)
+        sep = "\r\n" if i == 4 else "\n"
+        docs.append(Record(f"d{i}", sep.join(lines), "src"))
+    return [docs[:7], docs[7:]]
+
+
+def test_count_lines_counts_each_document_once():
+    counts = count_lines_part(corpus()[0], CFG)
+    assert counts[line_hash(FOOTER)] == 7  # doc 0 holds it twice
+    assert counts[line_hash(NAV)] == 4  # leading/trailing spaces and CRLF do not matter
+    assert counts[line_hash(RARE)] == 3
+    short = CleanConfig(boilerplate=BoilerplateConfig(min_line_chars=60))
+    assert line_hash(FOOTER) not in count_lines_part(corpus()[0], short)
+
+
+def test_threshold_uses_min_docs_and_fraction():
+    cfg = CleanConfig(boilerplate=BoilerplateConfig(min_docs=5, min_fraction=0.01))
+    assert boilerplate_threshold(100, cfg) == 5
+    assert boilerplate_threshold(10_000, cfg) == 100
+
+
+def test_boilerplate_removed_where_it_repeats_and_kept_where_unique(store):
+    parts = corpus()
+    for index, records in enumerate(parts):
+        write_part(store, "ingest", index, records, StageStats(stage="ingest"))
+        run_boilerplate_count_part(store, "ingest", "bp-counts", index, CFG)
+    assert merge_boilerplate(store, "bp-counts", 2, CFG, "bp/boilerplate.npy") == 2
+
+    array = np.load(io.BytesIO(store.get_bytes("bp/boilerplate.npy")), allow_pickle=False)
+    assert array.dtype == np.uint64 and array.ndim == 1 and list(array) == sorted(array)
+    assert load_boilerplate(store, "bp/boilerplate.npy") == {line_hash(FOOTER), line_hash(NAV)}
+
+    stats = [run_clean_part(store, "ingest", "clean", i, CFG, "bp/boilerplate.npy") for i in range(2)]
+    cleaned = {r.id: r.text for i in range(2) for r in read_part(store, "clean", i)}
+    assert len(cleaned) == 12
+    for i, text in enumerate(cleaned.values()):
+        assert FOOTER not in text and NAV not in text
+        assert all(line in text for line in body(i))  # unique lines kept
+        assert (RARE in text) == (i < 3)
+    assert sum(s.extra["boilerplate_lines_removed"] for s in stats) == 11 + 6
+    assert sum(s.extra["docs_with_boilerplate"] for s in stats) == 11  # FOOTER in 0-9, NAV also in 10
+
+
+def test_reruns_skip_done_units(store):
+    parts = corpus()
+    for index, records in enumerate(parts):
+        write_part(store, "ingest", index, records, StageStats(stage="ingest"))
+        first = run_boilerplate_count_part(store, "ingest", "bp-counts", index, CFG)
+        store.delete(f"ingest/part-{index:05d}.parquet")
+        again = run_boilerplate_count_part(store, "ingest", "bp-counts", index, CFG)
+        assert again.to_json() == first.to_json() and first.docs_in == len(records)
+    assert merge_boilerplate(store, "bp-counts", 2, CFG, "bp.npy") == 2
+    store.delete("bp-counts/part-00000.npy")  # merged already: not read again
+    assert merge_boilerplate(store, "bp-counts", 2, CFG, "bp.npy") == 2
+
+
+def test_merge_refuses_missing_parts(store):
+    write_part(store, "ingest", 0, corpus()[0], StageStats(stage="ingest"))
+    run_boilerplate_count_part(store, "ingest", "bp-counts", 0, CFG)
+    with pytest.raises(RuntimeError, match="part-00001"):
+        merge_boilerplate(store, "bp-counts", 2, CFG, "bp.npy")
+
+
+def _random_counts(store, parts: int, seed: int = 3) -> dict[int, int]:
+    """Parts of random line hashes, some shared by many parts; returns the true document counts."""
+    from collections import Counter
+
+    from pipeline.clean.boilerplate import _npy_bytes, counts_to_array, fences_of
+
+    rng = np.random.default_rng(seed)
+    shared = rng.integers(0, 2**64 - 1, size=300, dtype=np.uint64)
+    total: Counter[int] = Counter()
+    for index in range(parts):
+        own = rng.integers(0, 2**64 - 1, size=2000, dtype=np.uint64)
+        counts = {
+            int(h): int(rng.integers(1, 4)) for h in np.concatenate([own, shared[rng.random(300) < 0.5]])
+        }
+        total.update(counts)
+        array = counts_to_array(counts)
+        name = f"bp-counts/part-{index:05d}"
+        store.put_bytes(f"{name}.npy", _npy_bytes(array))
+        store.put_bytes(f"{name}.fences.npy", _npy_bytes(fences_of(array[0])))
+        docs = int(array[1].sum())
+        store.put_bytes(f"{name}.stats.json", json.dumps({"stage": "bp", "docs_in": docs}).encode())
+        store.put_bytes(f"{name}.done", b"")
+    return dict(total)
+
+
+def test_a_merge_in_hash_ranges_keeps_exactly_the_lines_over_the_threshold(store):
+    """A small budget splits the merge into many hash ranges, each read from every part by ranged gets; the
+    set equals the one-shot answer computed here, whatever the budget, and a part without fences (counted by an
+    older version) is read whole."""
+    from pipeline.clean.boilerplate import _PartCounts, merge_ranges
+
+    true = _random_counts(store, parts=6)
+    cfg = CleanConfig(boilerplate=BoilerplateConfig(min_docs=6))
+    expected = sorted(h for h, docs in true.items() if docs >= 6)
+    assert 50 < len(expected) < 300
+    parts = [_PartCounts(store, "bp-counts", i) for i in range(6)]
+    assert len(merge_ranges(parts, 32 * 1024)) > 4 and merge_ranges(parts, 1 << 40) == [(0, 256)]
+    for budget, key in ((32 * 1024, "small.npy"), (1 << 40, "large.npy")):
+        assert merge_boilerplate(store, "bp-counts", 6, cfg, key, budget_bytes=budget) == len(expected)
+        assert np.load(io.BytesIO(store.get_bytes(key))).tolist() == expected
+    store.delete("bp-counts/part-00002.fences.npy")
+    assert merge_boilerplate(store, "bp-counts", 6, cfg, "old.npy", budget_bytes=32 * 1024) == len(expected)
+    assert np.load(io.BytesIO(store.get_bytes("old.npy"))).tolist() == expected

@@ -1,0 +1,124 @@
+"""Exact dedup: the first copy by (part, position) is kept, whatever order the parts were hashed in; the
+drop lists, stats and file layout are as documented; reruns skip done units."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from pipeline.dedup.config import ExactDedupConfig
+from pipeline.dedup.exact import (
+    find_duplicates,
+    resolve_exact_duplicates,
+    run_exact_filter_part,
+    run_exact_hash_part,
+    text_hashes,
+)
+from pipeline.records import Record, read_part, write_part
+from pipeline.storage import FileStore
+from pipeline.units import StageStats
+
+# part -> texts; "A" appears in parts 0, 1, 2 (twice in 1), "B" in parts 0 (twice) and 2, "Ä" only once
+PARTS = [
+    ["A", "B", "c0", "B"],
+    ["d1", "A", "A", "e1"],
+    ["B", "f2", "A", "Ä"],
+    [],
+]
+EXPECTED_KEPT = [["A", "B", "c0"], ["d1", "e1"], ["f2", "Ä"], []]
+
+
+def write_inputs(store, parts=PARTS) -> None:
+    for index, texts in enumerate(parts):
+        records = [Record(f"p{index}-{pos}", text, "src") for pos, text in enumerate(texts)]
+        write_part(store, "clean", index, records, StageStats(stage="clean"))
+
+
+def run_all(store, hash_order) -> StageStats:
+    for index in hash_order:
+        run_exact_hash_part(store, "clean", "exact/hashes", index)
+    stats = resolve_exact_duplicates(store, "exact/hashes", len(PARTS), "exact/drops")
+    for index in reversed(range(len(PARTS))):
+        run_exact_filter_part(store, "clean", "dedup", index, "exact/drops")
+    return stats
+
+
+def test_keeps_the_first_copy_in_part_then_position_order(store):
+    write_inputs(store)
+    stats = run_all(store, hash_order=[3, 2, 0, 1])
+    kept = [[r.text for r in read_part(store, "dedup", i)] for i in range(len(PARTS))]
+    assert kept == EXPECTED_KEPT
+    assert stats.docs_in == 12 and stats.docs_out == 7
+    assert stats.dropped == Counter({"exact_duplicate": 5})
+    assert stats.extra["duplicate_groups"] == 2
+    ids = [r.id for r in read_part(store, "dedup", 0)]
+    assert ids == ["p0-0", "p0-1", "p0-2"]
+
+
+def test_drop_lists_name_the_kept_copy(store):
+    write_inputs(store)
+    run_all(store, hash_order=range(len(PARTS)))
+    rows = np.load(io.BytesIO(store.get_bytes("exact/drops/part-00001.npy")), allow_pickle=False)
+    # (position, kept part, kept position): both "A"s of part 1 point at part 0 position 0
+    assert rows.tolist() == [[1, 0, 0], [2, 0, 0]]
+    rows = np.load(io.BytesIO(store.get_bytes("exact/drops/part-00002.npy")), allow_pickle=False)
+    assert rows.tolist() == [[0, 0, 1], [2, 0, 0]]
+    hashes = np.load(io.BytesIO(store.get_bytes("exact/hashes/part-00000.npy")), allow_pickle=False)
+    assert hashes.shape == (4, 2) and hashes.dtype == np.uint64
+
+
+def test_deterministic_across_part_orders(tmp_path):
+    outputs = []
+    for k, order in enumerate([[0, 1, 2, 3], [3, 1, 2, 0], [2, 3, 0, 1]]):
+        store = FileStore(tmp_path / f"s{k}")
+        write_inputs(store)
+        run_all(store, order)
+        outputs.append([store.get_bytes(f"exact/drops/part-{i:05d}.npy") for i in range(len(PARTS))])
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_reruns_skip_done_units(tmp_path):
+    store = FileStore(tmp_path)
+    write_inputs(store)
+    first = run_all(store, range(len(PARTS)))
+    filtered = [store.get_bytes(f"dedup/part-{i:05d}.parquet") for i in range(len(PARTS))]
+    for i in range(len(PARTS)):
+        store.delete(f"clean/part-{i:05d}.parquet")  # no unit may read its input again
+    store.delete("exact/hashes/part-00000.npy")
+    again = run_all(store, range(len(PARTS)))
+    assert again.to_json() == first.to_json()
+    assert [store.get_bytes(f"dedup/part-{i:05d}.parquet") for i in range(len(PARTS))] == filtered
+
+
+def test_resolve_refuses_missing_hash_parts(tmp_path):
+    store = FileStore(tmp_path)
+    write_inputs(store)
+    run_exact_hash_part(store, "clean", "exact/hashes", 0)
+    with pytest.raises(RuntimeError, match="part-00001"):
+        resolve_exact_duplicates(store, "exact/hashes", len(PARTS), "exact/drops")
+
+
+def test_find_duplicates_on_random_data_matches_a_dict():
+    rng = np.random.default_rng(0)
+    n = 5000
+    values = rng.integers(0, 700, n)
+    hashes = np.stack([values.astype(np.uint64), (values * 7).astype(np.uint64)], axis=1)
+    parts = rng.integers(0, 5, n)
+    positions = rng.permutation(n)
+    dup, kept = find_duplicates(hashes, parts, positions)
+    first: dict[int, int] = {}
+    for i in sorted(range(n), key=lambda i: (parts[i], positions[i])):
+        first.setdefault(int(values[i]), i)
+    expected = {i: first[int(values[i])] for i in range(n) if first[int(values[i])] != i}
+    assert dict(zip(dup.tolist(), kept.tolist(), strict=True)) == expected
+
+
+def test_text_hashes_distinguish_texts_and_config_validates():
+    hashes = text_hashes([Record("a", "x", "s"), Record("b", "x ", "s"), Record("c", "x", "s")])
+    assert (hashes[0] == hashes[2]).all() and not (hashes[0] == hashes[1]).all()
+    assert ExactDedupConfig().enabled
+    with pytest.raises(ValueError, match="enabled"):
+        ExactDedupConfig(enabled="yes")  # type: ignore[arg-type]

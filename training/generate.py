@@ -1,0 +1,142 @@
+"""Text from a checkpoint: verify it, convert it to a plain fp32 state dict, load the model, generate.
+
+``python -m training.generate --checkpoint runs/tiny/checkpoints --prompt "The data"`` samples from the newest
+complete checkpoint (or from a tag folder given directly); ``--to-fp32 model.pt`` writes the consolidated fp32
+state dict (DeepSpeed's ``zero_to_fp32``) next to its model config. Every file is verified against the tag's
+``COMPLETE.json`` before anything is unpickled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.checkpoint import CheckpointError, select_resume_tag, verify_tag
+from training.model import GPT, ModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_tag_dir(checkpoint: str | Path) -> Path:
+    """A tag folder as given, or the newest verified tag of a checkpoints folder."""
+    path = Path(checkpoint)
+    if (path / "COMPLETE.json").is_file():
+        return path
+    tag = select_resume_tag(path)
+    if tag is None:
+        raise CheckpointError(f"{path} holds no complete checkpoint (no tag with a verifying COMPLETE.json)")
+    return path / tag
+
+
+def fp32_state_dict(tag_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The consolidated fp32 weights of a verified tag and its record (ZeRO 1-3 via zero_to_fp32)."""
+    tag_dir = Path(tag_dir)
+    record = verify_tag(tag_dir)  # before any torch.load with weights_only=False
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if int(record.get("zero_stage", 0)) > 0:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+    else:
+        blob = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        state = {k: v.float() for k, v in blob["module"].items()}
+    return state, record
+
+
+def load_model(checkpoint: str | Path) -> tuple[GPT, dict[str, Any], Path]:
+    """The model of a checkpoint in eval mode on CPU, its record, and the tag folder it came from."""
+    tag_dir = resolve_tag_dir(checkpoint)
+    state, record = fp32_state_dict(tag_dir)
+    model = GPT(ModelConfig(**record["model_config"]))
+    model.load_state_dict(state, strict=True)
+    model.eval()
+    return model, record, tag_dir
+
+
+def convert_to_fp32(checkpoint: str | Path, out_path: str | Path) -> Path:
+    """Write the fp32 state dict (loadable with ``torch.load(weights_only=True)``) and ``<out>.config.json``."""
+    tag_dir = resolve_tag_dir(checkpoint)
+    state, record = fp32_state_dict(tag_dir)
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, out)
+    out.with_suffix(".config.json").write_text(json.dumps(record["model_config"], indent=1), encoding="utf-8")
+    return out
+
+
+def _tokenizer(tag_dir: Path, manifest_uri: str | None) -> Any:
+    from tokenizers import Tokenizer
+
+    if manifest_uri is None:
+        return Tokenizer.from_file(str(tag_dir / "tokenizer.json"))  # verified with the tag
+    from pipeline.manifest import load_manifest
+
+    manifest, store = load_manifest(manifest_uri)
+    return Tokenizer.from_str(store.get_bytes(manifest.tokenizer.key).decode("utf-8"))
+
+
+def generate(
+    checkpoint_dir: str | Path,
+    prompt: str,
+    max_new_tokens: int = 64,
+    temperature: float = 0.8,
+    top_k: int | None = 50,
+    seed: int = 0,
+    manifest_uri: str | None = None,
+) -> str:
+    """Prompt + sampled continuation, decoded with the checkpoint's tokenizer (or the manifest's, if given)."""
+    model, _record, tag_dir = load_model(checkpoint_dir)
+    tokenizer = _tokenizer(tag_dir, manifest_uri)
+    ids = tokenizer.encode(prompt, add_special_tokens=False).ids or [0]
+    generator = torch.Generator().manual_seed(seed)
+    out = model.generate(
+        torch.tensor([ids]), max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
+    )
+    return tokenizer.decode(out[0].tolist(), skip_special_tokens=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.generate", description=__doc__)
+    parser.add_argument("--checkpoint", required=True, help="checkpoints folder or one tag folder in it")
+    parser.add_argument("--prompt", default="The")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--top-k", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--manifest", default=None, help="take the tokenizer from this manifest instead")
+    parser.add_argument(
+        "--to-fp32", default=None, metavar="OUT.pt", help="write the fp32 state dict and stop"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.to_fp32:
+            print(convert_to_fp32(args.checkpoint, args.to_fp32))
+        else:
+            print(
+                generate(
+                    args.checkpoint,
+                    args.prompt,
+                    args.max_new_tokens,
+                    args.temperature,
+                    args.top_k,
+                    args.seed,
+                    args.manifest,
+                )
+            )
+    except (CheckpointError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
