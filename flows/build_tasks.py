@@ -154,7 +154,7 @@ def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
 # task returns one dict per part: step name -> the unit's stats, key, reuse flag and profile.
 
 
-@task(name="ingest+count", cache_policy=NO_CACHE, **IO_RETRIES)
+@task(name="ingest", cache_policy=NO_CACHE, **IO_RETRIES)
 def ingest_chunk_task(
     ctx: dict[str, Any], plans: list[dict[str, Any]], keys: list[str]
 ) -> list[dict[str, Any]]:
@@ -173,7 +173,7 @@ def ingest_chunk_task(
     return out
 
 
-@task(name="clean+hash", cache_policy=NO_CACHE)
+@task(name="clean", cache_policy=NO_CACHE)
 def clean_chunk_task(
     ctx: dict[str, Any], indices: list[int], upstream: list[str], boilerplate_key: str
 ) -> list[dict[str, Any]]:
@@ -195,7 +195,7 @@ def clean_chunk_task(
     return out
 
 
-@task(name="filter+signatures", cache_policy=NO_CACHE)
+@task(name="minhash-signatures", cache_policy=NO_CACHE)
 def signatures_chunk_task(
     ctx: dict[str, Any], indices: list[int], upstream: list[str], _wait: Any
 ) -> list[dict[str, Any]]:

@@ -59,6 +59,7 @@ def test_unknown_stage_is_refused() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two builds on a loaded 2-core machine
 def test_a_new_threshold_reuses_every_signature(prefect_harness, tiny_corpus: Path, tmp_path: Path) -> None:
     from flows.build import build_corpus
 
