@@ -44,14 +44,15 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from flows.build import build_corpus
+    from flows.corpus_config import load_corpus_config
     from flows.runners import prefect_api, with_task_runner
 
+    options = dict(config_path=args.config, inputs=args.inputs, output=args.output, name=args.name,
+                   overrides=parse_overrides(args.set))  # fmt: skip
+    load_corpus_config(**{("path" if k == "config_path" else k): v for k, v in options.items()})  # fail fast
     flow = with_task_runner(build_corpus, args.task_runner, args.workers)
-    with prefect_api():
-        summary = flow(
-            config_path=args.config, inputs=args.inputs, output=args.output, name=args.name,
-            overrides=parse_overrides(args.set),
-        )  # fmt: skip
+    with prefect_api():  # no server, no workers for a config that does not load
+        summary = flow(**options)
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
