@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow, get_run_logger, unmapped
 from prefect.futures import as_completed
 
-from flows import artifacts, unitcache
+from flows import artifacts, run_names, unitcache
 from flows.build_tasks import (
     BuildContext,
     StageFailed,
@@ -46,6 +46,8 @@ from flows.profile import BuildProfile
 from flows.progress import stage_progress
 from flows.runners import make_task_runner, worker_count
 from pipeline.storage import open_store
+from pipeline.storage.s3 import abort_recorded_uploads
+from pipeline.storage.uploads import UploadJournal
 from pipeline.units import StageStats, mark_stage_success
 
 __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
@@ -183,6 +185,7 @@ def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> t
 def tokenize_parts(run: Passes, folder: str, step: str, stats: dict[str, StageStats]) -> str:
     """Train (or load) the tokenizer, then tokenize every part; returns the tokenizer key."""
     c = _ctx(run.ctx)
+    stage_progress.stage("tokenizer (trained once per dataset name)")
     tokenizer = run.once("train-tokenizer", tokenizer_task, run.ctx, folder, run.n, [])
     tok_key, sample = tokenizer["key"], tokenizer["sample"]
     stats["train_tokenizer"] = StageStats(stage="train_tokenizer", docs_in=sample.get("sample_docs", 0),
@@ -196,7 +199,11 @@ def tokenize_parts(run: Passes, folder: str, step: str, stats: dict[str, StageSt
     return tok_key
 
 
-@flow(name="build_corpus", log_prints=False, result_serializer="json", task_runner=make_task_runner())
+# persist_result=False: a persisted result shows up as an untitled "result" artifact on the run page.
+@flow(
+    name="build_corpus", flow_run_name=run_names.build_run_name, log_prints=False, persist_result=False,
+    task_runner=make_task_runner(),
+)  # fmt: skip
 @with_heartbeat
 def build_corpus(
     config_path: str | None = None,
@@ -209,49 +216,56 @@ def build_corpus(
     started = time.perf_counter()
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
     plan_started = time.time()
+    stage_progress.stage("listing inputs")
     planned = plan_inputs(cfg.to_dict())
-    n, store = len(planned["plans"]), open_store(cfg.output, s3=cfg.s3)
+    n, store = len(planned["plans"]), open_store(cfg.output, cfg.s3)
+    # Uploads still recorded belong to earlier runs that died: abort them now rather than after an hour.
+    abort_recorded_uploads(UploadJournal(store), cfg.s3)
     work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
-    ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict()).to_json()
+    ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n).to_json()
     workers = worker_count()
     run = Passes(ctx, n, parts_per_task(n, workers))
     run.profile.passes.append({"name": "plan-inputs", "start": plan_started, "end": time.time(), "task_runs": 1,
                                "work_cpu_s": 0.0})  # fmt: skip
     get_run_logger().info("build %s: %d input object(s) in %d part(s), %d per task, %d worker(s); work folder %s",
                           cfg.name, len(planned["inputs"]), n, run.size, workers, store.uri_of(work))  # fmt: skip
-    stage_progress.start(
-        {
-            s: n
-            for s in ("ingest", "boilerplate", "clean", "exact dedup", "signatures", "near dedup", "tokenize")
-        }
-    )
-    progress = artifacts.RunProgress(["ingest + clean", "dedup", "tokenize", "publish"], key="build-progress")
+    stages = build_stages(cfg)  # the terminal's bars and the UI's progress artifact count the same stages
+    stage_progress.start_units({s: 1 if s == "publish" else n for s in stages})
+    progress = artifacts.RunProgress(stages, key="build-progress")
     stats: dict[str, StageStats] = {}
     ingest_and_clean(run, cfg, planned, stats)
-    progress.finished("ingest + clean")
+    progress.finished("ingest", "boilerplate", "clean")
     dedup_folder, step = run_dedup(run, cfg, stats)
-    progress.finished("dedup")
+    progress.finished(*(s for s in stages if s in ("exact dedup", "signatures", "near dedup")))
     tok_key = tokenize_parts(run, dedup_folder, step, stats)
     progress.finished("tokenize")
     lineage = {"prefect_flow_run_id": _flow_run_id(), "build_key": work.split("/")[-1]}
     stats_json = {k: v.to_json() for k, v in stats.items()}
-    manifest_uri = run.once("shard-and-publish", publish_task, ctx, n, tok_key, planned["inputs"], stats_json,
-                            lineage, [])  # fmt: skip
-    stage_progress.stop()
+    with stage_progress.step("publish"):
+        manifest_uri = run.once("shard-and-publish", publish_task, ctx, n, tok_key, planned["inputs"], stats_json,
+                                lineage, [])  # fmt: skip
     progress.finished("publish")
     summary = artifacts.build_summary(manifest_uri, stats, cfg, time.perf_counter() - started)
     summary["reused_units"] = run.reuse
     summary["lineage"] = lineage
     if cfg.dedup.near.enabled:
+        stage_progress.stage("saving the dedup index")
         summary["dedup_index_uri"] = run.once(
             "save-dedup-index", save_index_task, ctx, n, summary["dataset_id"]
         )
     summary["profile"] = run.profile.to_json() | {"parts": n, "parts_per_task": run.size, "workers": workers}
-    artifacts.publish_build_artifacts(summary)
+    artifacts.publish_build_artifacts(summary, cfg)
+    run_names.rename_flow_run(f"build {cfg.name} {summary['dataset_id'][:8]}")
     get_run_logger().info(
         "published %s (dataset %s) in %.1f s", manifest_uri, summary["dataset_id"], summary["seconds"]
     )
     return summary
+
+
+def build_stages(cfg: CorpusConfig) -> list[str]:
+    """The stages of this build, in order, as the terminal and the UI's progress artifact name them."""
+    dedup = ["exact dedup"] * cfg.dedup.exact.enabled + ["signatures", "near dedup"] * cfg.dedup.near.enabled
+    return ["ingest", "boilerplate", "clean", *dedup, "tokenize", "publish"]
 
 
 def _flow_run_id() -> str | None:

@@ -18,19 +18,32 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows import profile, unitcache
+from flows import profile, run_names, unitcache
 from flows.corpus_config import CorpusConfig, config_from_dict
 from pipeline import tokenize
 from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
 from pipeline.dedup import candidates, clusters, exact, near, signatures
+from pipeline.errors import StageFailed
 from pipeline.ingest import config as ingest_config
 from pipeline.ingest import stage as ingest
 from pipeline.manifest import DatasetConflictError
 from pipeline.storage import ObjectStore, open_store
+from pipeline.storage.retry import is_permanent
+from pipeline.storage.uploads import UploadJournal
 from pipeline.units import StageStats, part_name
 
-IO_RETRIES = dict(retries=3, retry_delay_seconds=[2, 10, 30])
+
+def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition: a whole-unit retry for transient trouble only; a missing input, missing
+    credentials, access denied, a missing bucket, a bad config or a full disk fail the run at once."""
+    return not is_permanent(state.result(raise_on_failure=False))
+
+
+# Each S3 call already retries its own transient errors (pipeline.storage.retry); these are for whole units.
+IO_RETRIES: dict[str, Any] = dict(
+    retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=_worth_retrying
+)
 
 
 @dataclass(frozen=True)
@@ -40,13 +53,16 @@ class BuildContext:
     store_uri: str
     work: str
     config: dict[str, Any]
+    parts: int = 0  # how many parts the build has (task run names say "parts 1-8/12")
 
     @property
     def cfg(self) -> CorpusConfig:
         return config_from_dict(self.config)
 
     def store(self) -> ObjectStore:
-        return open_store(self.store_uri, s3=self.cfg.s3)
+        store = open_store(self.store_uri, self.cfg.s3)
+        store.uploads = UploadJournal(store)  # multipart uploads recorded in work/uploads until they end
+        return store
 
     def folder(self, name: str) -> str:
         return f"{self.work}/{name}"
@@ -60,10 +76,6 @@ def _ctx(data: dict[str, Any]) -> BuildContext:
 
 
 # ---------------------------------------------------------------- failures name the stage and the part
-
-
-class StageFailed(RuntimeError):
-    """A stage failed; the message names the stage and the part so the run page says where to look."""
 
 
 @contextlib.contextmanager
@@ -138,7 +150,7 @@ def parts_per_task(num_parts: int, workers: int, max_parts: int = 64) -> int:
     return max(1, min(max_parts, -(-num_parts // (4 * max(1, workers)))))
 
 
-@task(name="plan-inputs", cache_policy=NO_CACHE, **IO_RETRIES)
+@task(name="plan-inputs", task_run_name="plan inputs", cache_policy=NO_CACHE, **IO_RETRIES)
 def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
     """List the raw objects with their fingerprints and pack them into parts of similar byte size."""
     with stage_errors("plan-inputs"):
@@ -154,7 +166,12 @@ def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
 # task returns one dict per part: step name -> the unit's stats, key, reuse flag and profile.
 
 
-@task(name="ingest", cache_policy=NO_CACHE, **IO_RETRIES)
+@task(
+    name="ingest",
+    task_run_name=run_names.parts("ingest + count", "plans"),
+    cache_policy=NO_CACHE,
+    **IO_RETRIES,
+)
 def ingest_chunk_task(
     ctx: dict[str, Any], plans: list[dict[str, Any]], keys: list[str]
 ) -> list[dict[str, Any]]:
@@ -173,7 +190,7 @@ def ingest_chunk_task(
     return out
 
 
-@task(name="clean", cache_policy=NO_CACHE)
+@task(name="clean", task_run_name=run_names.parts("clean + exact hash"), cache_policy=NO_CACHE)
 def clean_chunk_task(
     ctx: dict[str, Any], indices: list[int], upstream: list[str], boilerplate_key: str
 ) -> list[dict[str, Any]]:
@@ -195,7 +212,11 @@ def clean_chunk_task(
     return out
 
 
-@task(name="minhash-signatures", cache_policy=NO_CACHE)
+@task(
+    name="minhash-signatures",
+    task_run_name=run_names.parts("exact filter + signatures"),
+    cache_policy=NO_CACHE,
+)
 def signatures_chunk_task(
     ctx: dict[str, Any], indices: list[int], upstream: list[str], _wait: Any
 ) -> list[dict[str, Any]]:
@@ -221,7 +242,7 @@ def signatures_chunk_task(
     return out
 
 
-@task(name="near-filter", cache_policy=NO_CACHE)
+@task(name="near-filter", task_run_name=run_names.parts("near-dedup: filter"), cache_policy=NO_CACHE)
 def near_filter_chunk_task(
     ctx: dict[str, Any], indices: list[int], in_folder: str, upstream: list[str], _wait: Any
 ) -> list[dict[str, Any]]:
@@ -237,7 +258,7 @@ def near_filter_chunk_task(
     return out
 
 
-@task(name="tokenize", cache_policy=NO_CACHE)
+@task(name="tokenize", task_run_name=run_names.parts("tokenize"), cache_policy=NO_CACHE)
 def tokenize_chunk_task(
     ctx: dict[str, Any], indices: list[int], in_folder: str, upstream: list[str], tokenizer_key: str
 ) -> list[dict[str, Any]]:
@@ -253,7 +274,7 @@ def tokenize_chunk_task(
     return out
 
 
-@task(name="boilerplate-merge", cache_policy=NO_CACHE)
+@task(name="boilerplate-merge", task_run_name="boilerplate: merge", cache_policy=NO_CACHE)
 def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> str:
     with stage_errors("boilerplate-merge"), profile.measure("boilerplate-merge"):
         c = _ctx(ctx)
@@ -263,7 +284,7 @@ def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]
         return key
 
 
-@task(name="exact-resolve", cache_policy=NO_CACHE)
+@task(name="exact-resolve", task_run_name="exact-dedup: resolve", cache_policy=NO_CACHE)
 def exact_resolve_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> dict[str, Any]:
     with stage_errors("exact-resolve"), profile.measure("exact-resolve"):
         c = _ctx(ctx)
@@ -272,14 +293,14 @@ def exact_resolve_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) ->
         ).to_json()
 
 
-@task(name="near-plan", cache_policy=NO_CACHE)
+@task(name="near-plan", task_run_name="near-dedup: plan", cache_policy=NO_CACHE)
 def near_plan_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> dict[str, Any]:
     with stage_errors("near-plan"), profile.measure("near-plan"):
         c = _ctx(ctx)
         return candidates.plan_near_dedup(c.store(), c.folder("near"), num_parts, c.cfg.dedup.near)
 
 
-@task(name="lsh-bands", cache_policy=NO_CACHE)
+@task(name="lsh-bands", task_run_name=run_names.parts("near-dedup: bands"), cache_policy=NO_CACHE)
 def bands_task(
     ctx: dict[str, Any], indices: list[int], plan: dict[str, Any], from_index: bool = False
 ) -> list[dict[str, Any]]:
@@ -295,7 +316,9 @@ def bands_task(
     return out
 
 
-@task(name="lsh-edges", cache_policy=NO_CACHE)
+@task(
+    name="lsh-edges", task_run_name=run_names.parts("near-dedup: edges", "partitions"), cache_policy=NO_CACHE
+)
 def edges_task(
     ctx: dict[str, Any], partitions: list[int], plan: dict[str, Any], _wait: list[Any]
 ) -> list[dict[str, Any]]:
@@ -309,7 +332,7 @@ def edges_task(
     return out
 
 
-@task(name="near-clusters", cache_policy=NO_CACHE)
+@task(name="near-clusters", task_run_name="near-dedup: clusters", cache_policy=NO_CACHE)
 def clusters_task(
     ctx: dict[str, Any], in_folder: str, num_parts: int, exact_stats: dict[str, Any] | None, _wait: list[Any]
 ) -> dict[str, Any]:
@@ -324,7 +347,7 @@ def clusters_task(
 # ---------------------------------------------------------------- tasks: tokenize and publish
 
 
-@task(name="train-tokenizer", cache_policy=NO_CACHE)
+@task(name="train-tokenizer", task_run_name="train tokenizer", cache_policy=NO_CACHE)
 def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: list[Any]) -> dict[str, Any]:
     """Train (or load) the tokenizer; returns its key and the sample it was trained on. A trained tokenizer is
     pinned per dataset name and tokenizer config, so a scheduled rebuild keeps its token ids and re-tokenizes
@@ -360,7 +383,7 @@ def _copy_tokenizer(store: ObjectStore, src: str, dst: str) -> None:
     store.copy(src, dst)
 
 
-@task(name="shard-and-publish", cache_policy=NO_CACHE, **IO_RETRIES)
+@task(name="shard-and-publish", task_run_name="shard and publish", cache_policy=NO_CACHE, **IO_RETRIES)
 def publish_task(
     ctx: dict[str, Any],
     num_parts: int,
@@ -387,7 +410,7 @@ def publish_task(
             return exc.existing_uri
 
 
-@task(name="save-dedup-index", cache_policy=NO_CACHE, **IO_RETRIES)
+@task(name="save-dedup-index", task_run_name="save dedup index", cache_policy=NO_CACHE, **IO_RETRIES)
 def save_index_task(ctx: dict[str, Any], num_parts: int, dataset_id: str) -> str:
     """Persist the kept documents' signatures so a later build can drop what this dataset already holds
     (``--set dedup.near.index_uri=<this URI>``)."""

@@ -17,8 +17,9 @@ import yaml
 
 from pipeline import __version__
 from pipeline.clean.config import CleanConfig
-from pipeline.configload import ConfigError, build_config, config_to_dict
+from pipeline.configload import build_config, config_to_dict
 from pipeline.dedup.config import ExactDedupConfig, NearDedupConfig
+from pipeline.errors import ConfigError
 from pipeline.ingest.config import IngestConfig
 from pipeline.sample_corpus import sample_corpus_path
 from pipeline.shards import ShardConfig
@@ -50,10 +51,15 @@ class CorpusConfig:
     # A tokenizer trained on the first build of a dataset name is reused by its rebuilds (same token ids, so
     # only changed parts are re-tokenized). Set false to retrain on every build.
     pin_tokenizer: bool = True
+    # How the UI's manifest artifact links an s3:// manifest: "none" (the URI as text), "presigned" (a GET URL
+    # valid 7 days, signed locally with your credentials) or "console" (the object's AWS console page).
+    manifest_link: str = "none"
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
             raise ValueError(f"name {self.name!r} must use only letters, digits, '.', '_' or '-'")
+        if self.manifest_link not in ("none", "presigned", "console"):
+            raise ValueError(f"manifest_link must be none, presigned or console, got {self.manifest_link!r}")
         if not self.output:
             raise ValueError("output must be a local path, file:// or s3:// URI")
 

@@ -13,11 +13,9 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
+from pipeline.errors import ConfigError
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config value is wrong; the message names the dotted field path and what to do."""
 
 
 def build_config(cls: type[T], data: Mapping[str, Any] | None, path: str = "") -> T:

@@ -3,36 +3,45 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 import yaml
 
+from flows.s3_flags import add_s3_arguments, dotted_s3_overrides
 
-def parse_overrides(items: list[str]) -> dict[str, Any]:
+
+def key_value(item: str) -> tuple[str, Any]:
+    """One ``--set KEY=VALUE`` (an argparse type, so a malformed one is a usage error: exit 2)."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expects KEY=VALUE (a dotted key), got {item!r}")
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        raise argparse.ArgumentTypeError(f"{item!r}: the value is not valid YAML ({exc})") from exc
+
+
+def parse_overrides(items: list[Any]) -> dict[str, Any]:
     """``--set clean.normalization=NFKC --set dedup.near.threshold=0.7`` (values parsed as YAML scalars)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set expects KEY=VALUE (dotted key), got {item!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
+    return dict(key_value(i) if isinstance(i, str) else i for i in items)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="build a corpus: ingest, clean, dedup, tokenize, shard, publish")
     add_build_arguments(p)
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=run)
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
+    p.set_defaults(func=run, precheck=precheck)
 
 
 def add_build_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="corpus YAML (default: the embedded flows/configs/corpus.yaml)")
     p.add_argument("--input", action="append", dest="inputs", help="input path/glob/URI (repeatable)")
     p.add_argument("--output", help="store root: a folder, file:// or s3://bucket/prefix")
-    p.add_argument("--name", help="dataset name")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    p.add_argument("--name", help="dataset name (default: the config's, `sample` for the bundled corpus)")
+    p.add_argument(
+        "--set", action="append", default=[], type=key_value, metavar="KEY=VALUE",
+        help="override a corpus config field, e.g. dedup.near.threshold=0.7 (repeatable)",
+    )  # fmt: skip
     p.add_argument(
         "--task-runner", default="local",
         help="local (worker processes on this machine) | threads | dask://host:port (a Dask scheduler)",
@@ -40,33 +49,76 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers", type=int, default=None, help="worker processes for local (default: the cores)"
     )
+    add_s3_arguments(p)
+
+
+def corpus_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--set`` values, then the S3 flags (which win) as ``s3.<field>`` overrides of the corpus config."""
+    return parse_overrides(args.set) | dotted_s3_overrides(args)
+
+
+def precheck(args: argparse.Namespace) -> None:
+    from flows.cli.precheck import check_build
+
+    check_build(args.config, args.inputs, args.output, args.name, corpus_overrides(args))
 
 
 def run(args: argparse.Namespace) -> int:
     from flows.build import build_corpus
-    from flows.corpus_config import load_corpus_config
+    from flows.cli.report import flow_run_outcome
     from flows.runners import prefect_api, with_task_runner
 
-    options = dict(config_path=args.config, inputs=args.inputs, output=args.output, name=args.name,
-                   overrides=parse_overrides(args.set))  # fmt: skip
-    load_corpus_config(**{("path" if k == "config_path" else k): v for k, v in options.items()})  # fail fast
     flow = with_task_runner(build_corpus, args.task_runner, args.workers)
-    with prefect_api():  # no server, no workers for a config that does not load
-        summary = flow(**options)
-    if args.json:
-        print(json.dumps(summary, indent=1))
-    else:
+    with prefect_api():  # one API for the flow and every worker
+        state = flow(
+            config_path=args.config, inputs=args.inputs, output=args.output, name=args.name,
+            overrides=corpus_overrides(args), return_state=True,
+        )  # fmt: skip
+    summary, run_id = flow_run_outcome(state)
+    summary["flow_run_url"] = args.api.run_url(run_id)
+    if not args.json:
         print_summary(summary)
+    finish_build(summary, args.json)
     return 0
 
 
+def dataset_folder(manifest_uri: str) -> str:
+    return manifest_uri.rsplit("/", 1)[0]
+
+
+def build_next_commands(summary: dict[str, Any]) -> list[str]:
+    from flows.cli.report import command
+
+    manifest = summary["manifest_uri"]
+    return [
+        command("train", "--manifest", manifest),
+        command("inspect", "dedup", dataset_folder(manifest)),
+    ]
+
+
+def finish_build(summary: dict[str, Any], as_json: bool) -> None:
+    from flows.cli.report import finish
+
+    lines = [
+        f"published dataset {summary['name']} {summary['dataset_id']} "
+        f"({summary['docs_out']} documents, {sum(summary['tokens'].values()):,} tokens)",
+        f"  manifest  {summary['manifest_uri']}",
+    ]
+    if summary.get("flow_run_url"):
+        lines.append(f"  run       {summary['flow_run_url']}")
+    finish(summary, lines, build_next_commands(summary), as_json)
+
+
 def print_summary(summary: dict[str, Any]) -> None:
+    import sys
+
     from rich.console import Console
     from rich.table import Table
 
     from flows.artifacts import stage_rows
 
-    console = Console()
+    # Not a terminal: wide enough for the table; the values that must be copied whole are printed as plain lines.
+    console = Console() if sys.stdout.isatty() else Console(width=120)
     table = Table(title=f"pileworks build: {summary['name']}")
     rows = stage_rows(summary)
     for column in rows[0]:
@@ -84,8 +136,6 @@ def print_summary(summary: dict[str, Any]) -> None:
         ("documents out", summary["docs_out"]),
         ("tokens", ", ".join(f"{k}={v:,}" for k, v in summary["tokens"].items())),
         ("shards", ", ".join(f"{k}={v}" for k, v in summary["shards"].items())),
-        ("dataset id", summary["dataset_id"]),
-        ("manifest", summary["manifest_uri"]),
         ("seconds", summary["seconds"]),
     ):
         totals.add_row(label, str(value))

@@ -5,17 +5,20 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from flows.s3_flags import add_s3_arguments, dotted_s3_overrides
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve", help="serve deployments: scheduled corpus rebuilds and one-click prepare-and-train"
     )
     p.add_argument("--cron", default="0 3 * * *", help="rebuild schedule (cron, default daily 03:00)")
-    p.add_argument("--timezone", default="UTC")
+    p.add_argument("--timezone", default="UTC", help="time zone of the cron schedule (default UTC)")
     p.add_argument("--config", help="corpus YAML for the scheduled rebuild (default: the embedded one)")
     p.add_argument("--output", help="store root for the scheduled rebuild")
     p.add_argument("--train-config", help="train YAML for prepare_and_train")
     p.add_argument("--dry-run", action="store_true", help="print the deployments and exit")
+    add_s3_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -26,17 +29,24 @@ def build_deployments(args: argparse.Namespace) -> list[Any]:
     from flows.corpus_config import load_corpus_config
     from flows.train import prepare_and_train
 
-    load_corpus_config(args.config, output=args.output)  # fail now, not at 3 a.m., on a bad config
+    overrides = dotted_s3_overrides(args)
+    # fail now, not at 3 a.m., on a bad config
+    load_corpus_config(args.config, output=args.output, overrides=overrides)
     rebuild = build_corpus.to_deployment(
         name="scheduled-rebuild",
         schedule=Cron(args.cron, timezone=args.timezone),
-        parameters={"config_path": args.config, "output": args.output},
+        parameters={"config_path": args.config, "output": args.output, "overrides": overrides},
         description="Rebuild the corpus on a schedule; only changed inputs are reprocessed.",
         tags=["pileworks", "corpus"],
     )
     one_click = prepare_and_train.to_deployment(
         name="one-click",
-        parameters={"corpus_config": args.config, "train_config": args.train_config, "output": args.output},
+        parameters={
+            "corpus_config": args.config,
+            "train_config": args.train_config,
+            "output": args.output,
+            "corpus_overrides": overrides,
+        },
         description="Prepare the corpus and train on it.",
         tags=["pileworks", "training"],
     )

@@ -10,13 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-
-class StorageError(RuntimeError):
-    """An object-store operation failed (after retries); the message names the URI."""
-
-
-class AlreadyExistsError(StorageError):
-    """A create-only write found the object already there (a racing publisher won)."""
+from pipeline.errors import StorageError
+from pipeline.storage.options import S3Options
+from pipeline.storage.uploads import NO_JOURNAL, UploadJournal
 
 
 @dataclass(frozen=True)
@@ -65,6 +61,8 @@ class ObjectStore(ABC):
     """A flat key space under a root URI. All keys go through :func:`normalize_key`."""
 
     uri: str
+    s3: S3Options | None  # the store configuration this store was opened with (open_store's ``s3``)
+    uploads: UploadJournal = NO_JOURNAL  # where multipart uploads are recorded (the build sets work/uploads)
 
     @abstractmethod
     def put_bytes(self, key: str, data: bytes) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -11,7 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from pipeline.storage.base import AlreadyExistsError, ObjectInfo, ObjectStore, normalize_key
+from pipeline.errors import AlreadyExistsError
+from pipeline.storage.base import ObjectInfo, ObjectStore, normalize_key
+from pipeline.storage.options import S3Options
 
 TMP_PREFIX = ".pw-tmp-"
 
@@ -30,20 +33,21 @@ def _fsync_dir(path: Path) -> None:
 
 
 class FileStore(ObjectStore):
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, *, s3: S3Options | None = None):
         self.root = Path(root).expanduser().resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.uri = "file://" + str(self.root)
+        self.s3 = s3  # for the stores opened from this one (e.g. a dedup index on s3://)
 
     @classmethod
-    def from_uri(cls, uri: str) -> FileStore:
+    def from_uri(cls, uri: str, *, s3: S3Options | None = None) -> FileStore:
         path = uri[len("file://") :] if uri.startswith("file://") else uri
         if not path:
             raise ValueError(f"file URI has no path: {uri!r}")
-        return cls(path)
+        return cls(path, s3=s3)
 
     def child(self, prefix: str) -> FileStore:
-        return FileStore(self._path(normalize_key(prefix).rstrip("/")))
+        return FileStore(self._path(normalize_key(prefix).rstrip("/")), s3=self.s3)
 
     def _path(self, key: str) -> Path:
         path = (self.root / normalize_key(key)).resolve()
@@ -71,6 +75,15 @@ class FileStore(ObjectStore):
             else:
                 os.replace(tmp, path)
             _fsync_dir(path.parent)
+        except OSError as exc:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                # One line with the path and the fix; the errno stays, so nothing retries it (retry.is_permanent).
+                raise OSError(
+                    exc.errno, f"no space left writing {path}: free disk space or choose another folder/store"
+                ) from None
+            raise
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)

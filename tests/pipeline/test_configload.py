@@ -5,7 +5,8 @@ from typing import Literal
 
 import pytest
 
-from pipeline.configload import ConfigError, build_config, config_to_dict
+from pipeline.configload import build_config, config_to_dict
+from pipeline.errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from flows.cli.main import main as cli_main
-from training.monitor import format_report, summarize_run
 from training.preflight import host, net, runner
 from training.preflight import store as store_check
 from training.preflight.base import CheckResult, DoctorConfig, Status
@@ -279,14 +277,13 @@ def test_store_probe_on_local_folder(tmp_path: Path) -> None:
 
 @pytest.mark.s3
 def test_store_probe_on_s3_and_missing_bucket(s3_bucket) -> None:
-    endpoint = s3_bucket.options.endpoint_url
     [res] = store_check.check_store(
-        DoctorConfig(store=s3_bucket.uri, s3_endpoint_url=endpoint, store_probe_mib=1)
+        DoctorConfig(store=s3_bucket.uri, s3=s3_bucket.options, store_probe_mib=1)
     )
     assert res.status is Status.PASS, res.message
     assert "write/read/delete ok" in res.message
     [res] = store_check.check_store(
-        DoctorConfig(store="s3://pw-no-such-bucket-x/p", s3_endpoint_url=endpoint, store_probe_mib=1)
+        DoctorConfig(store="s3://pw-no-such-bucket-x/p", s3=s3_bucket.options, store_probe_mib=1)
     )
     assert res.status is Status.FAIL and "does not exist" in res.message and "create the bucket" in res.fix
 
@@ -303,90 +300,6 @@ def test_runner_reports_a_crashing_check(monkeypatch: pytest.MonkeyPatch) -> Non
     ]
     assert runner.exit_code(results) == 1
     assert "fix: report this" in runner.format_result(results[0])
-
-
-def test_cli_json_and_exit_status(capsys: pytest.CaptureFixture[str]) -> None:
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen()
-        port = str(server.getsockname()[1])
-        code = cli_main(
-            [
-                "doctor",
-                "--only",
-                "versions,master,disk",
-                "--json",
-                "--master-addr",
-                "127.0.0.1",
-                "--master-port",
-                port,
-                "--min-free-gib",
-                "0",
-            ]
-        )
-    report = json.loads(capsys.readouterr().out)
-    by_name = {r["name"]: r for r in report["results"]}
-    assert code == 1 and report["exit_code"] == 1
-    assert by_name["master"]["status"] == "FAIL" and by_name["torch"]["status"] == "PASS"
-    assert {"python", "torch", "deepspeed", "master", "disk:cache", "disk:checkpoints"} == set(by_name)
-    code = cli_main(["doctor", "--only", "versions", "--skip", "versions"])
-    assert code == 0 and "0 PASS" in capsys.readouterr().err
-
-
-def test_cli_text_output_prints_fixes(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
-    assert cli_main(["doctor", "--only", "master"]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("[WARN] master: MASTER_ADDR is not set") and "\n       fix: " in out
-
-
-# ---------------------------------------------------------------- --during: the monitor
-def _write_metrics(run: Path, steps: list[dict], world: int = 2, params: int = 100_000_000) -> None:
-    run.mkdir(parents=True, exist_ok=True)
-    lines = [
-        {
-            "kind": "start",
-            "world_size": world,
-            "params": params,
-            "config": {"num_workers": 1, "zero_stage": 3, "micro_batch_size": 4, "precision": "bf16"},
-        }
-    ]
-    lines += [{"kind": "train", "step": i + 1, **s} for i, s in enumerate(steps)]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-
-
-def test_monitor_advises_loader_workers_when_data_wait_dominates(tmp_path: Path) -> None:
-    _write_metrics(
-        tmp_path,
-        [{"step_time_s": 1.0, "data_wait_s": 0.4, "tokens_per_s": 1000.0, "gpu_util": 40.0, "mfu": 0.1}] * 5,
-    )
-    report = summarize_run(tmp_path)
-    assert report.steps == 5 and report.data_wait_share == pytest.approx(0.4)
-    assert len(report.advice) == 1 and "raise num_workers (now 1)" in report.advice[0]
-    assert "data wait      40% of step time" in format_report(report)
-
-
-def test_monitor_estimates_comm_share_from_gradient_bytes(tmp_path: Path) -> None:
-    # 1e8 bf16 params, 2 ranks, ZeRO-3: 1e8 * 2 B * 2(1/2) * 1.5 = 3e8 B per step; at 1 GB/s = 0.3 s of 0.5 s
-    _write_metrics(tmp_path, [{"step_time_s": 0.5, "data_wait_s": 0.0, "gpu_util": 50.0, "mfu": 0.2}] * 3)
-    unknown = summarize_run(tmp_path)
-    assert unknown.comm_share is None and "--busbw" in unknown.comm_source
-    assert "GPU utilisation is 50%" in unknown.advice[0]
-    report = summarize_run(tmp_path, busbw_gb_s=1.0)
-    assert report.comm_share == pytest.approx(0.6) and report.comm_source.startswith("estimated")
-    assert any("ZeRO stage 1/2 rather than 3" in tip and "(now 3)" in tip for tip in report.advice)
-
-
-def test_cli_during(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _write_metrics(tmp_path / "run", [{"step_time_s": 0.2, "data_wait_s": 0.01, "comm_s": 0.02}] * 4, world=1)
-    assert cli_main(["doctor", "--during", str(tmp_path / "run"), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["steps"] == 4 and report["comm_share"] == pytest.approx(0.1)
-    assert report["comm_source"] == "logged by the trainer"
-    assert cli_main(["doctor", "--during", str(tmp_path / "nothing")]) == 2
-    assert "is {} a training output_dir".format(tmp_path / "nothing") in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- the Prefect flow

@@ -1,0 +1,41 @@
+"""The ``PileworksError`` family: our own failures, caught by type (never by class-name strings).
+
+Dependency-free, at the bottom of ``pipeline/``, so every floor (``pipeline``, ``training``, ``flows``) and the
+command line can raise and catch them without importing torch, prefect or boto3. Each class also derives from
+the built-in it used to be (``RuntimeError`` / ``ValueError``), so existing ``except`` clauses keep working.
+The messages are written for the user: they name the URI, stage, part or field, and what to do.
+"""
+
+from __future__ import annotations
+
+
+class PileworksError(Exception):
+    """Base of every failure pileworks raises on purpose (with an actionable message)."""
+
+
+class ConfigError(PileworksError, ValueError):
+    """A config value is wrong; the message names the file, the dotted field path and what to do."""
+
+
+class StorageError(PileworksError, RuntimeError):
+    """An object-store operation failed (after retries); the message names the URI."""
+
+
+class PermanentStorageError(StorageError):
+    """A store operation that cannot succeed by retrying (no credentials, no such bucket, a bad profile)."""
+
+
+class AlreadyExistsError(StorageError):
+    """A create-only write found the object already there (a racing publisher won)."""
+
+
+class StageFailed(PileworksError, RuntimeError):
+    """A corpus stage failed; the message names the stage and the part so the run page says where to look."""
+
+
+class CheckpointError(PileworksError, RuntimeError):
+    """A checkpoint cannot be used: incomplete, corrupted, or made for another dataset."""
+
+
+class TrainingFailed(PileworksError, RuntimeError):
+    """The training job exited non-zero (or timed out); the message has the exit code and the last lines."""

@@ -1,0 +1,107 @@
+"""The ``pileworks`` entry point: the version, user errors (exit 2) and our own failures (exit 1), one line each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import ConfigError, PileworksError
+from pipeline.manifest import DatasetConflictError
+
+
+def test_cli_reports_a_config_error_with_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows.cli.main import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("clean:\n  normalisation: NFC\n")
+    assert main(["build", "--config", str(bad), "--output", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err
+    assert "clean.normalisation" in err and "known fields of clean" in err
+
+
+def test_version_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    from flows.cli.main import main
+    from pipeline import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pileworks {__version__}"
+
+
+def test_cli_reports_our_own_failures_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flows.cli.main import main
+
+    (tmp_path / "checkpoints").mkdir()
+    assert main(["trace", "--checkpoint", str(tmp_path / "checkpoints"), "--step", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pileworks trace: error:") and "no complete checkpoint" in err
+    assert "Traceback" not in err
+
+
+def _family(cls: type[PileworksError]) -> list[type[PileworksError]]:
+    return [cls, *(sub for direct in cls.__subclasses__() for sub in _family(direct))]
+
+
+# Every member of the family, found by walking the classes (a new subclass is covered without editing this list).
+OUR_FAILURES = [c for c in _family(PileworksError) if not issubclass(c, ConfigError)]
+
+
+def test_the_family_holds_the_failures_the_cli_reports() -> None:
+    names = {c.__name__ for c in OUR_FAILURES}
+    assert {"StorageError", "StageFailed", "CheckpointError", "TrainingFailed"} <= names
+    assert DatasetConflictError in OUR_FAILURES  # a subclass defined outside pipeline.errors is found too
+
+
+@pytest.mark.parametrize("error", OUR_FAILURES, ids=lambda c: c.__name__)
+def test_every_pileworks_error_is_caught_by_type(
+    error: type[PileworksError],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from flows.cli import janitor
+    from flows.cli.main import main
+
+    def fail(args: object) -> int:
+        exc = error.__new__(error)  # DatasetConflictError's __init__ also wants existing_uri
+        exc.args = ("the store at file:///x answered 503 after 4 attempts",)
+        raise exc
+
+    monkeypatch.setattr(janitor, "run", fail)
+    assert main(["janitor", "--output", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == "pileworks janitor: error: the store at file:///x answered 503 after 4 attempts\n"
+
+
+def test_a_config_error_is_a_user_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows.cli import janitor
+    from flows.cli.main import main
+
+    def fail(args: object) -> int:
+        raise ConfigError("corpus.yaml: dedup.near.treshold: unknown field (did you mean 'threshold'?)")
+
+    monkeypatch.setattr(janitor, "run", fail)
+    assert main(["janitor", "--output", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("pileworks janitor: error: corpus.yaml: dedup.near.treshold")
+
+
+def test_an_unexpected_error_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug is not one of our failures: it must not be turned into a one-line message."""
+    from flows.cli import janitor
+    from flows.cli.main import main
+
+    class CheckpointError(RuntimeError):  # same name as ours, different class: names no longer match
+        pass
+
+    def fail(args: object) -> int:
+        raise CheckpointError("a bug")
+
+    monkeypatch.setattr(janitor, "run", fail)
+    with pytest.raises(CheckpointError, match="a bug"):
+        main(["janitor", "--output", str(tmp_path)])
