@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from prefect import flow, get_run_logger, unmapped
+from prefect.futures import as_completed
 
 from flows import artifacts, run_names, unitcache
 from flows.build_decontam import run_decontam
@@ -23,27 +24,29 @@ from flows.build_tasks import (
     StageFailed,
     _ctx,
     bands_task,
-    boilerplate_count_task,
     boilerplate_merge_task,
-    clean_task,
+    chunks,
+    clean_chunk_task,
     clusters_task,
     edges_task,
-    exact_filter_task,
-    exact_hash_task,
     exact_resolve_task,
-    ingest_task,
-    near_filter_task,
+    ingest_chunk_task,
+    near_filter_chunk_task,
     near_plan_task,
+    parts_per_task,
     plan_inputs,
     publish_task,
     save_index_task,
-    signatures_task,
-    tokenize_task,
+    signatures_chunk_task,
+    tokenize_chunk_task,
     tokenizer_task,
+    unit_config,
 )
 from flows.corpus_config import CorpusConfig, load_corpus_config
 from flows.heartbeat import with_heartbeat
+from flows.profile import BuildProfile
 from flows.progress import stage_progress
+from flows.runners import make_task_runner, worker_count
 from pipeline.storage import open_store
 from pipeline.storage.s3 import abort_recorded_uploads
 from pipeline.storage.uploads import UploadJournal
@@ -55,20 +58,54 @@ __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
 # ---------------------------------------------------------------- the flow
 
 
-def _merge(stage: str, results: list[dict[str, Any]]) -> StageStats:
-    total = StageStats(stage=stage)
-    for r in results:
-        total.merge(StageStats.from_json(r.get("stats", r)))
-    return total
+class Passes:
+    """Runs the flow's passes: a chunk task per run of ``size`` parts (``fan_out``) or one global task (``once``),
+    timing each for the build profile and collecting every part's unit results by step name, in part order."""
 
+    def __init__(self, ctx: dict[str, Any], num_parts: int, size: int) -> None:
+        self.ctx, self.n, self.size = ctx, num_parts, size
+        self.profile = BuildProfile()
+        self.units: dict[str, list[dict[str, Any]]] = {}
+        self.reuse: dict[str, list[int]] = {}
 
-def _keys(results: list[dict[str, Any]]) -> list[str]:
-    return [r["key"] for r in results]
+    def index_chunks(self, count: int | None = None) -> list[list[int]]:
+        return chunks(list(range(self.n if count is None else count)), self.size)
 
+    def fan_out(self, name: str, task: Any, *mapped: list[Any], **fixed: Any) -> list[dict[str, Any]]:
+        with self.profile.run_pass(name) as entry:
+            args = [unmapped(self.ctx), *mapped, *(unmapped(v) for v in fixed.values())]
+            futures = task.map(*args)
+            for done in as_completed(futures):  # the terminal's bars move as chunks finish
+                for units in done.result():
+                    for step in units:
+                        stage_progress.advance(step)
+            results = [r for chunk in futures.result() for r in chunk]
+            self.profile.add_results(
+                entry, [u for r in results for u in r.values()], task_runs=len(mapped[0])
+            )
+        for step in results[0] if results else ():
+            self.units[step] = [r[step] for r in results]
+        return results
 
-def _note_reuse(reuse: dict[str, list[int]], stage: str, results: list[dict[str, Any]]) -> None:
-    """Count, per stage, the units restored from earlier builds (rebuilds report it in the summary)."""
-    reuse[stage] = [sum(bool(r.get("reused")) for r in results), len(results)]
+    def once(self, name: str, task: Any, *args: Any) -> Any:
+        with self.profile.run_pass(name):
+            return task(*args)
+
+    def keyed(self, step: str) -> list[list[str]]:
+        """The unit keys of ``step``, one list per chunk (the next pass's upstream keys)."""
+        return chunks([u["key"] for u in self.units[step]], self.size)
+
+    def merged(self, step: str, stage: str | None = None) -> StageStats:
+        total = StageStats(stage=stage or step)
+        for u in self.units[step]:
+            total.merge(StageStats.from_json(u["stats"]))
+        return total
+
+    def note_reuse(self, *steps: str) -> None:
+        """Count, per step, the units restored from earlier builds (rebuilds report it in the summary)."""
+        for step in steps:
+            units = self.units[step]
+            self.reuse[step] = [sum(bool(u.get("reused")) for u in units), len(units)]
 
 
 def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]], plans: list[dict[str, Any]]) -> str:
@@ -83,49 +120,60 @@ def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]], plans: list[dict[
 def ingest_keys(cfg: CorpusConfig, plans: list[dict[str, Any]], inputs: list[dict[str, Any]]) -> list[str]:
     """A part's key: its plan plus the fingerprint (size, ETag/mtime) of every object it reads."""
     fp = {i["uri"]: [i["size"], i["etag"]] for i in inputs}
-    ing = cfg.to_dict()["ingest"], cfg.to_dict()["sources"]
+    ing = unit_config("ingest", cfg.to_dict())
     return [
         unitcache.unit_key("ingest", p["pieces"], [fp.get(x["uri"]) for x in p["pieces"]], ing) for p in plans
     ]
 
 
-def run_dedup(
-    ctx: dict[str, Any],
-    cfg: CorpusConfig,
-    n: int,
-    keys: list[str],
-    stats: dict[str, StageStats],
-    reuse: dict[str, list[int]],
-) -> tuple[str, list[str]]:
-    """Exact then near dedup; returns the folder of the deduplicated parts and their unit keys."""
-    c = _ctx(ctx)
-    folder = c.folder("clean")
+def ingest_and_clean(
+    run: Passes, cfg: CorpusConfig, planned: dict[str, Any], stats: dict[str, StageStats]
+) -> None:
+    """Ingest + count every part, merge the boilerplate counts, clean + hash every part."""
+    c, plans, n = _ctx(run.ctx), planned["plans"], run.n
+    keys = ingest_keys(cfg, plans, planned["inputs"])
+    run.fan_out("ingest+count", ingest_chunk_task, chunks(plans, run.size), chunks(keys, run.size))
+    run.note_reuse("ingest", "boilerplate")
+    stats["ingest"] = run.merged("ingest")
+    mark_stage_success(c.store(), c.folder("ingest"), n)
+    bp_key = run.once("boilerplate-merge", boilerplate_merge_task, run.ctx, n, [])
+    run.fan_out(
+        "clean+hash", clean_chunk_task, run.index_chunks(), run.keyed("ingest"), boilerplate_key=bp_key
+    )
+    run.note_reuse("clean")
+    stats["clean"] = run.merged("clean")
+    mark_stage_success(c.store(), c.folder("clean"), n)
+
+
+def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> tuple[str, str]:
+    """Exact then near dedup; returns the folder of the deduplicated parts and the step whose keys name them."""
+    c, n = _ctx(run.ctx), run.n
+    folder, step = c.folder("clean"), "clean"
+    resolved = (
+        run.once("exact-resolve", exact_resolve_task, run.ctx, n, []) if cfg.dedup.exact.enabled else None
+    )
+    if cfg.dedup.exact.enabled or cfg.dedup.near.enabled:
+        run.fan_out("filter+signatures", signatures_chunk_task, run.index_chunks(), run.keyed("clean"),
+                    resolved=resolved)  # fmt: skip
     if cfg.dedup.exact.enabled:
-        hashes = exact_hash_task.map(unmapped(ctx), range(n), keys).result()
-        resolved = exact_resolve_task(ctx, n, hashes)
-        results = exact_filter_task.map(unmapped(ctx), range(n), keys, unmapped(resolved)).result()
-        stats["exact_dedup"] = _merge("exact_dedup", results)
-        folder, keys = c.folder("exact/out"), _keys(results)
+        stats["exact_dedup"] = run.merged("exact dedup", "exact_dedup")
+        folder, step = c.folder("exact/out"), "exact dedup"
         mark_stage_success(c.store(), folder, n)
     if not cfg.dedup.near.enabled:
-        return folder, keys
-    sigs = signatures_task.map(unmapped(ctx), range(n), unmapped(folder), keys).result()
-    _note_reuse(reuse, "signatures", sigs)
-    plan = near_plan_task(ctx, n, sigs)
-    bands = bands_task.map(unmapped(ctx), range(n), unmapped(plan)).result()
+        return folder, step
+    run.note_reuse("signatures")
+    plan = run.once("near-plan", near_plan_task, run.ctx, n, [])
+    run.fan_out("lsh-bands", bands_task, run.index_chunks(), plan=plan)
     if plan["index_parts"]:
-        bands += bands_task.map(
-            unmapped(ctx), range(plan["index_parts"]), unmapped(plan), from_index=True
-        ).result()
-    edges = edges_task.map(
-        unmapped(ctx), range(plan["num_partitions"]), unmapped(plan), unmapped(bands)
-    ).result()
+        run.fan_out("lsh-bands-index", bands_task, run.index_chunks(plan["index_parts"]), plan=plan,
+                    from_index=True)  # fmt: skip
+    run.fan_out("lsh-edges", edges_task, run.index_chunks(plan["num_partitions"]), plan=plan, wait=[])
     exact_json = stats["exact_dedup"].to_json() if "exact_dedup" in stats else None
-    clusters = clusters_task(ctx, folder, n, exact_json, edges)
-    results = near_filter_task.map(
-        unmapped(ctx), range(n), unmapped(folder), keys, unmapped(clusters)
-    ).result()
-    stats["near_dedup"] = _merge("near_dedup", results)
+    clusters = run.once("near-clusters", clusters_task, run.ctx, folder, n, exact_json, [])
+    chunked = run.index_chunks()
+    run.fan_out("near-filter", near_filter_chunk_task, chunked, [folder] * len(chunked), run.keyed(step),
+                clusters=clusters)  # fmt: skip
+    stats["near_dedup"] = run.merged("near dedup", "near_dedup")
     report_key = c.folder("near/clusters/dedup_report.json")
     report = json.loads(c.store().get_bytes(report_key))
     stats["near_dedup"].extra["report"] = {
@@ -133,41 +181,31 @@ def run_dedup(
     }
     stats["near_dedup"].extra["report_key"] = report_key
     mark_stage_success(c.store(), c.folder("dedup"), n)
-    return c.folder("dedup"), _keys(results)
+    return c.folder("dedup"), "near dedup"
 
 
-def ingest_and_clean(ctx: dict[str, Any], cfg: CorpusConfig, planned: dict[str, Any], stats: dict[str, StageStats],
-                     reuse: dict[str, list[int]]) -> list[str]:  # fmt: skip
-    """Ingest every part, count boilerplate lines globally, clean every part; returns the clean unit keys."""
-    c, plans, n = _ctx(ctx), planned["plans"], len(planned["plans"])
-    results = ingest_task.map(unmapped(ctx), plans, ingest_keys(cfg, plans, planned["inputs"])).result()
-    _note_reuse(reuse, "ingest", results)
-    stats["ingest"], keys = _merge("ingest", results), _keys(results)
-    mark_stage_success(c.store(), c.folder("ingest"), n)
-    counts = boilerplate_count_task.map(unmapped(ctx), range(n), keys).result()
-    bp_key = boilerplate_merge_task(ctx, n, counts)
-    results = clean_task.map(unmapped(ctx), range(n), keys, unmapped(bp_key)).result()
-    _note_reuse(reuse, "clean", results)
-    stats["clean"] = _merge("clean", results)
-    mark_stage_success(c.store(), c.folder("clean"), n)
-    return _keys(results)
-
-
-def tokenize_parts(ctx: dict[str, Any], n: int, folder: str, keys: list[str], stats: dict[str, StageStats],
-                   reuse: dict[str, list[int]]) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
-    """Train (or load) the tokenizer, then tokenize every part; returns the tokenizer key and the results."""
-    c = _ctx(ctx)
+def tokenize_parts(run: Passes, folder: str, step: str, stats: dict[str, StageStats]) -> str:
+    """Train (or load) the tokenizer, then tokenize every part; returns the tokenizer key."""
+    c = _ctx(run.ctx)
     stage_progress.stage("tokenizer (trained once per dataset name)")
-    tok_key = tokenizer_task(ctx, folder, n, [])
-    results = tokenize_task.map(unmapped(ctx), range(n), unmapped(folder), keys, unmapped(tok_key)).result()
-    mark_stage_success(c.store(), c.folder("tokens"), n)
-    stats["tokenize"] = _merge("tokenize", results)
-    _note_reuse(reuse, "tokenize", results)
-    return tok_key, results
+    tokenizer = run.once("train-tokenizer", tokenizer_task, run.ctx, folder, run.n, [])
+    tok_key, sample = tokenizer["key"], tokenizer["sample"]
+    stats["train_tokenizer"] = StageStats(stage="train_tokenizer", docs_in=sample.get("sample_docs", 0),
+                                          bytes_in=sample.get("sample_bytes", 0), extra={"sample": sample})  # fmt: skip
+    chunked = run.index_chunks()
+    run.fan_out("tokenize", tokenize_chunk_task, chunked, [folder] * len(chunked), run.keyed(step),
+                tokenizer_key=tok_key)  # fmt: skip
+    mark_stage_success(c.store(), c.folder("tokens"), run.n)
+    stats["tokenize"] = run.merged("tokenize")
+    run.note_reuse("tokenize")
+    return tok_key
 
 
 # persist_result=False: a persisted result shows up as an untitled "result" artifact on the run page.
-@flow(name="build_corpus", flow_run_name=run_names.build_run_name, log_prints=False, persist_result=False)
+@flow(
+    name="build_corpus", flow_run_name=run_names.build_run_name, log_prints=False, persist_result=False,
+    task_runner=make_task_runner(),
+)  # fmt: skip
 @with_heartbeat
 def build_corpus(
     config_path: str | None = None,
@@ -179,6 +217,7 @@ def build_corpus(
     """Build and publish a dataset; returns the summary (manifest URI, dataset id, per-stage stats)."""
     started = time.perf_counter()
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
+    plan_started = time.time()
     stage_progress.stage("listing inputs")
     planned = plan_inputs(cfg.to_dict())
     n, store = len(planned["plans"]), open_store(cfg.output, cfg.s3)
@@ -186,30 +225,38 @@ def build_corpus(
     abort_recorded_uploads(UploadJournal(store), cfg.s3)
     work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
     ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n).to_json()
-    get_run_logger().info("build %s: %d input object(s) in %d part(s); work folder %s",
-                          cfg.name, len(planned["inputs"]), n, store.uri_of(work))  # fmt: skip
+    workers = worker_count()
+    run = Passes(ctx, n, parts_per_task(n, workers))
+    run.profile.passes.append({"name": "plan-inputs", "start": plan_started, "end": time.time(), "task_runs": 1,
+                               "work_cpu_s": 0.0})  # fmt: skip
+    get_run_logger().info("build %s: %d input object(s) in %d part(s), %d per task, %d worker(s); work folder %s",
+                          cfg.name, len(planned["inputs"]), n, run.size, workers, store.uri_of(work))  # fmt: skip
     stages = build_stages(cfg)  # the terminal's bars and the UI's progress artifact count the same stages
     stage_progress.start_units({s: 1 if s == "publish" else n for s in stages})
     progress = artifacts.RunProgress(stages, key="build-progress")
     stats: dict[str, StageStats] = {}
-    reuse: dict[str, list[int]] = {}
-    keys = ingest_and_clean(ctx, cfg, planned, stats, reuse)
+    ingest_and_clean(run, cfg, planned, stats)
     progress.finished("ingest", "boilerplate", "clean")
-    dedup_folder, keys = run_dedup(ctx, cfg, n, keys, stats, reuse)
-    dedup_folder, keys = run_decontam(ctx, cfg, n, dedup_folder, keys, stats)
+    dedup_folder, step = run_dedup(run, cfg, stats)
+    dedup_folder, step = run_decontam(run, cfg, dedup_folder, step, stats)
     progress.finished(*(s for s in stages if s in ("exact dedup", "signatures", "near dedup")))
-    tok_key, results = tokenize_parts(ctx, n, dedup_folder, keys, stats, reuse)
+    tok_key = tokenize_parts(run, dedup_folder, step, stats)
     progress.finished("tokenize")
     lineage = {"prefect_flow_run_id": _flow_run_id(), "build_key": work.split("/")[-1]}
     stats_json = {k: v.to_json() for k, v in stats.items()}
     with stage_progress.step("publish"):
-        manifest_uri = publish_task(ctx, n, tok_key, planned["inputs"], stats_json, lineage, results)
+        manifest_uri = run.once("shard-and-publish", publish_task, ctx, n, tok_key, planned["inputs"], stats_json,
+                                lineage, [])  # fmt: skip
     progress.finished("publish")
     summary = artifacts.build_summary(manifest_uri, stats, cfg, time.perf_counter() - started)
-    summary["reused_units"] = reuse
+    summary["reused_units"] = run.reuse
+    summary["lineage"] = lineage
     if cfg.dedup.near.enabled:
         stage_progress.stage("saving the dedup index")
-        summary["dedup_index_uri"] = save_index_task(ctx, n, summary["dataset_id"])
+        summary["dedup_index_uri"] = run.once(
+            "save-dedup-index", save_index_task, ctx, n, summary["dataset_id"]
+        )
+    summary["profile"] = run.profile.to_json() | {"parts": n, "parts_per_task": run.size, "workers": workers}
     artifacts.publish_build_artifacts(summary, cfg)
     run_names.rename_flow_run(f"build {cfg.name} {summary['dataset_id'][:8]}")
     get_run_logger().info(

@@ -1,26 +1,31 @@
 """The decontamination step of ``build_corpus`` (after dedup, before tokenize; skipped without eval sets).
 
-One task builds the n-gram index of every evaluation set once; per-part tasks stream the deduplicated
-parts against it; a last task merges the parts' matched n-grams into ``decontam/report.json``.
+One task builds the n-gram index of every evaluation set once; chunk tasks stream runs of the deduplicated
+parts against it (each part its own cached unit); a last task merges the parts' matched n-grams into
+``decontam/report.json``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
-from prefect import get_run_logger, task, unmapped
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows import unitcache
-from flows.build_tasks import IO_RETRIES, _ctx, _unit, stage_errors
+from flows import profile, run_names, unitcache
+from flows.build_tasks import IO_RETRIES, _ctx, _unit, _unit_key, stage_errors
 from flows.corpus_config import CorpusConfig
 from pipeline import decontam
 from pipeline.units import StageStats, mark_stage_success
 
+if TYPE_CHECKING:
+    from flows.build import Passes
 
-@task(name="decontam-index", cache_policy=NO_CACHE, **IO_RETRIES)
+
+@task(name="decontam-index", task_run_name="decontam: index", cache_policy=NO_CACHE, **IO_RETRIES)
 def decontam_index_task(ctx: dict[str, Any]) -> str:
-    with stage_errors("decontam-index"):
+    with stage_errors("decontam-index"), profile.measure("decontam-index"):
         c = _ctx(ctx)
         key = c.folder("decontam/index.npz")
         index = decontam.build_eval_index(c.store(), key, c.cfg.decontam, s3=c.cfg.s3)
@@ -28,21 +33,25 @@ def decontam_index_task(ctx: dict[str, Any]) -> str:
         return key
 
 
-@task(name="decontam", cache_policy=NO_CACHE)
-def decontam_task(
-    ctx: dict[str, Any], index: int, in_folder: str, upstream: str, index_key: str
-) -> dict[str, Any]:
+@task(name="decontam", task_run_name=run_names.parts("decontam"), cache_policy=NO_CACHE)
+def decontam_chunk_task(
+    ctx: dict[str, Any], indices: list[int], in_folder: str, upstream: list[str], index_key: str
+) -> list[dict[str, Any]]:
     c = _ctx(ctx)
-    key = unitcache.unit_key(
-        "decontam", upstream, c.config["decontam"], unitcache.content_hash(c.store(), index_key)
-    )
-    return _unit(c, "decontam", key, c.folder("decontam/out"), index,
-                 lambda st: decontam.run_decontam_part(st, in_folder, c.folder("decontam/out"), index, index_key, c.cfg.decontam))  # fmt: skip
+    store, cfg, out = c.store(), c.cfg, []
+    index_hash = unitcache.content_hash(store, index_key)
+    for index, up in zip(indices, upstream, strict=True):
+        out.append({"decontam": _unit(store, "decontam", _unit_key(c, "decontam", up, index_hash),
+                                      c.folder("decontam/out"), index,
+                                      partial(decontam.run_decontam_part, in_folder=in_folder,
+                                              out_folder=c.folder("decontam/out"), index=index,
+                                              index_key=index_key, cfg=cfg.decontam))})  # fmt: skip
+    return out
 
 
-@task(name="decontam-report", cache_policy=NO_CACHE)
+@task(name="decontam-report", task_run_name="decontam: report", cache_policy=NO_CACHE)
 def decontam_report_task(ctx: dict[str, Any], num_parts: int, index_key: str, _wait: list[Any]) -> str:
-    with stage_errors("decontam-report"):
+    with stage_errors("decontam-report"), profile.measure("decontam-report"):
         c = _ctx(ctx)
         key = c.folder("decontam/report.json")
         decontam.merge_reports(c.store(), c.folder("decontam/out"), num_parts, index_key, key)
@@ -51,16 +60,18 @@ def decontam_report_task(ctx: dict[str, Any], num_parts: int, index_key: str, _w
 
 
 def run_decontam(
-    ctx: dict[str, Any], cfg: CorpusConfig, n: int, folder: str, keys: list[str], stats: dict[str, StageStats]
-) -> tuple[str, list[str]]:
-    """Decontaminate the parts in ``folder``; returns the folder and unit keys tokenize reads next."""
+    run: Passes, cfg: CorpusConfig, folder: str, step: str, stats: dict[str, StageStats]
+) -> tuple[str, str]:
+    """Decontaminate the parts in ``folder`` (named by ``step``'s unit keys); returns the folder tokenize reads
+    next and the step whose keys name its parts."""
     if not cfg.decontam.enabled:
-        return folder, keys
-    index_key = decontam_index_task(ctx)
-    results = decontam_task.map(unmapped(ctx), range(n), unmapped(folder), keys, unmapped(index_key)).result()
-    total = StageStats(stage="decontam")
-    for r in results:
-        total.merge(StageStats.from_json(r["stats"]))
-    total.extra["report_key"] = decontam_report_task(ctx, n, index_key, results)
+        return folder, step
+    index_key = run.once("decontam-index", decontam_index_task, run.ctx)
+    chunked = run.index_chunks()
+    run.fan_out("decontam", decontam_chunk_task, chunked, [folder] * len(chunked), run.keyed(step),
+                index_key=index_key)  # fmt: skip
+    run.note_reuse("decontam")
+    total = run.merged("decontam")
+    total.extra["report_key"] = run.once("decontam-report", decontam_report_task, run.ctx, run.n, index_key, [])
     stats["decontam"] = total
-    return _ctx(ctx).folder("decontam/out"), [r["key"] for r in results]
+    return _ctx(run.ctx).folder("decontam/out"), "decontam"

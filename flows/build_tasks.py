@@ -9,16 +9,17 @@ do not (a deterministic failure would only fail again).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows import run_names, unitcache
+from flows import profile, run_names, unitcache
 from flows.corpus_config import CorpusConfig, config_from_dict
-from flows.progress import stage_progress
 from pipeline import tokenize
 from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
@@ -52,7 +53,7 @@ class BuildContext:
     store_uri: str
     work: str
     config: dict[str, Any]
-    parts: int = 0  # how many parts the build has (task run names say "part 3/12")
+    parts: int = 0  # how many parts the build has (task run names say "parts 1-8/12")
 
     @property
     def cfg(self) -> CorpusConfig:
@@ -91,15 +92,65 @@ def stage_errors(stage: str, part: int | None = None) -> Iterator[None]:
 # ---------------------------------------------------------------- per-part units (cached across builds)
 
 
-def _unit(c: BuildContext, stage: str, key: str, folder: str, index: int, run: Any) -> dict[str, Any]:
+def _unit(store: ObjectStore, stage: str, key: str, folder: str, index: int, run: Any) -> dict[str, Any]:
     """Restore the unit from an earlier build when its key matches, else run it; then register it."""
-    store = c.store()
     with stage_errors(stage, index):
-        reused = unitcache.restore(store, stage, key, folder, index)
-        with stage_progress.step(stage):
+        records: list[dict[str, Any]] = []
+        with profile.measure(stage, records):
+            reused = unitcache.restore(store, stage, key, folder, index)
             stats = run(store)
-        unitcache.record(store, stage, key, folder, index)
-    return {"stats": stats.to_json(), "key": key, "reused": reused}
+            unitcache.record(store, stage, key, folder, index)
+    return {"stats": stats.to_json(), "key": key, "reused": reused, "profile": records}
+
+
+def _only(section: dict[str, Any], *fields: str) -> dict[str, Any]:
+    return {f: section[f] for f in fields}
+
+
+def _without(section: dict[str, Any], *fields: str) -> dict[str, Any]:
+    return {k: v for k, v in section.items() if k not in fields}
+
+
+def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The config fields a per-part step reads, and nothing else: a unit's key holds exactly these, so changing
+    any other field (the near-dedup threshold, the boilerplate frequency, the shard size) reuses the unit."""
+    clean, near, tok = config["clean"], config["dedup"]["near"], config["tokenize"]
+    bp = clean["boilerplate"]
+    normalise = _without(clean, "boilerplate", "quality")
+    if stage == "ingest":  # a source's per-source overrides change what its documents become
+        return {"ingest": config["ingest"], "sources": config["sources"]}
+    if stage == "boilerplate":  # normalises as clean does, then hashes the long lines
+        return normalise | {"min_line_chars": bp["min_line_chars"]}
+    if stage == "clean":  # the repeated-line set itself is keyed by its content hash
+        return normalise | {
+            "quality": clean["quality"],
+            "boilerplate": _without(bp, "min_docs", "min_fraction"),
+            "sources": config["sources"],
+        }
+    if stage == "signatures":
+        return _only(near, "num_perm", "seed", "ngram", "shingle", "hash", "scheme")
+    if stage == "decontam":  # the eval-set index itself is keyed by its content hash
+        return config["decontam"]
+    if stage == "tokenize":  # the tokenizer itself is keyed by its content hash
+        return _only(tok, "eos_token")
+    if stage in ("exact-hash", "exact-filter", "near-filter"):
+        return {}
+    raise ValueError(f"no unit config for stage {stage!r}")
+
+
+def _unit_key(c: BuildContext, stage: str, upstream: str, *inputs: Any) -> str:
+    return unitcache.unit_key(stage, upstream, unit_config(stage, c.config), *inputs)
+
+
+def chunks(items: list[Any], size: int) -> list[list[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def parts_per_task(num_parts: int, workers: int, max_parts: int = 64) -> int:
+    """Parts per task: about four tasks per worker in each pass (so a slow task does not leave the others
+    idle at the end), never more than ``max_parts`` (64 parts of the default 4 MiB: ~256 MiB per task), so a
+    100 GB build has a few hundred tasks per pass rather than one per part."""
+    return max(1, min(max_parts, -(-num_parts // (4 * max(1, workers)))))
 
 
 @task(name="plan-inputs", task_run_name="plan inputs", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -120,27 +171,125 @@ def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
         return {"inputs": [i.to_json() for i in inputs], "plans": [p.to_json() for p in plans]}
 
 
-@task(name="ingest", task_run_name=run_names.part("ingest part"), cache_policy=NO_CACHE, **IO_RETRIES)
-def ingest_task(ctx: dict[str, Any], plan: dict[str, Any], key: str) -> dict[str, Any]:
-    c = _ctx(ctx)
-    part = ingest_config.PartPlan.from_json(plan)
-    return _unit(c, "ingest", key, c.folder("ingest"), part.index,
-                 lambda st: ingest.run_ingest_part(st, c.folder("ingest"), part, c.cfg.ingest, s3=c.cfg.s3,
-                                                   sources=c.cfg.resolved_sources()))  # fmt: skip
+# ---------------------------------------------------------------- chunk tasks: a pass over a run of parts
+#
+# One task per run of parts and pass, each step of a part still its own cached unit (``_unit``). A chunk
+# task returns one dict per part: step name -> the unit's stats, key, reuse flag and profile.
 
 
-@task(name="boilerplate-count", task_run_name=run_names.part("boilerplate: count"), cache_policy=NO_CACHE)
-def boilerplate_count_task(ctx: dict[str, Any], index: int, upstream: str) -> dict[str, Any]:
+@task(
+    name="ingest",
+    task_run_name=run_names.parts("ingest + count", "plans"),
+    cache_policy=NO_CACHE,
+    **IO_RETRIES,
+)
+def ingest_chunk_task(
+    ctx: dict[str, Any], plans: list[dict[str, Any]], keys: list[str]
+) -> list[dict[str, Any]]:
+    """Ingest each part, then count its lines for the corpus-wide boilerplate set."""
     c = _ctx(ctx)
-    key = unitcache.unit_key("boilerplate", upstream, c.config["clean"])
-    return _unit(c, "boilerplate", key, c.folder("boilerplate"), index,
-                 lambda st: boilerplate.run_boilerplate_count_part(
-                     st, c.folder("ingest"), c.folder("boilerplate"), index, c.cfg.clean))  # fmt: skip
+    store, cfg, out = c.store(), c.cfg, []
+    ing, bp = c.folder("ingest"), c.folder("boilerplate")
+    for plan, key in zip(plans, keys, strict=True):
+        part = ingest_config.PartPlan.from_json(plan)
+        units = {"ingest": _unit(store, "ingest", key, ing, part.index,
+                                 partial(ingest.run_ingest_part, out_folder=ing, plan=part, cfg=cfg.ingest, s3=cfg.s3,
+                                         sources=cfg.resolved_sources()))}  # fmt: skip
+        units["boilerplate"] = _unit(store, "boilerplate", _unit_key(c, "boilerplate", key), bp, part.index,
+                                     partial(boilerplate.run_boilerplate_count_part, in_folder=ing, out_folder=bp,
+                                             index=part.index, cfg=cfg.clean))  # fmt: skip
+        out.append(units)
+    return out
+
+
+@task(name="clean", task_run_name=run_names.parts("clean + exact hash"), cache_policy=NO_CACHE)
+def clean_chunk_task(
+    ctx: dict[str, Any], indices: list[int], upstream: list[str], boilerplate_key: str
+) -> list[dict[str, Any]]:
+    """Clean each part (boilerplate lines out, quality filters), then hash its documents for exact dedup."""
+    c = _ctx(ctx)
+    store, cfg, out = c.store(), c.cfg, []
+    bp = boilerplate_key if cfg.clean.boilerplate.enabled else None
+    bp_hash = unitcache.content_hash(store, boilerplate_key)
+    for index, up in zip(indices, upstream, strict=True):
+        key = _unit_key(c, "clean", up, bp_hash)
+        units = {"clean": _unit(store, "clean", key, c.folder("clean"), index,
+                                partial(clean.run_clean_part, in_folder=c.folder("ingest"),
+                                        out_folder=c.folder("clean"), index=index, cfg=cfg.clean, boilerplate_key=bp,
+                                        sources=cfg.resolved_sources()))}  # fmt: skip
+        if cfg.dedup.exact.enabled:
+            units["exact-hash"] = _unit(store, "exact-hash", _unit_key(c, "exact-hash", key), c.folder("exact/hash"),
+                                        index, partial(exact.run_exact_hash_part, in_folder=c.folder("clean"),
+                                                       hash_folder=c.folder("exact/hash"), index=index))  # fmt: skip
+        out.append(units)
+    return out
+
+
+@task(
+    name="minhash-signatures",
+    task_run_name=run_names.parts("exact filter + signatures"),
+    cache_policy=NO_CACHE,
+)
+def signatures_chunk_task(
+    ctx: dict[str, Any], indices: list[int], upstream: list[str], _wait: Any
+) -> list[dict[str, Any]]:
+    """Drop each part's exact duplicates (when enabled), then MinHash its documents (when near dedup is on)."""
+    c = _ctx(ctx)
+    store, cfg, out = c.store(), c.cfg, []
+    for index, up in zip(indices, upstream, strict=True):
+        units, folder = {}, c.folder("clean")
+        if cfg.dedup.exact.enabled:
+            drop = unitcache.content_hash(store, f"{c.folder('exact/drop')}/{part_name(index)}.npy")
+            units["exact dedup"] = _unit(store, "exact dedup", _unit_key(c, "exact-filter", up, drop),
+                                         c.folder("exact/out"), index,
+                                         partial(exact.run_exact_filter_part, in_folder=folder,
+                                                 out_folder=c.folder("exact/out"), index=index,
+                                                 drop_folder=c.folder("exact/drop")))  # fmt: skip
+            up, folder = units["exact dedup"]["key"], c.folder("exact/out")
+        if cfg.dedup.near.enabled:
+            units["signatures"] = _unit(store, "signatures", _unit_key(c, "signatures", up),
+                                        c.folder("near/signatures"), index,
+                                        partial(signatures.run_signatures_part, in_folder=folder,
+                                                out_folder=c.folder("near/signatures"), index=index, cfg=cfg.dedup.near))  # fmt: skip
+        out.append(units)
+    return out
+
+
+@task(name="near-filter", task_run_name=run_names.parts("near-dedup: filter"), cache_policy=NO_CACHE)
+def near_filter_chunk_task(
+    ctx: dict[str, Any], indices: list[int], in_folder: str, upstream: list[str], _wait: Any
+) -> list[dict[str, Any]]:
+    c = _ctx(ctx)
+    store, out = c.store(), []
+    for index, up in zip(indices, upstream, strict=True):
+        drop = unitcache.content_hash(store, f"{c.folder('near/clusters/drop')}/{part_name(index)}.npz")
+        out.append({"near dedup": _unit(store, "near dedup", _unit_key(c, "near-filter", up, drop),
+                                        c.folder("dedup"), index,
+                                        partial(near.run_near_filter_part, in_folder=in_folder,
+                                                out_folder=c.folder("dedup"), index=index,
+                                                clusters_folder=c.folder("near/clusters")))})  # fmt: skip
+    return out
+
+
+@task(name="tokenize", task_run_name=run_names.parts("tokenize"), cache_policy=NO_CACHE)
+def tokenize_chunk_task(
+    ctx: dict[str, Any], indices: list[int], in_folder: str, upstream: list[str], tokenizer_key: str
+) -> list[dict[str, Any]]:
+    c = _ctx(ctx)
+    store, cfg, out = c.store(), c.cfg, []
+    tok_hash = unitcache.content_hash(store, tokenizer_key)
+    for index, up in zip(indices, upstream, strict=True):
+        out.append({"tokenize": _unit(store, "tokenize", _unit_key(c, "tokenize", up, tok_hash),
+                                      c.folder("tokens"), index,
+                                      partial(tokenize.run_tokenize_part, in_folder=in_folder,
+                                              out_folder=c.folder("tokens"), index=index,
+                                              tokenizer_key=tokenizer_key, cfg=cfg.tokenize))})  # fmt: skip
+    return out
 
 
 @task(name="boilerplate-merge", task_run_name="boilerplate: merge", cache_policy=NO_CACHE)
 def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> str:
-    with stage_errors("boilerplate-merge"):
+    with stage_errors("boilerplate-merge"), profile.measure("boilerplate-merge"):
         c = _ctx(ctx)
         key = c.folder("boilerplate/lines.npy")
         n = boilerplate.merge_boilerplate(c.store(), c.folder("boilerplate"), num_parts, c.cfg.clean, key)
@@ -148,91 +297,59 @@ def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]
         return key
 
 
-@task(name="clean", task_run_name=run_names.part("clean part"), cache_policy=NO_CACHE)
-def clean_task(ctx: dict[str, Any], index: int, upstream: str, boilerplate_key: str) -> dict[str, Any]:
-    c = _ctx(ctx)
-    bp = boilerplate_key if c.cfg.clean.boilerplate.enabled else None
-    key = unitcache.unit_key(
-        "clean",
-        upstream,
-        c.config["clean"],
-        c.config["sources"],
-        unitcache.content_hash(c.store(), boilerplate_key),
-    )
-    return _unit(c, "clean", key, c.folder("clean"), index,
-                 lambda st: clean.run_clean_part(st, c.folder("ingest"), c.folder("clean"), index, c.cfg.clean, bp,
-                                                 sources=c.cfg.resolved_sources()))  # fmt: skip
-
-
-@task(name="exact-hash", task_run_name=run_names.part("exact-dedup: hash"), cache_policy=NO_CACHE)
-def exact_hash_task(ctx: dict[str, Any], index: int, upstream: str) -> dict[str, Any]:
-    c = _ctx(ctx)
-    key = unitcache.unit_key("exact-hash", upstream)
-    return _unit(c, "exact-hash", key, c.folder("exact/hash"), index,
-                 lambda st: exact.run_exact_hash_part(st, c.folder("clean"), c.folder("exact/hash"), index))  # fmt: skip
-
-
 @task(name="exact-resolve", task_run_name="exact-dedup: resolve", cache_policy=NO_CACHE)
 def exact_resolve_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> dict[str, Any]:
-    with stage_errors("exact-resolve"):
+    with stage_errors("exact-resolve"), profile.measure("exact-resolve"):
         c = _ctx(ctx)
         return exact.resolve_exact_duplicates(
             c.store(), c.folder("exact/hash"), num_parts, c.folder("exact/drop")
         ).to_json()
 
 
-@task(name="exact-filter", task_run_name=run_names.part("exact-dedup: filter"), cache_policy=NO_CACHE)
-def exact_filter_task(ctx: dict[str, Any], index: int, upstream: str, _wait: Any) -> dict[str, Any]:
-    c = _ctx(ctx)
-    drop = unitcache.content_hash(c.store(), f"{c.folder('exact/drop')}/{part_name(index)}.npy")
-    key = unitcache.unit_key("exact-filter", upstream, drop)
-    return _unit(c, "exact dedup", key, c.folder("exact/out"), index,
-                 lambda st: exact.run_exact_filter_part(
-                     st, c.folder("clean"), c.folder("exact/out"), index, c.folder("exact/drop")))  # fmt: skip
-
-
-@task(
-    name="minhash-signatures", task_run_name=run_names.part("near-dedup: signatures"), cache_policy=NO_CACHE
-)
-def signatures_task(ctx: dict[str, Any], index: int, in_folder: str, upstream: str) -> dict[str, Any]:
-    c = _ctx(ctx)
-    key = unitcache.unit_key("signatures", upstream, c.config["dedup"]["near"])
-    return _unit(c, "signatures", key, c.folder("near/signatures"), index,
-                 lambda st: signatures.run_signatures_part(st, in_folder, c.folder("near/signatures"), index, c.cfg.dedup.near))  # fmt: skip
-
-
 @task(name="near-plan", task_run_name="near-dedup: plan", cache_policy=NO_CACHE)
 def near_plan_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> dict[str, Any]:
-    with stage_errors("near-plan"):
+    with stage_errors("near-plan"), profile.measure("near-plan"):
         c = _ctx(ctx)
         return candidates.plan_near_dedup(c.store(), c.folder("near"), num_parts, c.cfg.dedup.near)
 
 
-@task(name="lsh-bands", task_run_name=run_names.bands, cache_policy=NO_CACHE)
+@task(name="lsh-bands", task_run_name=run_names.parts("near-dedup: bands"), cache_policy=NO_CACHE)
 def bands_task(
-    ctx: dict[str, Any], index: int, plan: dict[str, Any], from_index: bool = False
-) -> dict[str, Any]:
-    with stage_errors("lsh-bands"):
-        c = _ctx(ctx)
-        return candidates.run_bands_part(
-            c.store(), c.folder("near"), index, c.cfg.dedup.near, plan, from_index=from_index
-        ).to_json()
+    ctx: dict[str, Any], indices: list[int], plan: dict[str, Any], from_index: bool = False
+) -> list[dict[str, Any]]:
+    c = _ctx(ctx)
+    store, cfg, out = c.store(), c.cfg, []
+    for index in indices:
+        records: list[dict[str, Any]] = []
+        with stage_errors("lsh-bands", index), profile.measure("lsh-bands", records):
+            stats = candidates.run_bands_part(
+                store, c.folder("near"), index, cfg.dedup.near, plan, from_index=from_index
+            )
+        out.append({"lsh-bands": {"stats": stats.to_json(), "profile": records}})
+    return out
 
 
-@task(name="lsh-edges", task_run_name=run_names.edges, cache_policy=NO_CACHE)
-def edges_task(ctx: dict[str, Any], partition: int, plan: dict[str, Any], _wait: list[Any]) -> dict[str, Any]:
-    with stage_errors("lsh-edges"):
-        c = _ctx(ctx)
-        return candidates.run_edges_part(
-            c.store(), c.folder("near"), partition, c.cfg.dedup.near, plan
-        ).to_json()
+@task(
+    name="lsh-edges", task_run_name=run_names.parts("near-dedup: edges", "partitions"), cache_policy=NO_CACHE
+)
+def edges_task(
+    ctx: dict[str, Any], partitions: list[int], plan: dict[str, Any], _wait: list[Any]
+) -> list[dict[str, Any]]:
+    c = _ctx(ctx)
+    store, cfg, out = c.store(), c.cfg, []
+    for partition in partitions:
+        records: list[dict[str, Any]] = []
+        with stage_errors("lsh-edges", partition), profile.measure("lsh-edges", records):
+            stats = candidates.run_edges_part(store, c.folder("near"), partition, cfg.dedup.near, plan)
+        out.append({"lsh-edges": {"stats": stats.to_json(), "profile": records}})
+    return out
 
 
 @task(name="near-clusters", task_run_name="near-dedup: clusters", cache_policy=NO_CACHE)
 def clusters_task(
     ctx: dict[str, Any], in_folder: str, num_parts: int, exact_stats: dict[str, Any] | None, _wait: list[Any]
 ) -> dict[str, Any]:
-    with stage_errors("near-clusters"):
+    with stage_errors("near-clusters"), profile.measure("near-clusters"):
         c = _ctx(ctx)
         es = StageStats.from_json(exact_stats) if exact_stats else None
         return clusters.run_clusters(
@@ -240,25 +357,15 @@ def clusters_task(
         ).to_json()
 
 
-@task(name="near-filter", task_run_name=run_names.part("near-dedup: filter"), cache_policy=NO_CACHE)
-def near_filter_task(
-    ctx: dict[str, Any], index: int, in_folder: str, upstream: str, _wait: Any
-) -> dict[str, Any]:
-    c = _ctx(ctx)
-    drop = unitcache.content_hash(c.store(), f"{c.folder('near/clusters/drop')}/{part_name(index)}.npz")
-    key = unitcache.unit_key("near-filter", upstream, drop)
-    return _unit(c, "near dedup", key, c.folder("dedup"), index,
-                 lambda st: near.run_near_filter_part(st, in_folder, c.folder("dedup"), index, c.folder("near/clusters")))  # fmt: skip
-
-
 # ---------------------------------------------------------------- tasks: tokenize and publish
 
 
 @task(name="train-tokenizer", task_run_name="train tokenizer", cache_policy=NO_CACHE)
-def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: list[Any]) -> str:
-    """Train (or load) the tokenizer. A trained tokenizer is pinned per dataset name and tokenizer config, so a
-    scheduled rebuild keeps its token ids and re-tokenizes only the parts that changed."""
-    with stage_errors("train-tokenizer"):
+def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: list[Any]) -> dict[str, Any]:
+    """Train (or load) the tokenizer; returns its key and the sample it was trained on. A trained tokenizer is
+    pinned per dataset name and tokenizer config, so a scheduled rebuild keeps its token ids and re-tokenizes
+    only the parts that changed."""
+    with stage_errors("train-tokenizer"), profile.measure("train-tokenizer"):
         c = _ctx(ctx)
         store, cfg = c.store(), c.cfg
         key = c.folder("tokenizer.json")
@@ -269,27 +376,24 @@ def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: l
             and store.exists(pin)
             and not store.exists(key)
         ):
-            store.copy(pin, key)
+            _copy_tokenizer(store, pin, key)
             get_run_logger().info(
                 "reusing the pinned tokenizer of dataset %s (%s)", cfg.name, store.uri_of(pin)
             )
         sha = tokenize.run_train_tokenizer(store, in_folder, num_parts, key, cfg.tokenize, s3=cfg.s3)
         if cfg.tokenize.tokenizer is None and not store.exists(pin):
-            store.copy(key, pin)
-        get_run_logger().info("tokenizer %s (sha256 %s)", key, sha[:12])
-        return key
+            _copy_tokenizer(store, key, pin)
+        record = tokenize.sample_record_key(key)
+        sample = json.loads(store.get_bytes(record)) if store.exists(record) else {"source": "pinned"}
+        get_run_logger().info("tokenizer %s (sha256 %s), trained on %s", key, sha[:12],
+                              {k: v for k, v in sample.items() if k != "sample_parts"})  # fmt: skip
+        return {"key": key, "sample": sample}
 
 
-@task(name="tokenize", task_run_name=run_names.part("tokenize part"), cache_policy=NO_CACHE)
-def tokenize_task(
-    ctx: dict[str, Any], index: int, in_folder: str, upstream: str, tokenizer_key: str
-) -> dict[str, Any]:
-    c = _ctx(ctx)
-    key = unitcache.unit_key(
-        "tokenize", upstream, unitcache.content_hash(c.store(), tokenizer_key), c.config["tokenize"]
-    )
-    return _unit(c, "tokenize", key, c.folder("tokens"), index,
-                 lambda st: tokenize.run_tokenize_part(st, in_folder, c.folder("tokens"), index, tokenizer_key, c.cfg.tokenize))  # fmt: skip
+def _copy_tokenizer(store: ObjectStore, src: str, dst: str) -> None:
+    if store.exists(tokenize.sample_record_key(src)):
+        store.copy(tokenize.sample_record_key(src), tokenize.sample_record_key(dst))
+    store.copy(src, dst)
 
 
 @task(name="shard-and-publish", task_run_name="shard and publish", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -302,7 +406,7 @@ def publish_task(
     lineage: dict[str, Any],
     _wait: list[Any],
 ) -> str:
-    with stage_errors("shard-and-publish"):
+    with stage_errors("shard-and-publish"), profile.measure("shard-and-publish"):
         c = _ctx(ctx)
         cfg = c.cfg
         try:

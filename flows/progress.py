@@ -83,10 +83,14 @@ class Display:
     @contextlib.contextmanager
     def step(self, stage: str) -> Iterator[None]:
         yield
+        self.advance(stage)
+
+    def advance(self, stage: str, units: int = 1) -> None:
+        """``units`` more of ``stage`` done (the flow reports a chunk task's parts as it completes)."""
         with self._lock:
             if stage not in self._totals:
                 return
-            self._done[stage] += 1
+            self._done[stage] += units
             done, total = self._done[stage], self._totals[stage]
         self.stage(stage, total=total, completed=done, detail=f"{done}/{total} parts")
 

@@ -35,6 +35,25 @@ def part(label: str, index_param: str = "index") -> Callable[[], str]:
     return name
 
 
+def parts(label: str, param: str = "indices") -> Callable[[], str]:
+    """``<label> a-b/N`` for a chunk task over a run of parts (``param``: the part indices, or the part plans);
+    N is ``ctx['parts']`` (for LSH edges, the plan's bucket partitions; for index bands, the index's parts)."""
+
+    def name() -> str:
+        p = _task_params()
+        items = p.get(param) or []
+        idx = [int(x["index"]) if isinstance(x, dict) else int(x) for x in items] or [0]
+        total = p.get("ctx", {}).get("parts") or "?"
+        if param == "partitions":
+            total = p.get("plan", {}).get("num_partitions", "?")
+        shown = label
+        if p.get("from_index"):
+            shown, total = label.replace("bands", "index bands"), p.get("plan", {}).get("index_parts", "?")
+        return f"{shown} {idx[0] + 1}-{idx[-1] + 1}/{total}"
+
+    return name
+
+
 def bands() -> str:
     """LSH bands over this build's parts, then over the parts of an earlier dataset's index."""
     p = _task_params()

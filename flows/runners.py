@@ -1,32 +1,89 @@
-"""Task runner choice: local threads (default), a local process pool, or Dask (embedded or a scheduler)."""
+"""Task runners: worker processes on this machine (the default), in-process threads, or a Dask scheduler.
+
+``local`` (default; ``process`` and ``dask`` are the same) starts a Dask ``LocalCluster`` of ``workers`` processes
+with one thread each: the stages are CPU-bound Python, so threads would share one core through the GIL.
+``dask://host:port`` (or ``tcp://host:port``) sends the same tasks to an existing Dask scheduler, whose workers
+need pileworks installed and access to the store (``s3://`` across machines). ``threads`` keeps everything in
+the flow's process (debugging).
+
+Every worker reports its task runs to the flow's Prefect API, never to a server of its own:
+:func:`prefect_api` starts one local server when none is configured and puts its URL into the settings that
+Prefect ships to the workers with each task.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
+RUNNERS = ("local", "process", "dask", "threads")
 
-def make_task_runner(spec: str) -> Any:
-    """``local`` | ``process`` | ``dask`` (an embedded LocalCluster) | ``dask://host:port`` / ``tcp://host:port``."""
-    from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 
-    workers = max(1, os.cpu_count() or 1)
-    if spec == "local":
-        return ThreadPoolTaskRunner(max_workers=workers)
-    if spec == "process":
-        return ProcessPoolTaskRunner(max_workers=workers)
-    if spec == "dask" or spec.startswith(("dask://", "tcp://")):
-        try:
-            from prefect_dask import DaskTaskRunner
-        except ImportError as exc:
-            raise ValueError("the dask task runner needs `pip install pileworks[dask]`") from exc
-        if spec == "dask":
-            return DaskTaskRunner(
-                cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True}
-            )
+def default_workers() -> int:
+    """The cores this process may use (the affinity mask on Linux, else the CPU count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def make_task_runner(spec: str = "local", workers: int | None = None) -> Any:
+    """``local`` | ``process`` | ``dask`` (a LocalCluster of ``workers`` processes) | ``threads`` |
+    ``dask://host:port`` / ``tcp://host:port`` (an existing scheduler; ``workers`` is its business)."""
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    n = workers or default_workers()
+    if spec == "threads":
+        from prefect.task_runners import ThreadPoolTaskRunner
+
+        return ThreadPoolTaskRunner(max_workers=n)
+    if spec not in RUNNERS and not spec.startswith(("dask://", "tcp://")):
+        raise ValueError(f"--task-runner must be local, threads or dask://host:port; got {spec!r}")
+    try:
+        from prefect_dask import DaskTaskRunner
+    except ImportError as exc:
+        raise ValueError("worker processes need `pip install pileworks[dask]` (dask, distributed)") from exc
+    if "://" in spec:
         return DaskTaskRunner(address="tcp://" + spec.split("://", 1)[1])
-    raise ValueError(f"--task-runner must be local, process, dask or dask://host:port; got {spec!r}")
+    return DaskTaskRunner(
+        cluster_kwargs={"n_workers": n, "threads_per_worker": 1, "processes": True, "dashboard_address": None}
+    )
 
 
-def with_task_runner(flow: Any, spec: str) -> Any:
-    return flow.with_options(task_runner=make_task_runner(spec))
+def with_task_runner(flow: Any, spec: str = "local", workers: int | None = None) -> Any:
+    return flow.with_options(task_runner=make_task_runner(spec, workers))
+
+
+@contextlib.contextmanager
+def prefect_api() -> Iterator[str]:
+    """The Prefect API for a flow and all its workers: the configured one, else one local server started here.
+
+    Without this, Prefect starts a temporary server lazily in each process that needs a client, so every
+    worker process would run (and pay for) a server of its own and the UI would see none of their task runs.
+    """
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    url = PREFECT_API_URL.value()
+    if url:
+        yield url
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # the instance Prefect's own client would start: one per process
+    server.start()
+    with temporary_settings({PREFECT_API_URL: server.api_url}):
+        yield server.api_url
+
+
+def worker_count() -> int:
+    """Workers of the running flow's task runner (a Dask cluster's live workers, a thread pool's size)."""
+    from prefect.context import FlowRunContext
+    from prefect_dask import DaskTaskRunner
+
+    ctx = FlowRunContext.get()
+    runner = ctx.task_runner if ctx else None
+    if isinstance(runner, DaskTaskRunner):  # the client starts the cluster (the first task would anyway)
+        return max(1, len(runner.client.scheduler_info(n_workers=-1)["workers"]))
+    return max(1, int(getattr(runner, "_max_workers", None) or 1))

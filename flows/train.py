@@ -21,6 +21,7 @@ from flows.build import build_corpus
 from flows.corpus_config import load_corpus_config
 from flows.heartbeat import with_heartbeat
 from flows.progress import display
+from flows.runners import with_task_runner
 from flows.train_live import TrainingWatch
 from pipeline.errors import TrainingFailed
 from training.ranklog import LOG_TIME_ENV
@@ -192,9 +193,11 @@ def prepare_and_train(
     timeout_s: float | None = None,
     max_restarts: int = 0,
     name: str | None = None,
+    task_runner: str = "local",
+    workers: int | None = None,
 ) -> dict[str, Any]:
-    """The one-click flow: build (or reuse) the corpus, then train on it."""
-    summary = build_corpus(
+    """The one-click flow: build (or reuse) the corpus on ``task_runner``'s workers, then train on it."""
+    summary = with_task_runner(build_corpus, task_runner, workers)(
         config_path=corpus_config, inputs=inputs, output=output, name=name, overrides=corpus_overrides
     )
     overrides = dict(train_overrides or {})

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import tempfile
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +150,23 @@ def special_id(tok: Tokenizer, token: str) -> int:
     return tid
 
 
+def sample_parts(part_bytes: Sequence[int], sample_bytes: int) -> list[int]:
+    """The parts a tokenizer trains on: all of them, in order, when they hold at most ``sample_bytes``;
+    otherwise evenly spaced parts across the whole corpus, enough to hold about ``sample_bytes`` (a
+    deterministic systematic sample, so the tokenizer sees the end of the corpus as much as its start and the
+    training time does not grow with the corpus)."""
+    n, total = len(part_bytes), sum(part_bytes)
+    if total <= sample_bytes or n == 0:
+        return list(range(n))
+    wanted = min(n, max(1, -(-n * sample_bytes // total)) + 1)  # one spare: parts differ in size
+    return sorted({(2 * j + 1) * n // (2 * wanted) for j in range(wanted)})
+
+
+def sample_record_key(out_key: str) -> str:
+    """Where :func:`run_train_tokenizer` records the sample it trained on (``<out_key>.sample.json``)."""
+    return f"{out_key}.sample.json"
+
+
 def run_train_tokenizer(
     store: ObjectStore,
     in_folder: str,
@@ -157,21 +175,32 @@ def run_train_tokenizer(
     cfg: TokenizeConfig,
     s3: S3Options | None,
 ) -> str:
-    """Global step: put the tokenizer at ``out_key`` (trained on the parts in order, or copied from
-    ``cfg.tokenizer``) and return its sha256. Skips training when ``out_key`` already exists."""
+    """Global step: put the tokenizer at ``out_key`` (trained on :func:`sample_parts` of the corpus, or copied
+    from ``cfg.tokenizer``) and return its sha256; the sample (parts, bytes, documents) is recorded at
+    :func:`sample_record_key`. Skips training when ``out_key`` already exists."""
     if store.exists(out_key):
         return sha256_bytes(store.get_bytes(out_key))
     if cfg.tokenizer is not None:
         tok = load_tokenizer(cfg.tokenizer, s3=s3)
+        record: dict[str, object] = {"source": cfg.tokenizer}
     else:
-        texts = (
-            r.text
-            for i in range(num_parts)
-            for batch in iter_part_batches(store, in_folder, i)
-            for r in batch
-        )
-        tok = train_tokenizer(texts, cfg)
+        sizes = [read_part_stats(store, in_folder, i).bytes_out for i in range(num_parts)]
+        parts = sample_parts(sizes, cfg.train_sample_bytes)
+        seen = {"docs": 0, "bytes": 0}
+
+        def texts() -> Iterator[str]:
+            every = (r.text for i in parts for batch in iter_part_batches(store, in_folder, i) for r in batch)
+            for text in _capped(every, cfg.train_sample_bytes):
+                seen["docs"] += 1
+                seen["bytes"] += len(text.encode("utf-8", "replace"))
+                yield text
+
+        tok = train_tokenizer(texts(), cfg)
+        record = {"source": "trained", "corpus_parts": num_parts, "corpus_bytes": sum(sizes),
+                  "sample_bytes_limit": cfg.train_sample_bytes, "sample_parts": parts,
+                  "sample_docs": seen["docs"], "sample_bytes": seen["bytes"]}  # fmt: skip
     data = tok.to_str().encode("utf-8")
+    store.put_bytes(sample_record_key(out_key), json.dumps(record, indent=1).encode())
     store.put_bytes(out_key, data)
     return sha256_bytes(data)
 
@@ -240,6 +269,42 @@ class Encoder:
         return out
 
 
+# Built and verified once per process and tokenizer (by sha256), not once per part: building tiktoken's ranks
+# from the vocab and checking them against ``tokenizers`` on a sample costs more than encoding a 4 MiB part.
+_ENCODERS: OrderedDict[tuple[object, ...], Encoder] = OrderedDict()
+_ENCODERS_KEPT = 2
+
+
+def _encoder_key(tok_bytes: bytes, cfg: TokenizeConfig) -> tuple[object, ...]:
+    return (
+        sha256_bytes(tok_bytes),
+        cfg.eos_token,
+        cfg.fast_path,
+        cfg.verify_docs,
+        cfg.verify_bytes,
+        cfg.num_threads,
+    )
+
+
+def known_encoder(tok_bytes: bytes, cfg: TokenizeConfig) -> Encoder | None:
+    """This process's encoder for the tokenizer ``tok_bytes`` and ``cfg``, if one was built already."""
+    return _ENCODERS.get(_encoder_key(tok_bytes, cfg))
+
+
+def cached_encoder(tok_bytes: bytes, cfg: TokenizeConfig, sample: Sequence[str]) -> Encoder:
+    """This process's encoder for the tokenizer ``tok_bytes`` and ``cfg``; built (and verified on ``sample``)
+    on first use, then kept for the next parts."""
+    key = _encoder_key(tok_bytes, cfg)
+    encoder = _ENCODERS.get(key)
+    if encoder is None:
+        encoder = Encoder(Tokenizer.from_str(tok_bytes.decode("utf-8")), cfg, sample=sample)
+        _ENCODERS[key] = encoder
+        while len(_ENCODERS) > _ENCODERS_KEPT:
+            _ENCODERS.popitem(last=False)
+    _ENCODERS.move_to_end(key)
+    return encoder
+
+
 def _location(record: Record) -> str:
     """Where in its raw object the document starts, from our provenance fields (the user's own meta lives
     under ``user``, so a user key named ``location`` cannot stand in for them)."""
@@ -292,9 +357,9 @@ def run_tokenize_part(
     """Tokenize one docs part into a token part (skipped when its ``.done`` marker exists)."""
     if part_done(store, out_folder, index):
         return read_part_stats(store, out_folder, index)
-    tok = Tokenizer.from_str(store.get_bytes(tokenizer_key).decode("utf-8"))
+    tok_bytes = store.get_bytes(tokenizer_key)
     stats = StageStats(stage="tokenize", extra={"tokens": 0})
-    encoder: Encoder | None = None
+    encoder = known_encoder(tok_bytes, cfg)
     tables = []
     for batch in iter_part_batches(store, in_folder, index, batch_size=cfg.batch_size):
         stats.docs_in += len(batch)
@@ -303,7 +368,7 @@ def run_tokenize_part(
             stats.drop("empty_text", len(batch) - len(kept))
         if not kept:
             continue
-        encoder = encoder or Encoder(tok, cfg, sample=[r.text for r in kept])
+        encoder = encoder or cached_encoder(tok_bytes, cfg, sample=[r.text for r in kept])
         arrays = encoder.encode([r.text for r in kept])
         table = tokens_table(kept, arrays)
         tables.append(table)

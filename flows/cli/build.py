@@ -42,7 +42,13 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
         "--set", action="append", default=[], type=key_value, metavar="KEY=VALUE",
         help="override a corpus config field, e.g. dedup.near.threshold=0.7 (repeatable)",
     )  # fmt: skip
-    p.add_argument("--task-runner", default="local", help="local | process | dask | dask://host:port")
+    p.add_argument(
+        "--task-runner", default="local",
+        help="local (worker processes on this machine) | threads | dask://host:port (a Dask scheduler)",
+    )  # fmt: skip
+    p.add_argument(
+        "--workers", type=int, default=None, help="worker processes for local (default: the cores)"
+    )
     add_s3_arguments(p)
 
 
@@ -60,13 +66,14 @@ def precheck(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     from flows.build import build_corpus
     from flows.cli.report import flow_run_outcome
-    from flows.runners import with_task_runner
+    from flows.runners import prefect_api, with_task_runner
 
-    flow = with_task_runner(build_corpus, args.task_runner)
-    state = flow(
-        config_path=args.config, inputs=args.inputs, output=args.output, name=args.name,
-        overrides=corpus_overrides(args), return_state=True,
-    )  # fmt: skip
+    flow = with_task_runner(build_corpus, args.task_runner, args.workers)
+    with prefect_api():  # one API for the flow and every worker
+        state = flow(
+            config_path=args.config, inputs=args.inputs, output=args.output, name=args.name,
+            overrides=corpus_overrides(args), return_state=True,
+        )  # fmt: skip
     summary, run_id = flow_run_outcome(state)
     summary["flow_run_url"] = args.api.run_url(run_id)
     if not args.json:

@@ -32,17 +32,16 @@ def precheck_run(args: argparse.Namespace) -> None:
 def run_prepare_and_train(args: argparse.Namespace) -> int:
     from flows.cli.report import finish, flow_run_outcome
     from flows.progress import display
-    from flows.runners import with_task_runner
+    from flows.runners import prefect_api
     from flows.train import prepare_and_train
 
-    flow = prepare_and_train
-    if args.task_runner != "local":
-        flow = with_task_runner(prepare_and_train, args.task_runner)
-    state = flow(
-        corpus_config=args.config, train_config=args.train_config, inputs=args.inputs, output=args.output,
-        nproc=args.nproc, train_overrides=parse_overrides(args.train_set), corpus_overrides=corpus_overrides(args),
-        timeout_s=args.timeout, max_restarts=args.max_restarts, name=args.name, return_state=True,
-    )  # fmt: skip
+    with prefect_api():  # one API for the flow and every worker of its build
+        state = prepare_and_train(
+            corpus_config=args.config, train_config=args.train_config, inputs=args.inputs, output=args.output,
+            nproc=args.nproc, train_overrides=parse_overrides(args.train_set), corpus_overrides=corpus_overrides(args),
+            timeout_s=args.timeout, max_restarts=args.max_restarts, name=args.name, return_state=True,
+            task_runner=args.task_runner, workers=args.workers,
+        )  # fmt: skip
     out, run_id = flow_run_outcome(state)
     corpus, tr = out["corpus"], {k: v for k, v in out["training"].items() if k != "history"}
     tr["flow_run_url"] = args.api.run_url(run_id)

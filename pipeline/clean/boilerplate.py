@@ -8,12 +8,15 @@ Two steps hand off through files, so each can run on its own worker and be resum
    at least ``min_line_chars`` characters with xxhash64 and count the documents that contain it (once per
    document). Writes ``<count_folder>/part-NNNNN.npy`` (a 2 x n uint64 array: sorted hashes, document
    counts), ``part-NNNNN.stats.json`` and, last, ``part-NNNNN.done``.
+   Beside it, ``part-NNNNN.fences.npy``: where each of :data:`FENCES` equal ranges of the hash space starts
+   in the sorted array, so a merge can read one range of every part (a ranged get) without the rest.
 2. ``merge_boilerplate`` (global): sum the counts of all parts and keep the hashes whose document frequency
    reaches ``max(min_docs, ceil(min_fraction * total_docs))``. Writes one sorted uint64 ``.npy`` array (no
    pickle) at ``out_key``. ``run_clean_part`` loads it with :func:`load_boilerplate`.
 
-Memory of the merge: 16 bytes per distinct (part, line) pair, as every part's counts are concatenated
-before one sort; a corpus with billions of distinct lines would need a hash-partitioned merge.
+Memory of the merge does not grow with the corpus: it runs one hash range at a time, as many ranges as it
+takes to keep each under ``budget_bytes`` (16 bytes per distinct (part, line) pair in the range), reading
+that range of every part's array by its fences. Only the kept hashes (the boilerplate set, small) add up.
 """
 
 from __future__ import annotations
@@ -80,7 +83,9 @@ def run_boilerplate_count_part(
         counts.update(count_lines_part(batch, cfg))
     stats.docs_out = stats.docs_in
     stats.extra = {"distinct_lines": len(counts)}
-    store.put_bytes(f"{out_folder}/{name}.npy", _npy_bytes(counts_to_array(counts)))
+    array = counts_to_array(counts)
+    store.put_bytes(f"{out_folder}/{name}.npy", _npy_bytes(array))
+    store.put_bytes(f"{out_folder}/{name}.fences.npy", _npy_bytes(fences_of(array[0])))
     store.put_bytes(f"{out_folder}/{name}.stats.json", json.dumps(stats.to_json(), indent=1).encode())
     store.put_bytes(f"{out_folder}/{name}.done", b"")
     return stats
@@ -90,27 +95,92 @@ def boilerplate_threshold(total_docs: int, cfg: CleanConfig) -> int:
     return max(cfg.boilerplate.min_docs, math.ceil(cfg.boilerplate.min_fraction * total_docs))
 
 
+FENCE_BITS = 8
+FENCES = 1 << FENCE_BITS  # equal ranges of the 64-bit hash space; a merge range is a run of them
+MERGE_BUDGET_BYTES = 64 * 1024 * 1024
+
+
+def fences_of(sorted_hashes: np.ndarray) -> np.ndarray:
+    """Positions where each of the FENCES hash ranges starts in ``sorted_hashes``, plus its length (int64)."""
+    bounds = np.arange(FENCES, dtype=np.uint64) << np.uint64(64 - FENCE_BITS)
+    return np.append(np.searchsorted(sorted_hashes, bounds), len(sorted_hashes)).astype(np.int64)
+
+
+class _PartCounts:
+    """One part's sorted (hash, documents) array in the store, read one fence range at a time."""
+
+    def __init__(self, store: ObjectStore, folder: str, index: int) -> None:
+        self.store, self.key = store, f"{folder}/{part_name(index)}.npy"
+        fences_key = f"{folder}/{part_name(index)}.fences.npy"
+        self.whole: np.ndarray | None = None
+        if store.exists(fences_key):
+            self.fences = _npy_load(store.get_bytes(fences_key))
+            head = store.get_range(self.key, 0, 256)  # the .npy header: magic, version, length, dict
+            self.offset = 10 + int.from_bytes(head[8:10], "little")
+        else:  # counted by an older version: no fences, read the whole (small) array once
+            self.whole = _npy_load(store.get_bytes(self.key))
+            self.fences = fences_of(self.whole[0])
+
+    def size(self, lo: int, hi: int) -> int:
+        return int(self.fences[hi] - self.fences[lo])
+
+    def slice(self, lo: int, hi: int) -> np.ndarray:
+        a, b, n = int(self.fences[lo]), int(self.fences[hi]), int(self.fences[-1])
+        if self.whole is not None:
+            return self.whole[:, a:b]
+        if a == b:
+            return np.zeros((2, 0), np.uint64)
+        rows = [self.store.get_range(self.key, self.offset + 8 * (r * n + a), 8 * (b - a)) for r in (0, 1)]
+        return np.stack([np.frombuffer(r, dtype="<u8") for r in rows])
+
+
+def merge_ranges(parts: list[_PartCounts], budget_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive fence ranges, each holding at most ``budget_bytes`` of (hash, count) pairs (one fence
+    range at least, whatever its size)."""
+    sizes = [sum(p.size(f, f + 1) for p in parts) * 16 for f in range(FENCES)]
+    ranges, lo, acc = [], 0, 0
+    for f, size in enumerate(sizes):
+        if acc and acc + size > budget_bytes:
+            ranges.append((lo, f))
+            lo, acc = f, 0
+        acc += size
+    ranges.append((lo, FENCES))
+    return ranges
+
+
 def merge_boilerplate(
-    store: ObjectStore, count_folder: str, num_parts: int, cfg: CleanConfig, out_key: str
+    store: ObjectStore,
+    count_folder: str,
+    num_parts: int,
+    cfg: CleanConfig,
+    out_key: str,
+    budget_bytes: int = MERGE_BUDGET_BYTES,
 ) -> int:
     """Sum the per-part counts, write the sorted hashes of boilerplate lines to ``out_key``; returns how many.
 
     Idempotent: when ``out_key`` exists it is not recomputed.
     """
     if store.exists(out_key):
-        return len(load_boilerplate(store, out_key))
-    arrays, total_docs = [], 0
+        return len(_npy_load(store.get_bytes(out_key)))
+    parts, total_docs = [], 0
     for index in range(num_parts):
         name = part_name(index)
         if not store.exists(f"{count_folder}/{name}.done"):
             raise RuntimeError(f"{count_folder}/{name} is not done; run run_boilerplate_count_part first")
         stats = json.loads(store.get_bytes(f"{count_folder}/{name}.stats.json"))
         total_docs += int(stats["docs_in"])
-        arrays.append(_npy_load(store.get_bytes(f"{count_folder}/{name}.npy")))
-    merged = np.concatenate(arrays, axis=1) if arrays else np.zeros((2, 0), np.uint64)
-    hashes, inverse = np.unique(merged[0], return_inverse=True)
-    docs = np.bincount(inverse.ravel(), weights=merged[1], minlength=len(hashes))
-    keep = hashes[docs >= boilerplate_threshold(total_docs, cfg)]
+        parts.append(_PartCounts(store, count_folder, index))
+    threshold = boilerplate_threshold(total_docs, cfg)
+    kept = []
+    for lo, hi in merge_ranges(parts, budget_bytes):
+        merged = (
+            np.concatenate([p.slice(lo, hi) for p in parts], axis=1) if parts else np.zeros((2, 0), np.uint64)
+        )
+        hashes, inverse = np.unique(merged[0], return_inverse=True)
+        docs = np.bincount(inverse.ravel(), weights=merged[1], minlength=len(hashes))
+        kept.append(hashes[docs >= threshold])
+        del merged, hashes, inverse, docs
+    keep = np.concatenate(kept) if kept else np.zeros(0, np.uint64)
     store.put_bytes(out_key, _npy_bytes(keep.astype(np.uint64)))
     return len(keep)
 

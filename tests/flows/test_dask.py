@@ -1,5 +1,9 @@
-"""Scale-out must not change the result: the local (thread) runner and a 2-worker Dask LocalCluster build the same
-tiny corpus into the same dataset id, shard for shard, each into its own store (so no unit is reused)."""
+"""Scale-out must not change the result, and every worker reports to the flow's own Prefect API.
+
+The tiny corpus is built with 1 worker process, with 2, and on an external 2-worker Dask scheduler that the test
+starts on 127.0.0.1 (``dask://host:port``), each into its own store (so no unit is reused): same dataset id,
+shard for shard. Task runs happen in the worker processes and are recorded by the test's one Prefect server.
+"""
 
 from __future__ import annotations
 
@@ -11,36 +15,74 @@ import pytest
 
 from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def build(spec: str, inputs: list[str], output: Path) -> dict[str, Any]:
+def build(spec: str, workers: int | None, inputs: list[str], output: Path) -> dict[str, Any]:
     from flows.build import build_corpus
     from flows.runners import with_task_runner
 
-    return with_task_runner(build_corpus, spec)(
+    return with_task_runner(build_corpus, spec, workers)(
         inputs=inputs, output=str(output), overrides=dict(TINY_OVERRIDES)
     )
 
 
-def test_local_and_dask_runners_publish_the_same_dataset(
-    prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from flows.runners import make_task_runner
+def worker_pids(summary: dict[str, Any]) -> set[int]:
+    return {int(p) for p in summary["profile"]["process_peak_rss_mb"]}
 
-    # The embedded cluster gets one worker per CPU: pin it to 2 workers whatever machine runs the test.
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    runner = make_task_runner("dask")
-    assert runner.cluster_kwargs["n_workers"] == 2 and runner.cluster_kwargs["processes"] is True
+
+def test_runner_choice_and_sizes() -> None:
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    from flows.runners import default_workers, make_task_runner
+
+    local = make_task_runner("local", 3)
+    assert local.cluster_kwargs["n_workers"] == 3 and local.cluster_kwargs["threads_per_worker"] == 1
+    assert local.cluster_kwargs["processes"] is True
+    assert make_task_runner().cluster_kwargs["n_workers"] == default_workers()
+    assert make_task_runner("dask://127.0.0.1:8786").address == "tcp://127.0.0.1:8786"
+    assert isinstance(make_task_runner("threads", 2), ThreadPoolTaskRunner)
+    with pytest.raises(ValueError, match="--workers"):
+        make_task_runner("local", 0)
+    with pytest.raises(ValueError, match="--task-runner"):
+        make_task_runner("ray")
+
+
+def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_dataset(
+    prefect_harness: None, tmp_path: Path
+) -> None:
+    from distributed import LocalCluster
+    from prefect import get_client
 
     inputs = write_tiny_corpus(tmp_path / "raw")
-    local = build("local", inputs, tmp_path / "store-local")
-    dask = build("dask", inputs, tmp_path / "store-dask")
+    one = build("local", 1, inputs, tmp_path / "store-1")
+    two = build("local", 2, inputs, tmp_path / "store-2")
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    ) as cluster:
+        port = cluster.scheduler_address.rsplit(":", 1)[1]
+        ext = build(f"dask://127.0.0.1:{port}", None, inputs, tmp_path / "store-ext")
+        external_workers = {w.pid for w in cluster.scheduler.workers.values()}
 
-    assert local["dataset_id"] == dask["dataset_id"]
-    assert local["shard_table"] == dask["shard_table"]  # same keys, token counts and sha256, shard by shard
-    assert local["stages"] == dask["stages"]
+    assert one["dataset_id"] == two["dataset_id"] == ext["dataset_id"]
+    assert one["shard_table"] == two["shard_table"] == ext["shard_table"]
+    assert one["stages"] == two["stages"] == ext["stages"]
     # Not a vacuous equality: the build did real work, including both dedup steps.
-    assert local["exact_duplicates"] == 1 and local["near_duplicates"] == 1
-    assert sum(local["tokens"].values()) > 1000 and local["shards"]["train"] >= 2
-    assert local["manifest_uri"] != dask["manifest_uri"]  # two stores: nothing was shared between the builds
+    assert one["exact_duplicates"] == 1 and one["near_duplicates"] == 1
+    assert sum(one["tokens"].values()) > 1000 and one["shards"]["train"] >= 2
+
+    # The per-part work ran in worker processes, not in the flow's: 1, then 2 of them, then the external ones.
+    me = os.getpid()
+    assert len(worker_pids(one) - {me}) == 1
+    assert len(worker_pids(two) - {me}) == 2
+    assert worker_pids(ext) - {me} <= external_workers and len(worker_pids(ext) - {me}) >= 1
+
+    # ... and they reported their task runs to this test's Prefect server (no server of their own).
+    with get_client(sync_client=True) as client:
+        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+        for summary in (one, two, ext):
+            run_id = summary["lineage"]["prefect_flow_run_id"]
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+            assert len(runs) == summary["profile"]["task_runs"] > 0
+            assert all(r.state is not None and r.state.is_completed() for r in runs)

@@ -9,6 +9,7 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import zstandard
@@ -228,6 +229,36 @@ def test_run_tokenize_part_writes_eos_terminated_parts_and_skips_when_done(tmp_p
     assert (tmp_path / "store/tokens/part-00000.parquet").stat().st_mtime_ns == mtime
 
 
+def test_the_fast_encoder_is_built_and_verified_once_per_process_and_tokenizer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pipeline.tokenize as tokenize_module
+
+    store, records = _docs_store(tmp_path)
+    write_part(store, "docs", 1, list(reversed(records)), StageStats(stage="clean"))
+    cfg = TokenizeConfig(vocab_size=600, batch_size=16)
+    run_train_tokenizer(store, "docs", 2, "tok/tokenizer.json", cfg)
+    built: list[int] = []
+    real = tokenize_module.tiktoken_from_tokenizer
+    monkeypatch.setattr(tokenize_module, "tiktoken_from_tokenizer", lambda tok: built.append(1) or real(tok))
+    monkeypatch.setattr(tokenize_module, "_ENCODERS", tokenize_module.OrderedDict())
+    for index in (0, 1):
+        run_tokenize_part(store, "docs", "tokens", index, "tok/tokenizer.json", cfg)
+    assert len(built) == 1  # two parts, one build + verification
+    # The cached encoder gives the ids a fresh one gives: part 1 holds part 0's documents in reverse order.
+    first, second = (
+        pq.read_table(io.BytesIO(store.get_bytes(f"tokens/part-0000{i}.parquet")))
+        .column("tokens")
+        .to_pylist()
+        for i in (0, 1)
+    )
+    assert second == list(reversed(first))
+    # Another tokenizer (another sha256) gets its own encoder.
+    run_train_tokenizer(store, "docs", 1, "tok2/tokenizer.json", TokenizeConfig(vocab_size=700))
+    run_tokenize_part(store, "docs", "tokens2", 0, "tok2/tokenizer.json", cfg)
+    assert len(built) == 2
+
+
 def test_run_train_tokenizer_uses_a_given_tokenizer(tmp_path: Path, tok: Tokenizer) -> None:
     store, _ = _docs_store(tmp_path)
     tok.save(str(tmp_path / "given.json"))
@@ -236,3 +267,43 @@ def test_run_train_tokenizer_uses_a_given_tokenizer(tmp_path: Path, tok: Tokeniz
     assert Tokenizer.from_str(store.get_bytes("tok.json").decode()).to_str() == tok.to_str()
     with pytest.raises(FileNotFoundError):
         run_tokenize_part(store, "missing", "out", 0, "tok.json", cfg)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 100, 1000])
+@pytest.mark.parametrize("share", [0.01, 0.1, 0.5, 0.99])
+def test_tokenizer_sample_spreads_over_the_corpus_and_holds_the_sample_size(n: int, share: float) -> None:
+    from pipeline.tokenize import sample_parts
+
+    sizes = [1000 + (i * 7919) % 500 for i in range(n)]  # uneven parts
+    total = sum(sizes)
+    assert sample_parts(sizes, total) == list(range(n))  # a corpus under the sample size is used whole
+    cap = int(total * share)
+    parts = sample_parts(sizes, cap)
+    assert parts == sorted(set(parts)) and parts == sample_parts(
+        sizes, cap
+    )  # distinct, ordered, deterministic
+    assert sum(sizes[i] for i in parts) >= min(cap, total)  # enough text for the sample
+    if len(parts) < n:
+        assert len(parts) <= n * share + 2  # not much more than needed
+        gaps = np.diff([-1, *parts, n])
+        assert (
+            gaps.max() <= 2 * gaps.min() + 2
+        )  # evenly spaced: the end of the corpus is sampled as its start
+
+
+def test_the_tokenizer_sample_is_recorded(tmp_path: Path) -> None:
+    from pipeline.tokenize import sample_record_key
+
+    store = FileStore(tmp_path / "store")
+    for i in range(6):
+        write_part(store, "docs", i, make_records(30, seed=i), StageStats(stage="clean", bytes_out=30_000))
+    cfg = TokenizeConfig(vocab_size=400, train_sample_bytes=60_000)
+    run_train_tokenizer(store, "docs", 6, "tok.json", cfg)
+    record = json.loads(store.get_bytes(sample_record_key("tok.json")))
+    assert record["source"] == "trained" and record["corpus_parts"] == 6 and record["corpus_bytes"] == 180_000
+    assert (
+        len(record["sample_parts"]) == 3
+        and record["sample_parts"][0] <= 1
+        and record["sample_parts"][-1] >= 4
+    )
+    assert record["sample_bytes"] > 0 and record["sample_docs"] > 0

@@ -4,6 +4,7 @@ removed by clean from every document where they repeat, kept where they are uniq
 from __future__ import annotations
 
 import io
+import json
 import random
 
 import numpy as np
@@ -111,3 +112,48 @@ def test_merge_refuses_missing_parts(store):
     run_boilerplate_count_part(store, "ingest", "bp-counts", 0, CFG)
     with pytest.raises(RuntimeError, match="part-00001"):
         merge_boilerplate(store, "bp-counts", 2, CFG, "bp.npy")
+
+
+def _random_counts(store, parts: int, seed: int = 3) -> dict[int, int]:
+    """Parts of random line hashes, some shared by many parts; returns the true document counts."""
+    from collections import Counter
+
+    from pipeline.clean.boilerplate import _npy_bytes, counts_to_array, fences_of
+
+    rng = np.random.default_rng(seed)
+    shared = rng.integers(0, 2**64 - 1, size=300, dtype=np.uint64)
+    total: Counter[int] = Counter()
+    for index in range(parts):
+        own = rng.integers(0, 2**64 - 1, size=2000, dtype=np.uint64)
+        counts = {
+            int(h): int(rng.integers(1, 4)) for h in np.concatenate([own, shared[rng.random(300) < 0.5]])
+        }
+        total.update(counts)
+        array = counts_to_array(counts)
+        name = f"bp-counts/part-{index:05d}"
+        store.put_bytes(f"{name}.npy", _npy_bytes(array))
+        store.put_bytes(f"{name}.fences.npy", _npy_bytes(fences_of(array[0])))
+        docs = int(array[1].sum())
+        store.put_bytes(f"{name}.stats.json", json.dumps({"stage": "bp", "docs_in": docs}).encode())
+        store.put_bytes(f"{name}.done", b"")
+    return dict(total)
+
+
+def test_a_merge_in_hash_ranges_keeps_exactly_the_lines_over_the_threshold(store):
+    """A small budget splits the merge into many hash ranges, each read from every part by ranged gets; the
+    set equals the one-shot answer computed here, whatever the budget, and a part without fences (counted by an
+    older version) is read whole."""
+    from pipeline.clean.boilerplate import _PartCounts, merge_ranges
+
+    true = _random_counts(store, parts=6)
+    cfg = CleanConfig(boilerplate=BoilerplateConfig(min_docs=6))
+    expected = sorted(h for h, docs in true.items() if docs >= 6)
+    assert 50 < len(expected) < 300
+    parts = [_PartCounts(store, "bp-counts", i) for i in range(6)]
+    assert len(merge_ranges(parts, 32 * 1024)) > 4 and merge_ranges(parts, 1 << 40) == [(0, 256)]
+    for budget, key in ((32 * 1024, "small.npy"), (1 << 40, "large.npy")):
+        assert merge_boilerplate(store, "bp-counts", 6, cfg, key, budget_bytes=budget) == len(expected)
+        assert np.load(io.BytesIO(store.get_bytes(key))).tolist() == expected
+    store.delete("bp-counts/part-00002.fences.npy")
+    assert merge_boilerplate(store, "bp-counts", 6, cfg, "old.npy", budget_bytes=32 * 1024) == len(expected)
+    assert np.load(io.BytesIO(store.get_bytes("old.npy"))).tolist() == expected

@@ -1,0 +1,100 @@
+"""Where a build's time goes: CPU and wall per step, task runs and peak memory per worker process.
+
+Every unit of work (a per-part step inside a task, or a global step) is timed where it runs with
+:func:`measure`, which returns a small JSON record: the step, its CPU seconds (the whole process, so encoder
+threads count), its wall seconds, the process id and the process's peak RSS so far. Per-part tasks return
+their records with their results; global steps, which run in the flow's own process, leave theirs in
+:data:`LOCAL_RECORDS`. The flow folds both into :class:`BuildProfile`, whose JSON goes into the build summary
+(``summary["profile"]``): what ``tests/bench/bench_scale.py`` reads to separate stage work from orchestration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+LOCAL_RECORDS: list[dict[str, Any]] = []
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, in MB (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e6 if sys.platform == "darwin" else peak * 1024 / 1e6
+
+
+@contextlib.contextmanager
+def measure(step: str, sink: list[dict[str, Any]] | None = None) -> Iterator[dict[str, Any]]:
+    """Time the block; the yielded record is filled in on exit and appended to ``sink`` (default: local)."""
+    record: dict[str, Any] = {"step": step}
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    try:
+        yield record
+    finally:
+        record.update(
+            cpu_s=round(time.process_time() - cpu0, 4),
+            wall_s=round(time.perf_counter() - wall0, 4),
+            pid=os.getpid(),
+            rss_mb=round(peak_rss_mb(), 1),
+        )
+        (LOCAL_RECORDS if sink is None else sink).append(record)
+
+
+def drain_local() -> list[dict[str, Any]]:
+    out = list(LOCAL_RECORDS)
+    LOCAL_RECORDS.clear()
+    return out
+
+
+@dataclass
+class BuildProfile:
+    """Per step: CPU, wall summed over units, unit count and the largest process peak RSS seen; per pass (a fan
+    out or a global step, as the flow runs them): its wall window and task-run count."""
+
+    steps: dict[str, dict[str, float]] = field(default_factory=dict)
+    passes: list[dict[str, Any]] = field(default_factory=list)
+    processes: dict[int, float] = field(default_factory=dict)
+
+    def add_records(self, records: list[dict[str, Any]]) -> None:
+        for r in records:
+            s = self.steps.setdefault(r["step"], {"cpu_s": 0.0, "wall_s": 0.0, "units": 0, "rss_mb": 0.0})
+            s["cpu_s"] += r["cpu_s"]
+            s["wall_s"] += r["wall_s"]
+            s["units"] += 1
+            s["rss_mb"] = max(s["rss_mb"], r["rss_mb"])
+            self.processes[r["pid"]] = max(self.processes.get(r["pid"], 0.0), r["rss_mb"])
+
+    @contextlib.contextmanager
+    def run_pass(self, name: str) -> Iterator[dict[str, Any]]:
+        """A pass of the flow: the yielded dict takes ``task_runs``; local records made meanwhile are added."""
+        entry: dict[str, Any] = {"name": name, "start": time.time(), "task_runs": 1, "work_cpu_s": 0.0}
+        try:
+            yield entry
+        finally:
+            entry["end"] = time.time()
+            self.passes.append(entry)
+            self._add(entry, drain_local())
+
+    def add_results(self, entry: dict[str, Any], results: list[dict[str, Any]], task_runs: int) -> None:
+        """Fold a fan-out's unit results (their profile records) in and count its task runs."""
+        entry["task_runs"] = task_runs
+        for r in results:
+            self._add(entry, r.get("profile", []))
+
+    def _add(self, entry: dict[str, Any], records: list[dict[str, Any]]) -> None:
+        self.add_records(records)
+        entry["work_cpu_s"] = round(entry["work_cpu_s"] + sum(r["cpu_s"] for r in records), 4)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "steps": {k: {m: round(v, 4) for m, v in s.items()} for k, s in self.steps.items()},
+            "passes": self.passes,
+            "task_runs": sum(p["task_runs"] for p in self.passes),
+            "work_cpu_s": round(sum(s["cpu_s"] for s in self.steps.values()), 3),
+            "process_peak_rss_mb": {str(k): v for k, v in self.processes.items()},
+        }
