@@ -72,6 +72,8 @@ def run_decontam(
                 index_key=index_key)  # fmt: skip
     run.note_reuse("decontam")
     total = run.merged("decontam")
-    total.extra["report_key"] = run.once("decontam-report", decontam_report_task, run.ctx, run.n, index_key, [])
+    total.extra["report_key"] = run.once(
+        "decontam-report", decontam_report_task, run.ctx, run.n, index_key, []
+    )
     stats["decontam"] = total
     return _ctx(run.ctx).folder("decontam/out"), "decontam"

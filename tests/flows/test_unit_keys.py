@@ -20,6 +20,7 @@ CASES: dict[str, tuple[tuple[str, Any], tuple[str, Any]]] = {
     "clean": (("dedup.near.threshold", 0.5), ("clean.quality.enabled", False)),
     "signatures": (("dedup.near.threshold", 0.5), ("dedup.near.num_perm", 64)),
     "tokenize": (("shard.target_bytes", 1 << 22), ("tokenize.eos_token", "<|pad|>")),
+    "decontam": (("dedup.near.threshold", 0.5), ("decontam.ngram", 8)),
     "exact-hash": (("clean.normalization", "NFKC"), None),
     "near-filter": (("dedup.near.threshold", 0.5), None),
 }
@@ -51,6 +52,15 @@ def test_a_unit_key_changes_only_with_a_field_its_step_reads(stage: str) -> None
         assert unit_config(stage, _with(base, dotted, value)) == unit_config(stage, base), dotted
     if read is not None:
         assert unit_config(stage, _with(base, *read)) != unit_config(stage, base)
+
+
+@pytest.mark.parametrize("stage", ["ingest", "clean"])
+def test_named_sources_are_in_the_ingest_and_clean_keys(stage: str) -> None:
+    """A source's overrides change what ingest and clean make of its documents, so its units are redone."""
+    base = load_corpus_config().to_dict()
+    named = _with(base, "sources", [{"name": "books", "inputs": ["/data/books"]}])
+    assert unit_config(stage, named) != unit_config(stage, base)
+    assert unit_config("signatures", named) == unit_config("signatures", base)
 
 
 def test_unknown_stage_is_refused() -> None:

@@ -237,7 +237,7 @@ def test_the_fast_encoder_is_built_and_verified_once_per_process_and_tokenizer(
     store, records = _docs_store(tmp_path)
     write_part(store, "docs", 1, list(reversed(records)), StageStats(stage="clean"))
     cfg = TokenizeConfig(vocab_size=600, batch_size=16)
-    run_train_tokenizer(store, "docs", 2, "tok/tokenizer.json", cfg)
+    run_train_tokenizer(store, "docs", 2, "tok/tokenizer.json", cfg, None)
     built: list[int] = []
     real = tokenize_module.tiktoken_from_tokenizer
     monkeypatch.setattr(tokenize_module, "tiktoken_from_tokenizer", lambda tok: built.append(1) or real(tok))
@@ -254,7 +254,7 @@ def test_the_fast_encoder_is_built_and_verified_once_per_process_and_tokenizer(
     )
     assert second == list(reversed(first))
     # Another tokenizer (another sha256) gets its own encoder.
-    run_train_tokenizer(store, "docs", 1, "tok2/tokenizer.json", TokenizeConfig(vocab_size=700))
+    run_train_tokenizer(store, "docs", 1, "tok2/tokenizer.json", TokenizeConfig(vocab_size=700), None)
     run_tokenize_part(store, "docs", "tokens2", 0, "tok2/tokenizer.json", cfg)
     assert len(built) == 2
 
@@ -298,7 +298,7 @@ def test_the_tokenizer_sample_is_recorded(tmp_path: Path) -> None:
     for i in range(6):
         write_part(store, "docs", i, make_records(30, seed=i), StageStats(stage="clean", bytes_out=30_000))
     cfg = TokenizeConfig(vocab_size=400, train_sample_bytes=60_000)
-    run_train_tokenizer(store, "docs", 6, "tok.json", cfg)
+    run_train_tokenizer(store, "docs", 6, "tok.json", cfg, None)
     record = json.loads(store.get_bytes(sample_record_key("tok.json")))
     assert record["source"] == "trained" and record["corpus_parts"] == 6 and record["corpus_bytes"] == 180_000
     assert (
