@@ -19,6 +19,8 @@ from flows import train_artifacts
 from flows.build import build_corpus
 from flows.heartbeat import with_heartbeat
 from pipeline.errors import TrainingFailed
+from training import launch
+from training.config import TrainConfig, load_train_config
 
 DEFAULT_TRAIN_CONFIG = (
     Path(importlib.util.find_spec("training").origin or "").parent / "configs" / "tiny.yaml"
@@ -26,10 +28,8 @@ DEFAULT_TRAIN_CONFIG = (
 FLOW_RUN_ENV = "PILEWORKS_FLOW_RUN_ID"
 
 
-def resolved_train_config(config_path: str | None, overrides: dict[str, Any] | None) -> Any:
-    from training.config import load_train_config
-
-    return load_train_config(config_path or DEFAULT_TRAIN_CONFIG, **(overrides or {}))
+def resolved_train_config(config_path: str | None, overrides: dict[str, Any] | None) -> TrainConfig:
+    return load_train_config(config_path or DEFAULT_TRAIN_CONFIG, overrides)
 
 
 @task(name="deepspeed-job", cache_policy=NO_CACHE)
@@ -43,8 +43,6 @@ def run_training_job(
     max_restarts: int,
     flow_run_id: str | None,
 ) -> int:
-    from training import launch
-
     log = get_run_logger()
     tail: list[str] = []
 

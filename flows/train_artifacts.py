@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from training.metrics import read_metrics
+
 SPARK = "▁▂▃▄▅▆▇█"
 
 
@@ -19,8 +21,6 @@ def sparkline(values: list[float], width: int = 60) -> str:
 
 
 def training_result(output_dir: str) -> dict[str, Any]:
-    from training.metrics import read_metrics
-
     train = read_metrics(output_dir, "train")
     evals = read_metrics(output_dir, "eval")
     if not train:

@@ -19,6 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.manifest import load_manifest
+from training.cache import ShardCache
+from training.checkpoint import read_record
+from training.data import ShardDataset
+from training.generate import resolve_tag_dir
+from training.metrics import read_metrics
 from training.sampler import EpochPermutation
 
 
@@ -67,8 +73,6 @@ def step_samples(
 
 
 def _start_from_metrics(output_dir: Path, step: int) -> tuple[int, int, int]:
-    from training.metrics import read_metrics
-
     best = (0, 0, 0)
     for rec in read_metrics(output_dir, "train"):
         s = int(rec.get("step", 0))
@@ -81,12 +85,6 @@ def trace_step(
     checkpoint: str | Path, step: int, *, manifest_uri: str | None = None, max_docs: int = 50
 ) -> dict[str, Any]:
     """Shards and documents that optimizer step ``step`` trained on, for the run that wrote ``checkpoint``."""
-    from pipeline.manifest import load_manifest
-    from training.cache import ShardCache
-    from training.checkpoint import read_record
-    from training.data import ShardDataset
-    from training.generate import resolve_tag_dir
-
     tag_dir = resolve_tag_dir(checkpoint)
     record = read_record(tag_dir)
     cfg = record["train_config"]

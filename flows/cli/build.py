@@ -6,18 +6,7 @@ import argparse
 import json
 from typing import Any
 
-import yaml
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``--set clean.normalization=NFKC --set dedup.near.threshold=0.7`` (values parsed as YAML scalars)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set expects KEY=VALUE (dotted key), got {item!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
+from pipeline.config import parse_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,23 +16,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def add_build_arguments(p: argparse.ArgumentParser) -> None:
+def add_build_arguments(
+    p: argparse.ArgumentParser,
+    set_help: str = "override a corpus config field, e.g. dedup.near.threshold=0.7 (repeatable)",
+) -> None:
     p.add_argument("--config", help="corpus YAML (default: the embedded flows/configs/corpus.yaml)")
     p.add_argument("--input", action="append", dest="inputs", help="input path/glob/URI (repeatable)")
     p.add_argument("--output", help="store root: a folder, file:// or s3://bucket/prefix")
     p.add_argument("--name", help="dataset name")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    add_set_argument(p, set_help)
     p.add_argument("--task-runner", default="local", help="local | process | dask | dask://host:port")
+
+
+def add_set_argument(p: argparse.ArgumentParser, help: str, *aliases: str) -> None:
+    """``--set KEY=VALUE``, the one override syntax of every command (read by ``pipeline.config``)."""
+    p.add_argument("--set", *aliases, action="append", default=[], dest="set", metavar="KEY=VALUE", help=help)
 
 
 def run(args: argparse.Namespace) -> int:
     from flows.build import build_corpus
+    from flows.corpus_config import load_corpus_config
     from flows.runners import with_task_runner
+
+    overrides = parse_overrides(args.set)
+    # Fail in a second on a bad config or dataset name, before Prefect starts and any part is computed.
+    load_corpus_config(
+        args.config, inputs=args.inputs, output=args.output, name=args.name, overrides=overrides
+    )
 
     flow = with_task_runner(build_corpus, args.task_runner)
     summary = flow(
         config_path=args.config, inputs=args.inputs, output=args.output, name=args.name,
-        overrides=parse_overrides(args.set),
+        overrides=overrides,
     )  # fmt: skip
     if args.json:
         print(json.dumps(summary, indent=1))

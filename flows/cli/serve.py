@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from flows.cli.build import add_set_argument
+from pipeline.config import parse_overrides, split_overrides
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -15,6 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="corpus YAML for the scheduled rebuild (default: the embedded one)")
     p.add_argument("--output", help="store root for the scheduled rebuild")
     p.add_argument("--train-config", help="train YAML for prepare_and_train")
+    add_set_argument(
+        p, "override a config field: dedup.near.threshold=0.7 (corpus) or train.lr=1e-3 (training)"
+    )
     p.add_argument("--dry-run", action="store_true", help="print the deployments and exit")
     p.set_defaults(func=run)
 
@@ -26,17 +32,25 @@ def build_deployments(args: argparse.Namespace) -> list[Any]:
     from flows.corpus_config import load_corpus_config
     from flows.train import prepare_and_train
 
-    load_corpus_config(args.config, output=args.output)  # fail now, not at 3 a.m., on a bad config
+    train_overrides, corpus_overrides = split_overrides(parse_overrides(args.set), "train")
+    # fail now, not at 3 a.m., on a bad config
+    load_corpus_config(args.config, output=args.output, overrides=corpus_overrides)
     rebuild = build_corpus.to_deployment(
         name="scheduled-rebuild",
         schedule=Cron(args.cron, timezone=args.timezone),
-        parameters={"config_path": args.config, "output": args.output},
+        parameters={"config_path": args.config, "output": args.output, "overrides": corpus_overrides},
         description="Rebuild the corpus on a schedule; only changed inputs are reprocessed.",
         tags=["pileworks", "corpus"],
     )
     one_click = prepare_and_train.to_deployment(
         name="one-click",
-        parameters={"corpus_config": args.config, "train_config": args.train_config, "output": args.output},
+        parameters={
+            "corpus_config": args.config,
+            "train_config": args.train_config,
+            "output": args.output,
+            "corpus_overrides": corpus_overrides,
+            "train_overrides": train_overrides,
+        },
         description="Prepare the corpus and train on it.",
         tags=["pileworks", "training"],
     )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from flows.cli.build import parse_overrides
+from flows.cli.build import add_set_argument
+from pipeline.config import parse_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,6 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--manifest", required=True, help="manifest URI, dataset folder or datasets/<name> (follows latest)"
     )
     add_train_arguments(t)
+    add_set_argument(t, "override a TrainConfig field, e.g. lr=1e-3 (repeatable)", "--train-set")
     t.add_argument(
         "--allow-dataset-change", action="store_true", help="resume a checkpoint made on another dataset"
     )
@@ -24,9 +26,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def add_train_arguments(p: argparse.ArgumentParser, config_flag: str = "--config") -> None:
     p.add_argument(config_flag, dest="train_config", help="train YAML (default: training/configs/tiny.yaml)")
     p.add_argument("--nproc", type=int, default=2, help="ranks on this machine (default 2)")
-    p.add_argument(
-        "--train-set", action="append", default=[], metavar="KEY=VALUE", help="override a TrainConfig field"
-    )
     p.add_argument("--timeout", type=float, default=None, help="kill the job after this many seconds")
 
 
@@ -34,7 +33,7 @@ def run_train(args: argparse.Namespace) -> int:
     from flows.train import train
 
     result = train(
-        args.manifest, args.train_config, args.nproc, parse_overrides(args.train_set), args.timeout,
+        args.manifest, args.train_config, args.nproc, parse_overrides(args.set), args.timeout,
         args.allow_dataset_change, args.max_restarts,
     )  # fmt: skip
     print(json.dumps({k: v for k, v in result.items() if k != "history"}, indent=1))

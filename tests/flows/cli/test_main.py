@@ -10,7 +10,6 @@ from pipeline.errors import ConfigError, PileworksError
 from pipeline.manifest import DatasetConflictError
 
 
-@pytest.mark.slow  # the flow starts Prefect's server before it reads the config
 def test_cli_reports_a_config_error_with_the_field(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -21,6 +20,17 @@ def test_cli_reports_a_config_error_with_the_field(
     assert main(["build", "--config", str(bad), "--output", str(tmp_path / "store")]) == 2
     err = capsys.readouterr().err
     assert "clean.normalisation" in err and "known fields of clean" in err
+    assert err.startswith("pileworks build: error: bad.yaml: ") and "did you mean clean.normalization?" in err
+
+
+def test_cli_refuses_a_bad_dataset_name_before_any_compute(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows.cli.main import main
+
+    assert main(["build", "--name", ".hidden", "--output", str(tmp_path / "store")]) == 2
+    assert "dataset name '.hidden'" in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()  # refused at load: no work folder, no Prefect run
 
 
 def test_version_is_shown(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,9 +16,8 @@ from pipeline.clean.boilerplate import (
     merge_boilerplate,
     run_boilerplate_count_part,
 )
-from pipeline.clean.config import BoilerplateConfig, CleanConfig
+from pipeline.clean.config import BoilerplateConfig, CleanConfig, QualityConfig
 from pipeline.clean.normalize import line_hash
-from pipeline.clean.quality import QualityConfig
 from pipeline.clean.stage import run_clean_part
 from pipeline.records import Record, read_part, write_part
 from pipeline.units import StageStats
