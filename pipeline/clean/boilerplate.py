@@ -18,8 +18,6 @@ before one sort; a corpus with billions of distinct lines would need a hash-part
 
 from __future__ import annotations
 
-import io
-import json
 import math
 from collections import Counter
 from collections.abc import Iterable
@@ -30,7 +28,15 @@ from pipeline.clean.config import CleanConfig
 from pipeline.clean.normalize import line_hash, normalize_text
 from pipeline.records import Record, iter_part_batches
 from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, part_name
+from pipeline.units import (
+    StageStats,
+    done_stats_or_fail,
+    finish_unit,
+    get_npy,
+    part_unit,
+    put_npy,
+    unit_stats,
+)
 
 
 def doc_line_hashes(text: str, min_line_chars: int) -> set[int]:
@@ -48,16 +54,6 @@ def count_lines_part(records: Iterable[Record], cfg: CleanConfig) -> dict[int, i
     return dict(counts)
 
 
-def _npy_bytes(array: np.ndarray) -> bytes:
-    sink = io.BytesIO()
-    np.save(sink, array, allow_pickle=False)
-    return sink.getvalue()
-
-
-def _npy_load(data: bytes) -> np.ndarray:
-    return np.load(io.BytesIO(data), allow_pickle=False)
-
-
 def counts_to_array(counts: dict[int, int]) -> np.ndarray:
     """A 2 x n uint64 array: row 0 the sorted hashes, row 1 their document counts."""
     hashes = np.fromiter(counts.keys(), dtype=np.uint64, count=len(counts))
@@ -70,9 +66,9 @@ def run_boilerplate_count_part(
     store: ObjectStore, in_folder: str, out_folder: str, index: int, cfg: CleanConfig
 ) -> StageStats:
     """Count the line document-frequencies of one input part; a rerun of a done part reads its stats."""
-    name = part_name(index)
-    if store.exists(f"{out_folder}/{name}.done"):
-        return StageStats.from_json(json.loads(store.get_bytes(f"{out_folder}/{name}.stats.json")))
+    unit = part_unit(out_folder, index)
+    if (done := unit_stats(store, unit)) is not None:
+        return done
     counts: Counter[int] = Counter()
     stats = StageStats(stage="boilerplate_count")
     for batch in iter_part_batches(store, in_folder, index):
@@ -80,10 +76,8 @@ def run_boilerplate_count_part(
         counts.update(count_lines_part(batch, cfg))
     stats.docs_out = stats.docs_in
     stats.extra = {"distinct_lines": len(counts)}
-    store.put_bytes(f"{out_folder}/{name}.npy", _npy_bytes(counts_to_array(counts)))
-    store.put_bytes(f"{out_folder}/{name}.stats.json", json.dumps(stats.to_json(), indent=1).encode())
-    store.put_bytes(f"{out_folder}/{name}.done", b"")
-    return stats
+    put_npy(store, f"{unit}.npy", counts_to_array(counts))
+    return finish_unit(store, unit, stats)
 
 
 def boilerplate_threshold(total_docs: int, cfg: CleanConfig) -> int:
@@ -101,22 +95,19 @@ def merge_boilerplate(
         return len(load_boilerplate(store, out_key))
     arrays, total_docs = [], 0
     for index in range(num_parts):
-        name = part_name(index)
-        if not store.exists(f"{count_folder}/{name}.done"):
-            raise RuntimeError(f"{count_folder}/{name} is not done; run run_boilerplate_count_part first")
-        stats = json.loads(store.get_bytes(f"{count_folder}/{name}.stats.json"))
-        total_docs += int(stats["docs_in"])
-        arrays.append(_npy_load(store.get_bytes(f"{count_folder}/{name}.npy")))
+        unit = part_unit(count_folder, index)
+        total_docs += done_stats_or_fail(store, unit, "run_boilerplate_count_part").docs_in
+        arrays.append(get_npy(store, f"{unit}.npy"))
     merged = np.concatenate(arrays, axis=1) if arrays else np.zeros((2, 0), np.uint64)
     hashes, inverse = np.unique(merged[0], return_inverse=True)
     docs = np.bincount(inverse.ravel(), weights=merged[1], minlength=len(hashes))
     keep = hashes[docs >= boilerplate_threshold(total_docs, cfg)]
-    store.put_bytes(out_key, _npy_bytes(keep.astype(np.uint64)))
+    put_npy(store, out_key, keep.astype(np.uint64))
     return len(keep)
 
 
 def load_boilerplate(store: ObjectStore, key: str) -> frozenset[int]:
-    array = _npy_load(store.get_bytes(key))
+    array = get_npy(store, key)
     if array.dtype != np.uint64 or array.ndim != 1:
         raise ValueError(f"{store.uri_of(key)} is not a 1-d uint64 boilerplate hash array")
     return frozenset(array.tolist())
