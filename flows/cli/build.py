@@ -34,15 +34,15 @@ def add_set_argument(p: argparse.ArgumentParser, help: str, *aliases: str) -> No
 
 
 def run(args: argparse.Namespace) -> int:
-    from flows.build import build_corpus
     from flows.corpus_config import load_corpus_config
-    from flows.runners import with_task_runner
 
     overrides = parse_overrides(args.set)
-    # Fail in a second on a bad config or dataset name, before Prefect starts and any part is computed.
+    # Fail in a second on a bad config or dataset name, before Prefect is imported and any part is computed.
     load_corpus_config(
         args.config, inputs=args.inputs, output=args.output, name=args.name, overrides=overrides
     )
+    from flows.build import build_corpus
+    from flows.runners import with_task_runner
 
     flow = with_task_runner(build_corpus, args.task_runner)
     summary = flow(
