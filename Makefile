@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: the CPU wheel here, so nothing pulls a multi-GB CUDA build
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e '.[dev,dask,monitoring]'
+	$(BIN)/pip install -q -e '.[dev,dask,monitoring,hf]'
 	touch $(STAMP)
 
 setup: $(STAMP)

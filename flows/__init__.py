@@ -1,1 +1,5 @@
-"""Prefect flows and the ``pileworks`` command line. Nothing imports this package."""
+"""Prefect flows and the ``pileworks`` command line. Nothing outside ``flows`` imports this package."""
+
+from flows import quiet_logs
+
+quiet_logs.install()  # every process that runs our tasks (the flow's, a Dask worker's) imports this package

@@ -1,13 +1,21 @@
-"""The build summary (CLI table, flow result) and the Prefect artifacts every run publishes."""
+"""The build summary (CLI table, flow result) and the Prefect artifacts every build publishes: SVG charts, the stage
+and shard tables, the manifest's facts and the dedup audit with one cluster side by side, numbers rounded."""
 
 from __future__ import annotations
 
-import json
+import textwrap
 from typing import Any
 
+from flows import charts, readable
 from flows.corpus_config import CorpusConfig
-from pipeline.manifest import load_manifest
+from pipeline.dedup.audit import cluster_documents
+from pipeline.manifest import Manifest, load_manifest
+from pipeline.storage import S3Options, open_store
+from pipeline.storage.s3 import S3Store
 from pipeline.units import StageStats
+
+MAX_TABLE_ROWS = 50  # longer shard/input lists stay in the manifest; the artifact says how many more
+PRESIGNED_EXPIRY_S = 7 * 24 * 3600  # S3's longest presigned-URL lifetime (SigV4)
 
 STAGE_ORDER = ("ingest", "clean", "exact_dedup", "near_dedup", "tokenize", "shard")
 
@@ -50,66 +58,177 @@ def build_summary(
 
 
 def stage_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per stage, numbers rounded with units (the UI's stage-stats table and the CLI's summary)."""
     rows = []
     for name, st in summary["stages"].items():
         rows.append(
             {
                 "stage": name,
-                "docs in": st["docs_in"],
-                "docs out": st["docs_out"],
-                "MB in": round(st["bytes_in"] / 1e6, 2),
-                "MB out": round(st["bytes_out"] / 1e6, 2),
-                "dropped": ", ".join(f"{k}={v}" for k, v in st["dropped"].items() if v) or "none",
+                "docs in": readable.count(st["docs_in"]),
+                "docs out": readable.count(st["docs_out"]),
+                "kept": readable.pct(st["docs_out"] / st["docs_in"]) if st["docs_in"] else "n/a",
+                "size in": readable.size(st["bytes_in"]),
+                "size out": readable.size(st["bytes_out"]),
+                "dropped": ", ".join(f"{k}={readable.count(v)}" for k, v in st["dropped"].items() if v)
+                or "none",
             }
         )
     return rows
 
 
-def publish_build_artifacts(summary: dict[str, Any]) -> None:
-    """Tables of the stages and shards, the dedup audit and a link to the manifest, on the current run."""
-    from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
-
-    create_table_artifact(stage_rows(summary), key="stage-stats", description="Documents and bytes per stage")
-    create_table_artifact(
-        summary["shard_table"], key="shards", description=f"Shards of dataset {summary['dataset_id']}"
-    )
-    create_link_artifact(
-        summary["manifest_uri"], link_text=f"manifest {summary['dataset_id']}", key="manifest",
-        description="The published dataset's manifest",
+def build_charts_markdown(summary: dict[str, Any]) -> str:
+    """Documents and bytes kept per stage, and drops by reason, as SVG charts."""
+    stages = summary["stages"]
+    names = list(stages)
+    docs = charts.bar_chart(
+        names, {"documents in": [stages[n]["docs_in"] for n in names], "documents out": [stages[n]["docs_out"] for n in names]},
+        title="Documents per stage", value_label="documents", value_format=readable.count,
     )  # fmt: skip
-    report = summary["stages"].get("near_dedup", {}).get("extra", {}).get("report")
-    if report:
-        create_markdown_artifact(
-            dedup_markdown(report), key="dedup-audit", description="MinHash near-dedup audit"
-        )
+    size = charts.bar_chart(
+        names, {"bytes in": [stages[n]["bytes_in"] for n in names], "bytes out": [stages[n]["bytes_out"] for n in names]},
+        title="Bytes per stage", value_label="bytes (UTF-8 text; tokenize: token bytes)", value_format=readable.size,
+    )  # fmt: skip
+    parts = [f"# Build {summary['name']}: dataset {summary['dataset_id'][:12]}", "",
+             charts.markdown_image(docs, "documents per stage chart"), "",
+             charts.markdown_image(size, "bytes per stage chart"), ""]  # fmt: skip
+    drops = {k: v for k, v in summary["dropped"].items() if v}
+    if drops:
+        bars = charts.bar_chart(list(drops), {"documents dropped": list(drops.values())},
+                                title="Drops by reason", value_label="documents", value_format=readable.count)  # fmt: skip
+        parts += [charts.markdown_image(bars, "drops by reason chart"), ""]
+    else:
+        parts += ["No document was dropped.", ""]
+    return "\n".join(parts)
 
 
-def dedup_markdown(report: dict[str, Any]) -> str:
-    lines = ["# Near-duplicate removal", ""]
-    lines.append(f"- documents in: {report.get('docs_in')}")
-    lines.append(f"- removed as exact duplicates: {report.get('removed_exact')}")
-    lines.append(
-        f"- removed as near duplicates: {report.get('removed_near')} ({report.get('removal_rate_near', 0):.2%})"
-    )
-    lines.append(f"- clusters: {report.get('clusters')}; params: `{json.dumps(report.get('params', {}))}`")
-    for warning in report.get("warnings", []):
-        lines.append(f"- **warning**: {warning}")
-    hist = report.get("cluster_size_histogram", {})
-    if hist:
-        lines += ["", "| cluster size | clusters |", "|---|---|"] + [
-            f"| {k} | {v} |" for k, v in hist.items()
-        ]
-    per_source = report.get("per_source", {})
-    if per_source:
-        lines += ["", "| source | docs | removed | rate |", "|---|---|---|---|"]
-        for src, row in list(per_source.items())[:30]:
-            if isinstance(row, dict):
-                lines.append(f"| {src} | {row.get('docs')} | {row.get('removed_near')} | {row.get('rate')} |")
+def manifest_link(uri: str, s3: S3Options, how: str) -> str:
+    """A link a browser on the UI's page can open: s3 -> a presigned or AWS console URL when configured; a local
+    store has none (a file:// link from an http page is blocked), so its path is shown as text."""
+    if uri.startswith("s3://") and how != "none":
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        if how == "presigned":
+            store = open_store(f"s3://{bucket}", s3=s3)
+            assert isinstance(store, S3Store)
+            url = store.presigned_url(key, PRESIGNED_EXPIRY_S)
+            return f"[open manifest.json (presigned, valid {PRESIGNED_EXPIRY_S // 86400} days)]({url})"
+        region = s3.region or "us-east-1"
+        return f"[open in the S3 console](https://s3.console.aws.amazon.com/s3/object/{bucket}?region={region}&prefix={key})"
+    return f"`{uri.removeprefix('file://')}`"
+
+
+def manifest_markdown(manifest: Manifest, link: str) -> str:
+    """The dataset's key facts: id, tokenizer, tokens per split, shards (size, sha256 prefix), inputs."""
+    tok = manifest.tokenizer
+    lines = [f"# Dataset {manifest.name}@{manifest.dataset_id[:12]}", "", f"Manifest: {link}", "",
+             "| field | value |", "|---|---|",
+             f"| dataset id | `{manifest.dataset_id}` |",
+             f"| tokenizer | `{tok.key}` (vocab {readable.count(tok.vocab_size)}, eos id {tok.eos_id}, sha256 `{tok.sha256[:12]}`) |",
+             f"| token dtype | {manifest.dtype} |", f"| code version | {manifest.code_version} |",
+             f"| created | {manifest.created_at} |"]  # fmt: skip
+    for split, info in manifest.splits.items():
+        lines.append(f"| {split} | {readable.count(info['tokens'])} tokens, {readable.count(info['docs'])} docs, "
+                     f"{info['shards']} shard(s) |")  # fmt: skip
+    lines += [
+        "",
+        "## Shards",
+        "",
+        "| split | shard | tokens | docs | size | sha256 |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for s in manifest.shards[:MAX_TABLE_ROWS]:
+        lines.append(f"| {s.split} | `{s.key}` | {readable.count(s.tokens)} | {readable.count(s.docs)} | "
+                     f"{readable.size(s.bytes)} | `{s.sha256[:12]}` |")  # fmt: skip
+    if len(manifest.shards) > MAX_TABLE_ROWS:
+        lines.append(f"| … | {len(manifest.shards) - MAX_TABLE_ROWS} more shards in the manifest | | | | |")
+    lines += ["", "## Inputs", "", "| input | size | fingerprint (etag / mtime) |", "|---|---:|---|"]
+    for i in manifest.inputs[:MAX_TABLE_ROWS]:
+        lines.append(f"| `{i.get('uri')}` | {readable.size(i.get('size'))} | `{str(i.get('etag'))[:24]}` |")
+    if len(manifest.inputs) > MAX_TABLE_ROWS:
+        lines.append(f"| … {len(manifest.inputs) - MAX_TABLE_ROWS} more inputs | | |")
     return "\n".join(lines)
 
 
+def _cell(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;")
+
+
+def cluster_markdown(
+    cid: int, size: int, docs: list[dict[str, Any]], width: int = 60, max_lines: int = 24
+) -> str:
+    """One near-duplicate cluster's documents side by side: a table column per document, a row per text line."""
+    if not docs:
+        return "No near-duplicate cluster in this build."
+    cols = []
+    for d in docs:
+        body = d["text"] if d["text"] is not None else "(document of the persisted index; text not stored)"
+        cols.append(
+            [seg for para in body.splitlines() for seg in (textwrap.wrap(para, width) or [""])][:max_lines]
+        )
+    heads = [f"{'**kept**' if d['keep'] else 'dropped'} `{_short(d['id'])}`" for d in docs]
+    lines = [f"## Example: cluster {cid} ({size} documents, {len(docs)} shown)", "",
+             "| " + " | ".join(heads) + " |", "|" + "---|" * len(docs),
+             "| " + " | ".join(readable.size(d["nbytes"]) for d in docs) + " |"]  # fmt: skip
+    for i in range(max(len(c) for c in cols)):
+        lines.append("| " + " | ".join(_cell(c[i]) if i < len(c) else "" for c in cols) + " |")
+    lines += [""] + [f"- {'kept' if d['keep'] else 'dropped'}: `{d['id']}`" for d in docs]
+    return "\n".join(lines)
+
+
+def _short(doc_id: str) -> str:
+    """A document id without its folder (``part-2.jsonl#B9070``); the full id is listed under the table."""
+    return doc_id.rsplit("/", 1)[-1]
+
+
+def dedup_markdown(report: dict[str, Any], cluster: str = "") -> str:
+    removed_near, docs_in = report.get("removed_near") or 0, report.get("docs_in") or 0
+    params = report.get("params", {})
+    lines = ["# Near-duplicate removal", "",
+             f"- documents in: {readable.count(docs_in)}",
+             f"- removed as exact duplicates: {readable.count(report.get('removed_exact'))}",
+             f"- removed as near duplicates: {readable.count(removed_near)} ({readable.pct(report.get('removal_rate_near', 0))})",
+             f"- clusters: {readable.count(report.get('clusters'))}; threshold {params.get('threshold')}, "
+             f"{params.get('num_perm')} permutations, {params.get('bands')} bands x {params.get('rows')} rows"]  # fmt: skip
+    lines += [f"- **warning**: {w}" for w in report.get("warnings", [])]
+    hist = report.get("cluster_size_histogram", {})
+    if hist:
+        lines += ["", "| cluster size | clusters |", "|---:|---:|"] + [
+            f"| {k} | {readable.count(v)} |" for k, v in hist.items()
+        ]
+    per_source = [(s, r) for s, r in report.get("per_source", {}).items() if isinstance(r, dict)]
+    if per_source:
+        lines += ["", "| source | docs | removed | rate |", "|---|---:|---:|---:|"]
+        for src, row in per_source[:MAX_TABLE_ROWS]:
+            lines.append(f"| `{src}` | {readable.count(row.get('docs'))} | {readable.count(row.get('removed_near'))} | "
+                         f"{readable.pct(row.get('rate'))} |")  # fmt: skip
+    if cluster:
+        lines += ["", cluster]
+    return "\n".join(lines)
+
+
+def publish_build_artifacts(summary: dict[str, Any], cfg: CorpusConfig) -> None:
+    """Charts, the stage and shard tables, the manifest's facts and the dedup audit, on the current run."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    create_table_artifact(stage_rows(summary), key="stage-stats", description="Documents and bytes per stage")
+    create_markdown_artifact(build_charts_markdown(summary), key="build-charts",
+                             description="Documents and bytes kept per stage, drops by reason")  # fmt: skip
+    manifest, _ = load_manifest(summary["manifest_uri"], s3=cfg.s3)
+    link = manifest_link(summary["manifest_uri"], cfg.s3, cfg.manifest_link)
+    create_markdown_artifact(manifest_markdown(manifest, link), key="manifest",
+                             description=f"Dataset {manifest.name}@{manifest.dataset_id[:12]}: the manifest's facts")  # fmt: skip
+    near = summary["stages"].get("near_dedup", {}).get("extra", {})
+    if near.get("report"):
+        store = open_store(cfg.output, s3=cfg.s3)
+        cid, size, docs = cluster_documents(store, near["report_key"].rsplit("/clusters/", 1)[0], max_docs=2)
+        create_markdown_artifact(dedup_markdown(near["report"], cluster_markdown(cid, size, docs)),
+                                 key="dedup-audit", description="MinHash near-dedup audit")  # fmt: skip
+
+
 class RunProgress:
-    """A Prefect progress artifact for a long flow: the share of its stages done, and the last one finished."""
+    """A Prefect progress artifact for a long flow: the share of its stages done, and the last one finished.
+
+    The build passes the same stage names as its terminal progress bars, so the UI and the terminal count alike.
+    """
 
     def __init__(self, stages: list[str], key: str) -> None:
         from prefect.artifacts import create_progress_artifact
@@ -117,12 +236,14 @@ class RunProgress:
         self.stages, self.done = stages, 0
         self.id = create_progress_artifact(0.0, key=key, description=f"0/{len(stages)} stages")
 
-    def finished(self, stage: str) -> None:
+    def finished(self, *stages: str) -> None:
         from prefect.artifacts import update_progress_artifact
 
-        self.done = min(len(self.stages), self.done + 1)
+        if not stages:
+            return
+        self.done = min(len(self.stages), self.done + len(stages))
         update_progress_artifact(
             self.id,
             100.0 * self.done / len(self.stages),
-            description=f"{self.done}/{len(self.stages)} stages: {stage} done",
+            description=f"{self.done}/{len(self.stages)} stages: {', '.join(stages)} done",
         )

@@ -16,7 +16,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger, unmapped
 
-from flows import artifacts, unitcache
+from flows import artifacts, run_names, unitcache
 from flows.build_tasks import (
     BuildContext,
     StageFailed,
@@ -44,6 +44,8 @@ from flows.corpus_config import CorpusConfig, load_corpus_config
 from flows.heartbeat import with_heartbeat
 from flows.progress import stage_progress
 from pipeline.storage import open_store
+from pipeline.storage.s3 import abort_recorded_uploads
+from pipeline.storage.uploads import UploadJournal
 from pipeline.units import StageStats, mark_stage_success
 
 __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
@@ -154,6 +156,7 @@ def tokenize_parts(ctx: dict[str, Any], n: int, folder: str, keys: list[str], st
                    reuse: dict[str, list[int]]) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
     """Train (or load) the tokenizer, then tokenize every part; returns the tokenizer key and the results."""
     c = _ctx(ctx)
+    stage_progress.stage("tokenizer (trained once per dataset name)")
     tok_key = tokenizer_task(ctx, folder, n, [])
     results = tokenize_task.map(unmapped(ctx), range(n), unmapped(folder), keys, unmapped(tok_key)).result()
     mark_stage_success(c.store(), c.folder("tokens"), n)
@@ -162,7 +165,8 @@ def tokenize_parts(ctx: dict[str, Any], n: int, folder: str, keys: list[str], st
     return tok_key, results
 
 
-@flow(name="build_corpus", log_prints=False, result_serializer="json")
+# persist_result=False: a persisted result shows up as an untitled "result" artifact on the run page.
+@flow(name="build_corpus", flow_run_name=run_names.build_run_name, log_prints=False, persist_result=False)
 @with_heartbeat
 def build_corpus(
     config_path: str | None = None,
@@ -174,41 +178,48 @@ def build_corpus(
     """Build and publish a dataset; returns the summary (manifest URI, dataset id, per-stage stats)."""
     started = time.perf_counter()
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
+    stage_progress.stage("listing inputs")
     planned = plan_inputs(cfg.to_dict())
-    n, store = len(planned["plans"]), open_store(cfg.output, s3=cfg.s3)
+    n, store = len(planned["plans"]), open_store(cfg.output, cfg.s3)
+    # Uploads still recorded belong to earlier runs that died: abort them now rather than after an hour.
+    abort_recorded_uploads(UploadJournal(store), cfg.s3)
     work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
-    ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict()).to_json()
+    ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n).to_json()
     get_run_logger().info("build %s: %d input object(s) in %d part(s); work folder %s",
                           cfg.name, len(planned["inputs"]), n, store.uri_of(work))  # fmt: skip
-    stage_progress.start(
-        {
-            s: n
-            for s in ("ingest", "boilerplate", "clean", "exact dedup", "signatures", "near dedup", "tokenize")
-        }
-    )
-    progress = artifacts.RunProgress(["ingest + clean", "dedup", "tokenize", "publish"], key="build-progress")
+    stages = build_stages(cfg)  # the terminal's bars and the UI's progress artifact count the same stages
+    stage_progress.start_units({s: 1 if s == "publish" else n for s in stages})
+    progress = artifacts.RunProgress(stages, key="build-progress")
     stats: dict[str, StageStats] = {}
     reuse: dict[str, list[int]] = {}
     keys = ingest_and_clean(ctx, cfg, planned, stats, reuse)
-    progress.finished("ingest + clean")
+    progress.finished("ingest", "boilerplate", "clean")
     dedup_folder, keys = run_dedup(ctx, cfg, n, keys, stats, reuse)
-    progress.finished("dedup")
+    progress.finished(*(s for s in stages if s in ("exact dedup", "signatures", "near dedup")))
     tok_key, results = tokenize_parts(ctx, n, dedup_folder, keys, stats, reuse)
     progress.finished("tokenize")
     lineage = {"prefect_flow_run_id": _flow_run_id(), "build_key": work.split("/")[-1]}
     stats_json = {k: v.to_json() for k, v in stats.items()}
-    manifest_uri = publish_task(ctx, n, tok_key, planned["inputs"], stats_json, lineage, results)
-    stage_progress.stop()
+    with stage_progress.step("publish"):
+        manifest_uri = publish_task(ctx, n, tok_key, planned["inputs"], stats_json, lineage, results)
     progress.finished("publish")
     summary = artifacts.build_summary(manifest_uri, stats, cfg, time.perf_counter() - started)
     summary["reused_units"] = reuse
     if cfg.dedup.near.enabled:
+        stage_progress.stage("saving the dedup index")
         summary["dedup_index_uri"] = save_index_task(ctx, n, summary["dataset_id"])
-    artifacts.publish_build_artifacts(summary)
+    artifacts.publish_build_artifacts(summary, cfg)
+    run_names.rename_flow_run(f"build {cfg.name} {summary['dataset_id'][:8]}")
     get_run_logger().info(
         "published %s (dataset %s) in %.1f s", manifest_uri, summary["dataset_id"], summary["seconds"]
     )
     return summary
+
+
+def build_stages(cfg: CorpusConfig) -> list[str]:
+    """The stages of this build, in order, as the terminal and the UI's progress artifact name them."""
+    dedup = ["exact dedup"] * cfg.dedup.exact.enabled + ["signatures", "near dedup"] * cfg.dedup.near.enabled
+    return ["ingest", "boilerplate", "clean", *dedup, "tokenize", "publish"]
 
 
 def _flow_run_id() -> str | None:

@@ -16,7 +16,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows import unitcache
+from flows import run_names, unitcache
 from flows.corpus_config import CorpusConfig, config_from_dict
 from flows.progress import stage_progress
 from pipeline import tokenize
@@ -28,9 +28,21 @@ from pipeline.ingest import config as ingest_config
 from pipeline.ingest import stage as ingest
 from pipeline.manifest import DatasetConflictError
 from pipeline.storage import ObjectStore, open_store
+from pipeline.storage.retry import is_permanent
+from pipeline.storage.uploads import UploadJournal
 from pipeline.units import StageStats, part_name
 
-IO_RETRIES = dict(retries=3, retry_delay_seconds=[2, 10, 30])
+
+def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition: a whole-unit retry for transient trouble only; a missing input, missing
+    credentials, access denied, a missing bucket, a bad config or a full disk fail the run at once."""
+    return not is_permanent(state.result(raise_on_failure=False))
+
+
+# Each S3 call already retries its own transient errors (pipeline.storage.retry); these are for whole units.
+IO_RETRIES: dict[str, Any] = dict(
+    retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=_worth_retrying
+)
 
 
 @dataclass(frozen=True)
@@ -40,13 +52,16 @@ class BuildContext:
     store_uri: str
     work: str
     config: dict[str, Any]
+    parts: int = 0  # how many parts the build has (task run names say "part 3/12")
 
     @property
     def cfg(self) -> CorpusConfig:
         return config_from_dict(self.config)
 
     def store(self) -> ObjectStore:
-        return open_store(self.store_uri, s3=self.cfg.s3)
+        store = open_store(self.store_uri, self.cfg.s3)
+        store.uploads = UploadJournal(store)  # multipart uploads recorded in work/uploads until they end
+        return store
 
     def folder(self, name: str) -> str:
         return f"{self.work}/{name}"
@@ -87,7 +102,7 @@ def _unit(c: BuildContext, stage: str, key: str, folder: str, index: int, run: A
     return {"stats": stats.to_json(), "key": key, "reused": reused}
 
 
-@task(name="plan-inputs", cache_policy=NO_CACHE, **IO_RETRIES)
+@task(name="plan-inputs", task_run_name="plan inputs", cache_policy=NO_CACHE, **IO_RETRIES)
 def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
     """List the raw objects with their fingerprints and pack them into parts of similar byte size."""
     with stage_errors("plan-inputs"):
@@ -97,7 +112,7 @@ def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
         return {"inputs": [i.to_json() for i in inputs], "plans": [p.to_json() for p in plans]}
 
 
-@task(name="ingest", cache_policy=NO_CACHE, **IO_RETRIES)
+@task(name="ingest", task_run_name=run_names.part("ingest part"), cache_policy=NO_CACHE, **IO_RETRIES)
 def ingest_task(ctx: dict[str, Any], plan: dict[str, Any], key: str) -> dict[str, Any]:
     c = _ctx(ctx)
     part = ingest_config.PartPlan.from_json(plan)
@@ -105,7 +120,7 @@ def ingest_task(ctx: dict[str, Any], plan: dict[str, Any], key: str) -> dict[str
                  lambda st: ingest.run_ingest_part(st, c.folder("ingest"), part, c.cfg.ingest, s3=c.cfg.s3))  # fmt: skip
 
 
-@task(name="boilerplate-count", cache_policy=NO_CACHE)
+@task(name="boilerplate-count", task_run_name=run_names.part("boilerplate: count"), cache_policy=NO_CACHE)
 def boilerplate_count_task(ctx: dict[str, Any], index: int, upstream: str) -> dict[str, Any]:
     c = _ctx(ctx)
     key = unitcache.unit_key("boilerplate", upstream, c.config["clean"])
@@ -114,7 +129,7 @@ def boilerplate_count_task(ctx: dict[str, Any], index: int, upstream: str) -> di
                      st, c.folder("ingest"), c.folder("boilerplate"), index, c.cfg.clean))  # fmt: skip
 
 
-@task(name="boilerplate-merge", cache_policy=NO_CACHE)
+@task(name="boilerplate-merge", task_run_name="boilerplate: merge", cache_policy=NO_CACHE)
 def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> str:
     with stage_errors("boilerplate-merge"):
         c = _ctx(ctx)
@@ -124,7 +139,7 @@ def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]
         return key
 
 
-@task(name="clean", cache_policy=NO_CACHE)
+@task(name="clean", task_run_name=run_names.part("clean part"), cache_policy=NO_CACHE)
 def clean_task(ctx: dict[str, Any], index: int, upstream: str, boilerplate_key: str) -> dict[str, Any]:
     c = _ctx(ctx)
     bp = boilerplate_key if c.cfg.clean.boilerplate.enabled else None
@@ -135,7 +150,7 @@ def clean_task(ctx: dict[str, Any], index: int, upstream: str, boilerplate_key: 
                  lambda st: clean.run_clean_part(st, c.folder("ingest"), c.folder("clean"), index, c.cfg.clean, bp))  # fmt: skip
 
 
-@task(name="exact-hash", cache_policy=NO_CACHE)
+@task(name="exact-hash", task_run_name=run_names.part("exact-dedup: hash"), cache_policy=NO_CACHE)
 def exact_hash_task(ctx: dict[str, Any], index: int, upstream: str) -> dict[str, Any]:
     c = _ctx(ctx)
     key = unitcache.unit_key("exact-hash", upstream)
@@ -143,7 +158,7 @@ def exact_hash_task(ctx: dict[str, Any], index: int, upstream: str) -> dict[str,
                  lambda st: exact.run_exact_hash_part(st, c.folder("clean"), c.folder("exact/hash"), index))  # fmt: skip
 
 
-@task(name="exact-resolve", cache_policy=NO_CACHE)
+@task(name="exact-resolve", task_run_name="exact-dedup: resolve", cache_policy=NO_CACHE)
 def exact_resolve_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> dict[str, Any]:
     with stage_errors("exact-resolve"):
         c = _ctx(ctx)
@@ -152,7 +167,7 @@ def exact_resolve_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) ->
         ).to_json()
 
 
-@task(name="exact-filter", cache_policy=NO_CACHE)
+@task(name="exact-filter", task_run_name=run_names.part("exact-dedup: filter"), cache_policy=NO_CACHE)
 def exact_filter_task(ctx: dict[str, Any], index: int, upstream: str, _wait: Any) -> dict[str, Any]:
     c = _ctx(ctx)
     drop = unitcache.content_hash(c.store(), f"{c.folder('exact/drop')}/{part_name(index)}.npy")
@@ -162,7 +177,9 @@ def exact_filter_task(ctx: dict[str, Any], index: int, upstream: str, _wait: Any
                      st, c.folder("clean"), c.folder("exact/out"), index, c.folder("exact/drop")))  # fmt: skip
 
 
-@task(name="minhash-signatures", cache_policy=NO_CACHE)
+@task(
+    name="minhash-signatures", task_run_name=run_names.part("near-dedup: signatures"), cache_policy=NO_CACHE
+)
 def signatures_task(ctx: dict[str, Any], index: int, in_folder: str, upstream: str) -> dict[str, Any]:
     c = _ctx(ctx)
     key = unitcache.unit_key("signatures", upstream, c.config["dedup"]["near"])
@@ -170,14 +187,14 @@ def signatures_task(ctx: dict[str, Any], index: int, in_folder: str, upstream: s
                  lambda st: signatures.run_signatures_part(st, in_folder, c.folder("near/signatures"), index, c.cfg.dedup.near))  # fmt: skip
 
 
-@task(name="near-plan", cache_policy=NO_CACHE)
+@task(name="near-plan", task_run_name="near-dedup: plan", cache_policy=NO_CACHE)
 def near_plan_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> dict[str, Any]:
     with stage_errors("near-plan"):
         c = _ctx(ctx)
         return candidates.plan_near_dedup(c.store(), c.folder("near"), num_parts, c.cfg.dedup.near)
 
 
-@task(name="lsh-bands", cache_policy=NO_CACHE)
+@task(name="lsh-bands", task_run_name=run_names.bands, cache_policy=NO_CACHE)
 def bands_task(
     ctx: dict[str, Any], index: int, plan: dict[str, Any], from_index: bool = False
 ) -> dict[str, Any]:
@@ -188,7 +205,7 @@ def bands_task(
         ).to_json()
 
 
-@task(name="lsh-edges", cache_policy=NO_CACHE)
+@task(name="lsh-edges", task_run_name=run_names.edges, cache_policy=NO_CACHE)
 def edges_task(ctx: dict[str, Any], partition: int, plan: dict[str, Any], _wait: list[Any]) -> dict[str, Any]:
     with stage_errors("lsh-edges"):
         c = _ctx(ctx)
@@ -197,7 +214,7 @@ def edges_task(ctx: dict[str, Any], partition: int, plan: dict[str, Any], _wait:
         ).to_json()
 
 
-@task(name="near-clusters", cache_policy=NO_CACHE)
+@task(name="near-clusters", task_run_name="near-dedup: clusters", cache_policy=NO_CACHE)
 def clusters_task(
     ctx: dict[str, Any], in_folder: str, num_parts: int, exact_stats: dict[str, Any] | None, _wait: list[Any]
 ) -> dict[str, Any]:
@@ -209,7 +226,7 @@ def clusters_task(
         ).to_json()
 
 
-@task(name="near-filter", cache_policy=NO_CACHE)
+@task(name="near-filter", task_run_name=run_names.part("near-dedup: filter"), cache_policy=NO_CACHE)
 def near_filter_task(
     ctx: dict[str, Any], index: int, in_folder: str, upstream: str, _wait: Any
 ) -> dict[str, Any]:
@@ -223,7 +240,7 @@ def near_filter_task(
 # ---------------------------------------------------------------- tasks: tokenize and publish
 
 
-@task(name="train-tokenizer", cache_policy=NO_CACHE)
+@task(name="train-tokenizer", task_run_name="train tokenizer", cache_policy=NO_CACHE)
 def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: list[Any]) -> str:
     """Train (or load) the tokenizer. A trained tokenizer is pinned per dataset name and tokenizer config, so a
     scheduled rebuild keeps its token ids and re-tokenizes only the parts that changed."""
@@ -249,7 +266,7 @@ def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: l
         return key
 
 
-@task(name="tokenize", cache_policy=NO_CACHE)
+@task(name="tokenize", task_run_name=run_names.part("tokenize part"), cache_policy=NO_CACHE)
 def tokenize_task(
     ctx: dict[str, Any], index: int, in_folder: str, upstream: str, tokenizer_key: str
 ) -> dict[str, Any]:
@@ -261,7 +278,7 @@ def tokenize_task(
                  lambda st: tokenize.run_tokenize_part(st, in_folder, c.folder("tokens"), index, tokenizer_key, c.cfg.tokenize))  # fmt: skip
 
 
-@task(name="shard-and-publish", cache_policy=NO_CACHE, **IO_RETRIES)
+@task(name="shard-and-publish", task_run_name="shard and publish", cache_policy=NO_CACHE, **IO_RETRIES)
 def publish_task(
     ctx: dict[str, Any],
     num_parts: int,
@@ -288,7 +305,7 @@ def publish_task(
             return exc.existing_uri
 
 
-@task(name="save-dedup-index", cache_policy=NO_CACHE, **IO_RETRIES)
+@task(name="save-dedup-index", task_run_name="save dedup index", cache_policy=NO_CACHE, **IO_RETRIES)
 def save_index_task(ctx: dict[str, Any], num_parts: int, dataset_id: str) -> str:
     """Persist the kept documents' signatures so a later build can drop what this dataset already holds
     (``--set dedup.near.index_uri=<this URI>``)."""

@@ -49,9 +49,14 @@ class CorpusConfig:
     # A tokenizer trained on the first build of a dataset name is reused by its rebuilds (same token ids, so
     # only changed parts are re-tokenized). Set false to retrain on every build.
     pin_tokenizer: bool = True
+    # How the UI's manifest artifact links an s3:// manifest: "none" (the URI as text), "presigned" (a GET URL
+    # valid 7 days, signed locally with your credentials) or "console" (the object's AWS console page).
+    manifest_link: str = "none"
 
     def __post_init__(self) -> None:
         check_name(self.name)
+        if self.manifest_link not in ("none", "presigned", "console"):
+            raise ValueError(f"manifest_link must be none, presigned or console, got {self.manifest_link!r}")
         if not self.output:
             raise ValueError("output must be a local path, file:// or s3:// URI")
 

@@ -12,6 +12,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from pipeline.storage.options import resolve_s3_options
 from training.preflight import runner
 from training.preflight.base import CheckResult, DoctorConfig, Status
 
@@ -39,7 +40,7 @@ def doctor_flow(
     master_port: int | None = None,
     hostfile: str | None = None,
     store: str | None = None,
-    s3_endpoint_url: str | None = None,
+    s3: dict | None = None,
     train_config: str | None = None,
     deepspeed_config: str | None = None,
     world_size: int | None = None,
@@ -54,7 +55,7 @@ def doctor_flow(
         master_port=master_port,
         hostfile=hostfile,
         store=store,
-        s3_endpoint_url=s3_endpoint_url,
+        s3=resolve_s3_options(s3),  # the s3: section's fields as a plain dict (a flow parameter)
         train_config=train_config,
         deepspeed_config=deepspeed_config,
         world_size=world_size,

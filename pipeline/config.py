@@ -68,16 +68,19 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
     return dict(data)
 
 
-def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
+def parse_overrides(items: Iterable[str], flag: str = "--set") -> dict[str, Any]:
     """``--set clean.normalization=NFKC --set lr=1e-3`` -> ``{dotted key: value}`` (values read as YAML)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(
-                f"--set expects KEY=VALUE (a dotted key such as dedup.near.threshold); got {item!r}"
+                f"{flag} expects KEY=VALUE (a dotted key such as dedup.near.threshold); got {item!r}"
             )
-        out[key.strip()] = yaml.safe_load(value)
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{flag} {item!r}: the value is not valid YAML ({exc})") from exc
     return out
 
 

@@ -21,6 +21,10 @@ class StorageError(PileworksError, RuntimeError):
     """An object-store operation failed (after retries); the message names the URI."""
 
 
+class PermanentStorageError(StorageError):
+    """A store operation that cannot succeed by retrying (no credentials, no such bucket, a bad profile)."""
+
+
 class AlreadyExistsError(StorageError):
     """A create-only write found the object already there (a racing publisher won)."""
 

@@ -111,10 +111,18 @@ def tiktoken_from_tokenizer(tokenizer: Tokenizer, name: str = "pileworks-bpe") -
     )
 
 
-def verify_same_ids(tokenizer: Tokenizer, encoding: tiktoken.Encoding, texts: Sequence[str]) -> str | None:
-    """None when both encoders give identical ids on every text, else a description of the first mismatch."""
+def verify_same_ids(
+    tokenizer: Tokenizer, encoding: tiktoken.Encoding, texts: Sequence[str], *, allow_special: bool = False
+) -> str | None:
+    """None when both encoders give identical ids on every text, else a description of the first mismatch.
+
+    ``allow_special``: special-token text is matched (tiktoken's ``allowed_special="all"``), as ``tokenizer``
+    does when it has added tokens; otherwise both encode it as ordinary text."""
     reference = tokenizer.encode_batch(list(texts), add_special_tokens=False)
-    fast = encoding.encode_ordinary_batch(list(texts))
+    if allow_special:
+        fast = encoding.encode_batch(list(texts), allowed_special="all")
+    else:
+        fast = encoding.encode_ordinary_batch(list(texts))
     for i, (ref, got) in enumerate(zip(reference, fast, strict=True)):
         if ref.ids != got:
             at = next(

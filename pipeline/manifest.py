@@ -80,6 +80,9 @@ class TokenizerInfo:
     eos_id: int
     bos_id: int | None = None
     pad_id: int | None = None
+    # Hugging Face's companions of tokenizer.json (tokenizer_config.json, special_tokens_map.json): key -> sha256.
+    # Part of the dataset id when present (datasets published before they existed keep their id).
+    files: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -196,6 +199,11 @@ class Manifest:
             )
         if CODE_DTYPES.get(self.dtype_code) != self.dtype:
             raise ValueError(f"dtype_code {self.dtype_code} does not match dtype {self.dtype!r}")
+        for key in self.tokenizer.files:
+            if not key or "/" in key or key.startswith("."):
+                raise ValueError(
+                    f"tokenizer.files key {key!r} must be a plain file name next to tokenizer.json"
+                )
         for tid in ("eos_id", "bos_id", "pad_id"):
             value = getattr(self.tokenizer, tid)
             if value is not None and not 0 <= value < self.tokenizer.vocab_size:
@@ -261,6 +269,8 @@ def compute_dataset_id(manifest: Manifest) -> str:
         ],
         "config": _strip_volatile(manifest.config),
     }
+    if manifest.tokenizer.files:
+        content["tokenizer_files"] = dict(sorted(manifest.tokenizer.files.items()))
     canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:20]
 
@@ -284,7 +294,7 @@ def _staged_paths(staged: str | Path | Mapping[str, str | Path], keys: list[str]
 
 
 def _expected_hashes(manifest: Manifest) -> dict[str, str]:
-    hashes = {manifest.tokenizer.key: manifest.tokenizer.sha256}
+    hashes = {manifest.tokenizer.key: manifest.tokenizer.sha256, **manifest.tokenizer.files}
     for s in manifest.shards:
         hashes.update({s.key: s.sha256, s.idx_key: s.idx_sha256, s.docs_key: s.docs_sha256})
     return hashes
@@ -363,7 +373,10 @@ def _as_uri(uri: str | Path) -> str:
     text = text.rstrip("/")
     # FileStore creates its root folder; a reader must not create folders for a mistyped path.
     if text.startswith("file://") and not Path(text[len("file://") :]).exists():
-        raise FileNotFoundError(f"no dataset at {text}")
+        raise FileNotFoundError(
+            f"no dataset at {text}: give a manifest.json, a dataset folder or <store>/datasets/<name> "
+            "(`pileworks build` prints the manifest URI it publishes)"
+        )
     return text
 
 
@@ -389,7 +402,7 @@ def _read_dataset(dataset_uri: str, s3: S3Options | None) -> tuple[Manifest, Obj
     return Manifest.from_json(data), store
 
 
-def load_manifest(uri: str | Path, s3: S3Options | None = None) -> tuple[Manifest, ObjectStore]:
+def load_manifest(uri: str | Path, s3: S3Options | None) -> tuple[Manifest, ObjectStore]:
     """Load and validate a manifest; returns it with a store rooted at the dataset prefix.
 
     ``uri`` may name ``manifest.json``, a dataset folder, ``latest.json``, or a dataset-name folder (whose
@@ -405,4 +418,7 @@ def load_manifest(uri: str | Path, s3: S3Options | None = None) -> tuple[Manifes
         return _read_dataset(uri, s3)
     if store.exists(LATEST_KEY):
         return _follow_latest(uri, s3)
-    raise FileNotFoundError(f"{uri} holds neither {MANIFEST_KEY} nor {LATEST_KEY}")
+    raise FileNotFoundError(
+        f"no dataset at {uri} (neither {MANIFEST_KEY} nor {LATEST_KEY} there): give a manifest.json, a dataset "
+        "folder or <store>/datasets/<name> (`pileworks build` prints the manifest URI it publishes)"
+    )

@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +30,7 @@ import pyarrow.parquet as pq
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pipeline.fast_bpe import UnsupportedTokenizer, tiktoken_from_tokenizer, verify_same_ids
+from pipeline.hf_tokenizer import hf_tokenizer_files
 from pipeline.manifest import Manifest, ShardInfo, TokenizerInfo, publish_dataset
 from pipeline.records import Record, iter_part_batches
 from pipeline.shards import (
@@ -75,6 +77,10 @@ class TokenizeConfig:
     special_tokens: tuple[str, ...] = ("<|endoftext|>", "<|pad|>")
     eos_token: str = "<|endoftext|>"
     pad_token: str | None = "<|pad|>"
+    # Literal special-token text in a document ("<|endoftext|>" typed in a web page): "text" encodes it as
+    # ordinary text (a document can never forge an EOS or PAD; Hugging Face's tokenizer, by default, would give
+    # the special id there), "special" encodes it as the special token's id (as Hugging Face does).
+    special_text: Literal["text", "special"] = "text"
     train_sample_bytes: int = 256 * 1024 * 1024
     batch_size: int = 1024
     fast_path: bool = True
@@ -94,6 +100,8 @@ class TokenizeConfig:
             raise ValueError(f"tokenize.eos_token {self.eos_token!r} must be one of special_tokens")
         if self.pad_token is not None and self.pad_token not in self.special_tokens:
             raise ValueError(f"tokenize.pad_token {self.pad_token!r} must be one of special_tokens or null")
+        if self.special_text not in ("text", "special"):
+            raise ValueError(f"tokenize.special_text must be 'text' or 'special', got {self.special_text!r}")
         if self.train_sample_bytes < 1 or self.batch_size < 1:
             raise ValueError("tokenize.train_sample_bytes and tokenize.batch_size must be >= 1")
         if self.verify_docs < 0 or self.verify_bytes < 0 or self.num_threads < 0:
@@ -128,7 +136,7 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizeConfig) -> Tokenizer:
     return tok
 
 
-def load_tokenizer(uri: str | Path, s3: S3Options | None = None) -> Tokenizer:
+def load_tokenizer(uri: str | Path, s3: S3Options | None) -> Tokenizer:
     """Load a tokenizer.json from a local path, ``file://`` or ``s3://`` URI."""
     text = str(uri)
     if "://" not in text:
@@ -150,7 +158,7 @@ def run_train_tokenizer(
     num_parts: int,
     out_key: str,
     cfg: TokenizeConfig,
-    s3: S3Options | None = None,
+    s3: S3Options | None,
 ) -> str:
     """Global step: put the tokenizer at ``out_key`` (trained on the parts in order, or copied from
     ``cfg.tokenizer``) and return its sha256. Skips training when ``out_key`` already exists."""
@@ -197,7 +205,8 @@ class Encoder:
 
     def __init__(self, tok: Tokenizer, cfg: TokenizeConfig, sample: Sequence[str] = ()):
         self.eos_id = special_id(tok, cfg.eos_token)
-        self.reference = _ordinary(tok)
+        self.special = cfg.special_text == "special"
+        self.reference = tok if self.special else _ordinary(tok)
         self.fast = None
         self.name = "tokenizers"
         self.num_threads = cfg.num_threads or os.cpu_count() or 1
@@ -214,12 +223,14 @@ class Encoder:
             enc = tiktoken_from_tokenizer(tok)
         except UnsupportedTokenizer as exc:
             return None, str(exc)
-        mismatch = verify_same_ids(self.reference, enc, sample)
+        mismatch = verify_same_ids(self.reference, enc, sample, allow_special=self.special)
         return (None, f"ids differ from tokenizers on the sample: {mismatch}") if mismatch else (enc, None)
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
         texts = _safe(texts)
-        if self.fast is not None:
+        if self.fast is not None and self.special:
+            ids = self.fast.encode_batch(texts, num_threads=self.num_threads, allowed_special="all")
+        elif self.fast is not None:
             ids = self.fast.encode_ordinary_batch(texts, num_threads=self.num_threads)
         else:
             ids = [e.ids for e in self.reference.encode_batch(texts, add_special_tokens=False)]
@@ -390,6 +401,11 @@ def run_shard_and_publish(
     with tempfile.TemporaryDirectory(prefix="pileworks-shards-", dir=staging_dir) as tmp:
         staged = Path(tmp)
         (staged / "tokenizer.json").write_bytes(tok_bytes)
+        eos_id = special_id(tok, eos_token)
+        pad_id = None if pad_token is None else special_id(tok, pad_token)
+        hf_files = hf_tokenizer_files(tok_bytes, eos_id=eos_id, pad_id=pad_id)
+        for file_name, data in hf_files.items():
+            (staged / file_name).write_bytes(data)
         written = write_shards(store, token_folder, num_parts, staged, dtype, cfg)
         tokens = sum(w.tokens for w in written)
         all_stats["shard"] = StageStats(
@@ -408,9 +424,10 @@ def run_shard_and_publish(
                 key="tokenizer.json",
                 sha256=sha256_bytes(tok_bytes),
                 vocab_size=tok.get_vocab_size(),
-                eos_id=special_id(tok, eos_token),
+                eos_id=eos_id,
                 bos_id=None,
-                pad_id=None if pad_token is None else special_id(tok, pad_token),
+                pad_id=pad_id,
+                files={file_name: sha256_bytes(data) for file_name, data in hf_files.items()},
             ),
             stats=all_stats,
             inputs=list(inputs or []),

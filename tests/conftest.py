@@ -7,7 +7,10 @@ pagination and error parsing run exactly as against AWS.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,6 +18,22 @@ from dataclasses import dataclass
 import pytest
 
 from pipeline.storage import ObjectStore, S3Options, open_store
+from tests.fixtures.aws_trap import aws_trap  # noqa: F401  (a fixture for every test module)
+
+# A private Prefect home for the whole session, set before anything imports prefect: a command that starts the
+# local background server (flows/local_server.py) starts it here, and the session stops it and removes the folder.
+TEST_PREFECT_HOME = tempfile.mkdtemp(prefix="pileworks-test-prefect-")
+os.environ["PREFECT_HOME"] = TEST_PREFECT_HOME
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from pathlib import Path
+
+    from flows.local_server import stop_server
+
+    stop_server(Path(TEST_PREFECT_HOME))
+    shutil.rmtree(TEST_PREFECT_HOME, ignore_errors=True)
+
 
 FAKE_AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -62,7 +81,9 @@ def s3_bucket(s3_server: str) -> S3Bucket:
 
     bucket = f"pw-test-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1").create_bucket(Bucket=bucket)
-    options = S3Options(endpoint_url=s3_server, region="us-east-1", max_attempts=2, read_timeout=10.0)
+    options = S3Options(
+        endpoint_url=s3_server, region="us-east-1", max_attempts=3, retry_budget_s=5.0, read_timeout=10.0
+    )
     return S3Bucket(uri=f"s3://{bucket}/root", bucket=bucket, prefix="root", options=options)
 
 
@@ -70,7 +91,7 @@ def s3_bucket(s3_server: str) -> S3Bucket:
 def store(request: pytest.FixtureRequest, tmp_path) -> ObjectStore:
     """An empty ObjectStore on each backend: a tmp folder, then a fresh moto bucket prefix."""
     if request.param == "file":
-        return open_store(str(tmp_path / "store"))
+        return open_store(str(tmp_path / "store"), None)
     s3: S3Bucket = request.getfixturevalue("s3_bucket")
     return open_store(s3.uri, s3=s3.options)
 

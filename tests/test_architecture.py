@@ -50,10 +50,6 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         "training",
     ): "start-up time: training modules import torch (seconds) which most commands never use",
     ("flows/cli/", "pipeline"): "start-up time: the stage modules import pyarrow, tokenizers, ftfy",
-    (
-        "pipeline/storage/__init__.py",
-        "pipeline.storage.s3",
-    ): "optional dependency: boto3 loads only for s3:// stores",
     ("training/preflight/dist.py", "training.config"): (
         "start-up time: training.config imports the model (torch); the other doctor checks run without torch"
     ),
@@ -327,3 +323,67 @@ def test_a_planted_circle_is_found_even_behind_local_and_type_checking_imports(t
 def test_no_circle_is_reported_for_a_layered_graph() -> None:
     graph = {"a": {"b": 1, "c": 1}, "b": {"c": 2}, "c": {}, "d": {"d": 1}}
     assert import_cycles(graph) == []
+
+
+# ---------------------------------------------------------------- one store configuration on every path
+# Where an S3Options may be made: the config dataclasses' defaults (the s3: sections) and the one resolver.
+MAY_MAKE_S3_OPTIONS = {
+    "pipeline/storage/options.py",  # resolve_s3_options
+    "flows/corpus_config.py",  # CorpusConfig.s3 default
+    "training/config.py",  # TrainConfig.s3 default
+}
+# Functions that reach a store: each call must hand over the store configuration (positional or s3=).
+NEEDS_S3 = {
+    "open_store": 2, "load_manifest": 2, "load_tokenizer": 2, "list_inputs": 2, "ingest_part": 3,
+    "run_ingest_part": 5, "run_train_tokenizer": 6, "trace_step": None, "plan_parts": None,
+}  # fmt: skip
+
+
+def _calls(path: Path) -> list[ast.Call]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call)]
+
+
+def _name(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def store_config_violations(paths: list[Path]) -> list[str]:
+    found = []
+    for path in paths:
+        rel = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
+        for call in _calls(path):
+            name = _name(call)
+            where = f"{rel}:{call.lineno}"
+            if name in ("S3Options", "S3Store") and rel not in MAY_MAKE_S3_OPTIONS | {
+                "pipeline/storage/s3.py"
+            }:
+                found.append(f"{where} makes {name}(...): take the resolved s3 settings instead")
+            if name in NEEDS_S3:
+                positional = NEEDS_S3[name]
+                has_kw = any(k.arg == "s3" for k in call.keywords)
+                if not has_kw and (positional is None or len(call.args) < positional):
+                    found.append(f"{where} calls {name} without the s3 settings")
+    return found
+
+
+def test_every_store_is_opened_with_the_resolved_store_configuration() -> None:
+    """No code path can fall back to boto3's defaults (AWS) while the user configured an endpoint."""
+    paths = [p for room in ("pipeline", "training", "flows") for p in sources(room)]
+    violations = store_config_violations(paths)
+    assert not violations, "\n".join(violations)
+
+
+def test_store_config_checker_catches_a_violation(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "open_store(uri)\nopen_store(uri, s3)\nload_manifest(u, s3=o)\nx = S3Options(endpoint_url=None)\n"
+        "near.plan_parts(inputs, 5, cfg=c)\n"
+    )
+    found = store_config_violations([bad])
+    assert [f.split(" ", 1)[1] for f in found] == [
+        "calls open_store without the s3 settings",
+        "makes S3Options(...): take the resolved s3 settings instead",
+        "calls plan_parts without the s3 settings",
+    ]

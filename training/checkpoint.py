@@ -1,12 +1,13 @@
 """Checkpoints whose commit we own: DeepSpeed writes the files, a verified ``COMPLETE.json`` makes them real.
 
-DeepSpeed's ``latest`` file is written by rank 0 without waiting for the other ranks, so a rank killed mid-save
-leaves ``latest`` naming a torn checkpoint. Here every rank writes its files under ``<dir>/<tag>/``, then after a
-barrier rank 0 writes ``<tag>/COMPLETE.json`` listing every file with its size and sha256 (temp file, fsync,
-rename). Resume takes the newest tag whose record verifies and falls back to the one before; ``latest`` is never
-written or read. Files are re-hashed *before* anything is unpickled: DeepSpeed loads with ``weights_only=False``,
-so an unverified file would be a code-execution risk. The record also carries what resume must check before
-loading (the dataset id) and what sampling needs without unpickling (the model config).
+DeepSpeed's own ``latest`` file is written by rank 0 without waiting for the other ranks, so a rank killed
+mid-save leaves it naming a torn checkpoint. Here every rank writes its files under ``<dir>/<tag>/``, then after
+a barrier rank 0 writes ``<tag>/COMPLETE.json`` listing every file with its size and sha256 (temp file, fsync,
+rename), and only then ``<dir>/latest`` (for DeepSpeed's tools: ``zero_to_fp32.py``, ``load_checkpoint(dir)``).
+Resume never reads ``latest``: it takes the newest tag whose record verifies and falls back to the one before.
+Files are re-hashed before anything is unpickled, and unpickled weights-only (:mod:`training.safe_load`): the
+record catches corruption, the restricted loader catches tampering. The record also carries what resume must
+check before loading (dataset id, sampler state) and what sampling needs without unpickling (the model config).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,13 @@ import torch
 import torch.distributed as dist
 
 from pipeline.errors import CheckpointError
+from training.resume import ResumeDecision, ResumeState, check_resume
+from training.safe_load import safe_load
 
 logger = logging.getLogger(__name__)
 
 RECORD_NAME = "COMPLETE.json"
+LATEST_NAME = "latest"  # DeepSpeed's pointer: written after the commit for its tools, never read by resume
 RECORD_FORMAT = "pileworks-checkpoint/1"
 TAG_RE = re.compile(r"^step-(\d{8,})$")
 # Test hook: "<step>:<rank>" makes that rank os._exit() after DeepSpeed wrote its files, before the commit.
@@ -104,6 +108,17 @@ def write_complete_record(tag_dir: str | Path, *, step: int, meta: Mapping[str, 
     finally:
         os.close(dir_fd)
     return record
+
+
+def write_latest(ckpt_dir: str | Path, tag: str) -> None:
+    """Point DeepSpeed's ``latest`` at a committed tag (temp file + rename). Call only after the record."""
+    if not (Path(ckpt_dir) / tag / RECORD_NAME).is_file():
+        raise CheckpointError(
+            f"{tag} has no {RECORD_NAME}: DeepSpeed's latest must never name an uncommitted tag"
+        )
+    tmp = Path(ckpt_dir) / f"{LATEST_NAME}.tmp"
+    tmp.write_text(tag, encoding="utf-8")
+    os.replace(tmp, Path(ckpt_dir) / LATEST_NAME)
 
 
 def read_record(tag_dir: str | Path) -> dict[str, Any]:
@@ -251,6 +266,7 @@ def save_checkpoint(
     _barrier()  # every rank's files are on disk before rank 0 vouches for them
     if _rank() == 0:
         write_complete_record(tag_dir, step=step, meta=meta)
+        write_latest(ckpt_dir, tag)
         prune_checkpoints(ckpt_dir, keep_last)
     _barrier()
     return tag_dir
@@ -265,12 +281,13 @@ def _broadcast_tag(tag: str | None) -> str | None:
 
 
 def load_checkpoint(
-    engine: Any, ckpt_dir: str | Path, *, dataset_id: str, allow_dataset_change: bool
-) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """Collective: restore the newest verified checkpoint; ``(client_state, record)`` or None when none exists.
+    engine: Any, ckpt_dir: str | Path, *, expected: ResumeState, allowed: Collection[str] = ()
+) -> tuple[dict[str, Any], dict[str, Any], ResumeDecision] | None:
+    """Collective: restore the newest verified checkpoint; ``(client_state, record, decision)`` or None.
 
     Rank 0 picks the tag (verifying newest first) and broadcasts it; the first rank of every other node verifies
-    it again, since nodes may see different disks. Refuses another dataset id unless ``allow_dataset_change``.
+    it again, since nodes may see different disks. Before anything is unpickled, the record's resume state is
+    compared with ``expected`` (:func:`training.resume.check_resume`): a difference not in ``allowed`` is refused.
     """
     tag = _broadcast_tag(select_resume_tag(ckpt_dir) if _rank() == 0 else None)
     if tag is None:
@@ -278,11 +295,7 @@ def load_checkpoint(
     tag_dir = Path(ckpt_dir) / tag
     record = verify_tag(tag_dir) if _rank() != 0 and os.environ.get("LOCAL_RANK", "0") == "0" else None
     record = record or read_record(tag_dir)
-    if record.get("dataset_id") != dataset_id and not allow_dataset_change:
-        raise CheckpointError(
-            f"checkpoint {tag} was trained on dataset {record.get('dataset_id')}, this run reads dataset "
-            f"{dataset_id}; pass --allow-dataset-change to continue training on the new data"
-        )
+    decision = _check_record(record, expected, tag, allowed)
     _check_world_size(record, tag)
     _barrier()
     load_path, client_state = engine.load_checkpoint(
@@ -290,15 +303,36 @@ def load_checkpoint(
     )
     if load_path is None:
         raise CheckpointError(f"DeepSpeed could not load verified checkpoint {tag_dir}")
+    client_state = dict(client_state or {})
+    if "resume_state" in record and client_state.get("resume_state") != record["resume_state"]:
+        raise CheckpointError(f"{tag}: the client state's resume state differs from the COMPLETE record's")
     own_rng = rng_file(tag_dir, _rank())
     if own_rng.is_file():
-        restore_rng_state(torch.load(own_rng, weights_only=True))
+        restore_rng_state(safe_load(own_rng))
     else:
         logger.warning(
             "%s has no RNG state for rank %d (world size changed); keeping the seeded RNG", tag, _rank()
         )
     logger.info("resumed from %s (step %s)", tag_dir, record["step"])
-    return dict(client_state or {}), record
+    return client_state, record, decision
+
+
+def _check_record(
+    record: Mapping[str, Any], expected: ResumeState, tag: str, allowed: Collection[str]
+) -> ResumeDecision:
+    """The resume check; a record from before resume states were saved is checked on its dataset id only."""
+    if "resume_state" in record:
+        saved = ResumeState.from_dict(record["resume_state"])
+        return check_resume(saved, expected, tag=tag, allowed=allowed)
+    if record.get("dataset_id") != expected.dataset_id:
+        if "dataset_id" not in allowed:
+            raise CheckpointError(
+                f"checkpoint {tag} was trained on dataset {record.get('dataset_id')}, this run reads dataset "
+                f"{expected.dataset_id}; pass --allow-dataset-change to continue training on the new data"
+            )
+        return ResumeDecision(continue_order=False, changed=("dataset_id",))
+    logger.warning("checkpoint %s predates resume checks: only its dataset id was compared", tag)
+    return ResumeDecision(continue_order=True, changed=())
 
 
 def _check_world_size(record: Mapping[str, Any], tag: str) -> None:

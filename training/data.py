@@ -17,6 +17,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -147,7 +148,7 @@ class ShardDataset(Dataset):
         self._read(int(i), out)
         self._check_ids(out, f"sample {i}")
         tokens = torch.from_numpy(out)
-        return {"input_ids": tokens[:-1], "labels": tokens[1:]}
+        return {"input_ids": tokens[:-1], "labels": tokens[1:], "index": torch.tensor(int(i))}
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:
         """A whole micro batch (the DataLoader's fetcher calls this) read into one buffer.
@@ -160,7 +161,11 @@ class ShardDataset(Dataset):
             self._read(int(i), out[row])
         self._check_ids(out, f"samples {list(indices)[:8]}")
         tokens = torch.from_numpy(out)
-        stacked = {"input_ids": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous()}
+        stacked = {
+            "input_ids": tokens[:, :-1].contiguous(),
+            "labels": tokens[:, 1:].contiguous(),
+            "index": torch.as_tensor(np.asarray(indices, dtype=np.int64)),  # the sample ids, for audits
+        }
         return _StackedBatch(stacked, len(indices))
 
     def _read(self, i: int, out: np.ndarray) -> None:
@@ -319,7 +324,8 @@ def build_dataloader(
     persistent_workers: bool | None = None,
     multiprocessing_context: str | None = None,
 ) -> DataLoader:
-    """A DataLoader of ``{"input_ids", "labels"}`` batches ``[micro_batch, L]`` that never yields a short batch.
+    """A DataLoader of ``{"input_ids", "labels"}`` batches ``[micro_batch, L]`` (plus ``index``, the sample
+    ids ``[micro_batch]``) that never yields a short batch.
 
     ``pin_memory`` defaults to CUDA being available. ``lookahead_samples`` (default: four DataLoader read-aheads)
     is how far ahead shards are prefetched; 0 disables shard prefetching.
@@ -346,6 +352,19 @@ def build_dataloader(
         persistent_workers=workers if persistent_workers is None else persistent_workers,
         multiprocessing_context=multiprocessing_context if workers else None,
     )
+
+
+def check_ranks_agree(reports: Sequence[Any], *, what: str) -> None:
+    """ValueError naming the ranks unless every rank reported the same value (e.g. its dataset id)."""
+    if len({repr(r) for r in reports}) > 1:
+        by_value: dict[str, list[int]] = {}
+        for rank, value in enumerate(reports):
+            by_value.setdefault(repr(value), []).append(rank)
+        listing = "; ".join(f"ranks {ranks}: {value}" for value, ranks in by_value.items())
+        raise ValueError(
+            f"ranks disagree on the {what}: {listing}; every rank must read the same manifest (check the "
+            "manifest URI, latest.json and the shard cache of each node)"
+        )
 
 
 def preflight_steps(

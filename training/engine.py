@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from training.config import TrainConfig, lr_multiplier, to_deepspeed_config
 from training.metrics import StepClock
+from training.safe_load import install_safe_checkpoint_engine
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,7 @@ def build_engine(model: torch.nn.Module, cfg: TrainConfig, info: DistInfo) -> tu
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config, dist_init_required=False
     )
+    install_safe_checkpoint_engine(engine)  # every DeepSpeed load: weights_only=True (training.safe_load)
     if cfg.compile and not info.on_cpu:
         engine.compile()  # compiles the module in place: state-dict keys, hence checkpoints, stay the same
     elif cfg.compile:
@@ -159,13 +161,18 @@ def train_step(
     grad_accum: int,
     device: torch.device,
     clock: StepClock,
+    seen: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """One optimizer step of ``grad_accum`` micro batches; returns this rank's mean micro-batch loss."""
+    """One optimizer step of ``grad_accum`` micro batches; returns this rank's mean micro-batch loss.
+
+    ``seen``, when given, receives each micro batch's sample ids (``batch["index"]``)."""
     losses = []
     for _ in range(grad_accum):
         t0 = time.perf_counter()
         batch = next(batches)
         clock.add_data_wait(time.perf_counter() - t0)
+        if seen is not None:
+            seen.append(batch["index"])
         inputs = batch["input_ids"].to(device, non_blocking=True)
         labels = batch["labels"].to(device, non_blocking=True)
         loss = engine(inputs, labels)

@@ -8,6 +8,8 @@ checkpoint (or from a tag folder given directly); ``--to-fp32 model.pt`` writes 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -18,8 +20,10 @@ import torch
 
 from pipeline.errors import CheckpointError
 from pipeline.manifest import load_manifest
+from pipeline.storage import S3Options
 from training.checkpoint import select_resume_tag, verify_tag
 from training.model import GPT, ModelConfig
+from training.safe_load import safe_load, safe_zero_to_fp32
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +40,23 @@ def resolve_tag_dir(checkpoint: str | Path) -> Path:
 
 
 def fp32_state_dict(tag_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The consolidated fp32 weights of a verified tag and its record (ZeRO 1-3 via zero_to_fp32)."""
+    """The consolidated fp32 weights of a verified tag and its record (ZeRO 1-3 via zero_to_fp32).
+
+    Every file is unpickled by the weights-only loader (:mod:`training.safe_load`), after the record verified.
+    """
     tag_dir = Path(tag_dir)
-    record = verify_tag(tag_dir)  # before any torch.load with weights_only=False
+    record = verify_tag(tag_dir)
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if int(record.get("zero_stage", 0)) > 0:
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        state = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+        # zero_to_fp32 prints its progress (and a tqdm bar) on every call: keep the command's output to ours.
+        quiet = contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())
+        with safe_zero_to_fp32() as zero_to_fp32, quiet[0], quiet[1]:
+            state = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(
+                str(tag_dir.parent), tag=tag_dir.name
+            )
     else:
-        blob = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+        blob = safe_load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu")
         state = {k: v.float() for k, v in blob["module"].items()}
     return state, record
 
@@ -72,12 +82,12 @@ def convert_to_fp32(checkpoint: str | Path, out_path: str | Path) -> Path:
     return out
 
 
-def _tokenizer(tag_dir: Path, manifest_uri: str | None) -> Any:
+def _tokenizer(tag_dir: Path, manifest_uri: str | None, s3: S3Options | None) -> Any:
     from tokenizers import Tokenizer
 
     if manifest_uri is None:
         return Tokenizer.from_file(str(tag_dir / "tokenizer.json"))  # verified with the tag
-    manifest, store = load_manifest(manifest_uri)
+    manifest, store = load_manifest(manifest_uri, s3)
     return Tokenizer.from_str(store.get_bytes(manifest.tokenizer.key).decode("utf-8"))
 
 
@@ -89,10 +99,11 @@ def generate(
     top_k: int | None = 50,
     seed: int = 0,
     manifest_uri: str | None = None,
+    s3: S3Options | None = None,
 ) -> str:
     """Prompt + sampled continuation, decoded with the checkpoint's tokenizer (or the manifest's, if given)."""
     model, _record, tag_dir = load_model(checkpoint_dir)
-    tokenizer = _tokenizer(tag_dir, manifest_uri)
+    tokenizer = _tokenizer(tag_dir, manifest_uri, s3)
     ids = tokenizer.encode(prompt, add_special_tokens=False).ids or [0]
     generator = torch.Generator().manual_seed(seed)
     out = model.generate(

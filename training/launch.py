@@ -76,6 +76,7 @@ def train_args(
     config_path: str | Path | None,
     *,
     allow_dataset_change: bool = False,
+    allow_change: Sequence[str] = (),
     overrides: Mapping[str, object] | None = None,
     stop_at_step: int | None = None,
 ) -> list[str]:
@@ -87,6 +88,8 @@ def train_args(
         args += ["--set", f"{name}={_yaml_scalar(value)}"]
     if allow_dataset_change:
         args.append("--allow-dataset-change")
+    for names in allow_change:
+        args += ["--allow-change", names]
     if stop_at_step is not None:
         args += ["--stop-at-step", str(stop_at_step)]
     return args
@@ -218,6 +221,7 @@ def run_local(
     launcher: Literal["torchrun", "deepspeed"] = "torchrun",
     max_restarts: int = 0,
     allow_dataset_change: bool = False,
+    allow_change: Sequence[str] = (),
     overrides: Mapping[str, object] | None = None,
     stop_at_step: int | None = None,
     on_line: Callable[[str], None] | None = None,
@@ -239,6 +243,7 @@ def run_local(
         manifest_uri,
         config_path,
         allow_dataset_change=allow_dataset_change,
+        allow_change=allow_change,
         overrides=overrides,
         stop_at_step=stop_at_step,
     )

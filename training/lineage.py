@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.manifest import load_manifest
+from pipeline.storage import S3Options
 from training.cache import ShardCache
 from training.checkpoint import read_record
 from training.data import ShardDataset
@@ -81,14 +82,29 @@ def _start_from_metrics(output_dir: Path, step: int) -> tuple[int, int, int]:
     return best
 
 
+def check_step_in_checkpoint(step: int, trained: int, tag_dir: str | Path) -> None:
+    """A step the checkpoint has not reached was never trained: its samples would be a guess, so refuse it."""
+    if not 1 <= step <= trained:
+        raise ValueError(
+            f"step {step} is not in checkpoint {tag_dir}, which has trained steps 1..{trained}; "
+            f"trace a step in that range (or pass a later checkpoint)"
+        )
+
+
 def trace_step(
-    checkpoint: str | Path, step: int, *, manifest_uri: str | None = None, max_docs: int = 50
+    checkpoint: str | Path,
+    step: int,
+    *,
+    s3: S3Options,
+    manifest_uri: str | None = None,
+    max_docs: int = 50,
 ) -> dict[str, Any]:
     """Shards and documents that optimizer step ``step`` trained on, for the run that wrote ``checkpoint``."""
     tag_dir = resolve_tag_dir(checkpoint)
     record = read_record(tag_dir)
+    check_step_in_checkpoint(step, int(record["step"]), tag_dir)
     cfg = record["train_config"]
-    manifest, store = load_manifest(manifest_uri or record["manifest_uri"])
+    manifest, store = load_manifest(manifest_uri or record["manifest_uri"], s3)
     if manifest.dataset_id != record["dataset_id"]:
         raise ValueError(
             f"manifest {manifest.dataset_id} is not the checkpoint's dataset {record['dataset_id']}"

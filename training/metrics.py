@@ -57,6 +57,15 @@ def read_metrics(output_dir: str | Path, kind: str = "train") -> list[dict[str, 
     return [by_step[k] for k in sorted(by_step, key=lambda s: -1 if s is None else s)]
 
 
+def read_records(output_dir: str | Path, kind: str) -> list[dict[str, Any]]:
+    """Every record of one kind in file order, nothing merged (``start``: one per attempt and resume)."""
+    path = metrics_path(output_dir)
+    if not path.exists():
+        return []
+    records = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    return [r for r in records if r.get("kind") == kind]
+
+
 def peak_flops(device_name: str) -> float | None:
     for key, value in PEAK_FLOPS_16BIT.items():
         if key in device_name:

@@ -8,11 +8,23 @@ multi-line messages (tracebacks) are prefixed line by line so a merged log of N 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 from typing import Any, TextIO
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Set to "0" by a parent that timestamps the lines itself (the Prefect train flow logs every rank line).
+LOG_TIME_ENV = "PILEWORKS_RANK_LOG_TIME"
+FORMAT_NO_TIME = "%(levelname)s %(name)s: %(message)s"  # under a flow, whose log line carries the time
+# Loggers whose INFO records are noise on every rank: distutils' compiler (DeepSpeed's op builders probe gcc for
+# libaio and CPU features at import, although no op is built in the training path).
+QUIET_LOGGERS = ("compilers", "distutils", "setuptools", "DeepSpeed")
+# Deprecations raised inside DeepSpeed's own torch calls (not ours); nothing a user can act on.
+THIRD_PARTY_DEPRECATIONS = (
+    r".*all_gather_into_tensor.* is deprecated",
+    r".*reduce_scatter_tensor.* is deprecated",
+)
 
 
 class RankFormatter(logging.Formatter):
@@ -53,12 +65,14 @@ class PrefixedStream:
         return getattr(self._stream, name)
 
 
-def setup_rank_logging(rank: int, level: int = logging.INFO) -> None:
+def setup_rank_logging(rank: int, level: int = logging.INFO, *, timestamps: bool | None = None) -> None:
     """Route the root logger, DeepSpeed's own logger, ``warnings`` and bare prints through ``[Rank N]``.
 
     DeepSpeed installs its own ``StreamHandler`` on the ``DeepSpeed`` logger with ``propagate=False``; we remove
     it so its records reach our handler and carry the prefix as well.
     """
+    if timestamps is None:
+        timestamps = os.environ.get(LOG_TIME_ENV, "1") != "0"
     prefix = f"[Rank {rank}] "
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
@@ -67,7 +81,7 @@ def setup_rank_logging(rank: int, level: int = logging.INFO) -> None:
         else:
             setattr(sys, name, PrefixedStream(stream, prefix))
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(RankFormatter(rank))
+    handler.setFormatter(RankFormatter(rank, FORMAT if timestamps else FORMAT_NO_TIME))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
@@ -78,7 +92,10 @@ def setup_rank_logging(rank: int, level: int = logging.INFO) -> None:
         for old in list(lib.handlers):
             lib.removeHandler(old)
         lib.propagate = True
-    # DeepSpeed logs each engine detail at INFO; keep warnings and up from it, and ours at INFO.
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    # DeepSpeed logs each engine detail at INFO; keep warnings and up from it (and the gcc probes), ours at INFO.
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
     logging.captureWarnings(True)
     warnings.filterwarnings("once", category=FutureWarning)
+    for pattern in THIRD_PARTY_DEPRECATIONS:
+        warnings.filterwarnings("ignore", message=pattern, category=FutureWarning)

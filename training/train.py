@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import random
@@ -29,7 +30,7 @@ from pipeline.storage import ObjectStore, open_store, sha256_bytes
 from training.cache import ShardCache
 from training.checkpoint import load_checkpoint, save_checkpoint, upload_checkpoint
 from training.config import TrainConfig, load_train_config
-from training.data import ShardDataset, build_dataloader, preflight_steps
+from training.data import ShardDataset, build_dataloader, check_ranks_agree, preflight_steps
 from training.engine import (
     DistInfo,
     average_across_ranks,
@@ -41,6 +42,7 @@ from training.engine import (
 from training.metrics import GpuMonitor, MetricsWriter, StepClock, peak_flops
 from training.model import GPT, count_params, flops_per_token, model_config_from_preset
 from training.ranklog import setup_rank_logging
+from training.resume import ResumeState, parse_allowed
 from training.sampler import ResumableDistributedSampler
 
 FLOW_RUN_ENV = "PILEWORKS_FLOW_RUN_ID"  # set by the Prefect train flow; recorded in checkpoints
@@ -63,7 +65,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--allow-dataset-change",
         action="store_true",
-        help="resume a checkpoint that was trained on another dataset id",
+        help="resume a checkpoint that was trained on another dataset id (the data restarts at epoch 0)",
+    )
+    parser.add_argument(
+        "--allow-change",
+        action="append",
+        default=[],
+        metavar="FIELD[,FIELD]",
+        help="resume although these checkpoint fields differ (seed, seq_len, samples_per_epoch, world_size, "
+        "micro_batch, grad_accum, ...); repeatable",
     )
     parser.add_argument(
         "--stop-at-step",
@@ -97,7 +107,7 @@ class Run:
     loader: Any
     valid_loader: Any
     metrics: MetricsWriter
-    tokenizer_bytes: bytes
+    tokenizer_files: dict[str, bytes]  # tokenizer.json and its HF companions, copied into every checkpoint
     progress: Progress
     grad_accum: int
 
@@ -137,28 +147,44 @@ def build_data(cfg: TrainConfig, manifest: Manifest, store: ObjectStore, info: D
 
 
 def check_equal_steps(
-    n_samples: int, sampler: ResumableDistributedSampler, cfg: TrainConfig, info: DistInfo, grad_accum: int
+    n_samples: int,
+    sampler: ResumableDistributedSampler,
+    cfg: TrainConfig,
+    info: DistInfo,
+    grad_accum: int,
+    dataset: tuple[str, str],
 ) -> int:
-    """Preflight: all ranks report their epoch length; refuse to start if their step counts would differ."""
-    lengths = [len(sampler)]
+    """Preflight: all ranks report their dataset (id, tokenizer sha256) and epoch length; refuse to start if
+    they read different datasets or their step counts would differ."""
+    reports: list[Any] = [(dataset, len(sampler))]
     if dist.is_initialized() and info.world_size > 1:
-        gathered: list[Any] = [None] * info.world_size
-        dist.all_gather_object(gathered, len(sampler))
-        lengths = gathered
+        reports = [None] * info.world_size
+        dist.all_gather_object(reports, (dataset, len(sampler)))
+    check_ranks_agree([r[0] for r in reports], what="dataset (id, tokenizer sha256)")
     return preflight_steps(
-        n_samples, info.world_size, cfg.micro_batch_size, grad_accum, start=0, rank_samples=lengths
+        n_samples,
+        info.world_size,
+        cfg.micro_batch_size,
+        grad_accum,
+        start=0,
+        rank_samples=[r[1] for r in reports],
     )
 
 
-def fetch_tokenizer(manifest: Manifest, store: ObjectStore) -> bytes:
-    data = store.get_bytes(manifest.tokenizer.key)
-    if sha256_bytes(data) != manifest.tokenizer.sha256:
-        raise ValueError(f"{store.uri_of(manifest.tokenizer.key)} does not match the manifest's sha256")
-    return data
+def fetch_tokenizer(manifest: Manifest, store: ObjectStore) -> dict[str, bytes]:
+    """``tokenizer.json`` and its Hugging Face companions (``manifest.tokenizer.files``), each verified."""
+    keys = {manifest.tokenizer.key: manifest.tokenizer.sha256, **manifest.tokenizer.files}
+    files = {}
+    for key, sha256 in keys.items():
+        data = store.get_bytes(key)
+        if sha256_bytes(data) != sha256:
+            raise ValueError(f"{store.uri_of(key)} does not match the manifest's sha256")
+        files["tokenizer.json" if key == manifest.tokenizer.key else key.rsplit("/", 1)[-1]] = data
+    return files
 
 
 def build_run(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> Run:
-    manifest, store = load_manifest(args.manifest)
+    manifest, store = load_manifest(args.manifest, cfg.s3)
     model_cfg = model_config_from_preset(
         cfg.preset, vocab_size=manifest.tokenizer.vocab_size, max_seq_len=cfg.seq_len, overrides=cfg.model
     )
@@ -167,7 +193,8 @@ def build_run(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> Run
     engine, ds_config = build_engine(model, cfg, info)
     grad_accum = int(ds_config["gradient_accumulation_steps"])
     train_ds, sampler, loader, valid_loader = build_data(cfg, manifest, store, info)
-    steps = check_equal_steps(len(train_ds), sampler, cfg, info, grad_accum)
+    dataset = (manifest.dataset_id, manifest.tokenizer.sha256)
+    steps = check_equal_steps(len(train_ds), sampler, cfg, info, grad_accum, dataset)
     logger.info(
         "model %s: %.2fM parameters; %d train samples of %d tokens, %d steps per epoch; batch %d x %d "
         "accum x %d ranks",
@@ -200,34 +227,40 @@ def build_run(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> Run
         loader=loader,
         valid_loader=valid_loader,
         metrics=metrics,
-        tokenizer_bytes=fetch_tokenizer(manifest, store),
+        tokenizer_files=fetch_tokenizer(manifest, store),
         progress=Progress(),
         grad_accum=grad_accum,
     )
 
 
-def resume(run: Run, allow_dataset_change: bool) -> int | None:
-    loaded = load_checkpoint(
-        run.engine,
-        run.ckpt_dir,
+def resume_state(run: Run) -> ResumeState:
+    """What the data order of this run depends on, at its current position."""
+    return ResumeState(
         dataset_id=run.manifest.dataset_id,
-        allow_dataset_change=allow_dataset_change,
+        tokenizer_sha256=run.manifest.tokenizer.sha256,
+        seed=run.cfg.seed,
+        shuffle=bool(run.sampler.shuffle),
+        seq_len=run.cfg.seq_len,
+        samples_per_epoch=run.sampler.n,
+        world_size=run.info.world_size,
+        micro_batch=run.cfg.micro_batch_size,
+        grad_accum=run.grad_accum,
+        epoch=run.progress.epoch,
+        consumed_in_epoch=run.progress.consumed_in_epoch,
     )
+
+
+def resume(run: Run, allowed: frozenset[str]) -> int | None:
+    loaded = load_checkpoint(run.engine, run.ckpt_dir, expected=resume_state(run), allowed=allowed)
     if loaded is None:
         logger.info("no complete checkpoint in %s: starting from step 0", run.ckpt_dir)
         return None
-    state, record = loaded
+    state, record, decision = loaded
     p = run.progress
     p.step = int(state["step"])
-    if state.get("dataset_id") == run.manifest.dataset_id:
+    p.consumed_samples = int(state["consumed_samples"])
+    if decision.continue_order:
         p.epoch, p.consumed_in_epoch = int(state["epoch"]), int(state["consumed_in_epoch"])
-        p.consumed_samples = int(state["consumed_samples"])
-    else:
-        logger.warning(
-            "dataset changed (%s -> %s): the new data starts at its epoch 0",
-            state.get("dataset_id"),
-            run.manifest.dataset_id,
-        )
     if int(run.engine.global_steps) != p.step:
         raise CheckpointError(f"engine step {run.engine.global_steps} != checkpoint step {p.step}")
     return int(record["step"])
@@ -248,14 +281,24 @@ def batch_stream(run: Run):
 
 def checkpoint(run: Run, uploads: list[threading.Thread]) -> None:
     p, t0 = run.progress, time.perf_counter()
+    state = resume_state(run).to_dict()
     client_state = {
         **dataclasses.asdict(p),
         "seed": run.cfg.seed,
         "dataset_id": run.manifest.dataset_id,
+        "resume_state": state,
         "config": run.cfg.to_dict(),
     }
     meta = {
         "dataset_id": run.manifest.dataset_id,
+        "resume_state": state,  # readable before anything is unpickled: resume checks it first
+        "tokenizer": {  # the export and evaluation read the special ids from here
+            "sha256": run.manifest.tokenizer.sha256,
+            "vocab_size": run.manifest.tokenizer.vocab_size,
+            "eos_id": run.manifest.tokenizer.eos_id,
+            "pad_id": run.manifest.tokenizer.pad_id,
+            "bos_id": run.manifest.tokenizer.bos_id,
+        },
         "manifest_uri": run.manifest_uri,
         "world_size": run.info.world_size,
         "zero_stage": run.cfg.zero_stage,
@@ -278,13 +321,13 @@ def checkpoint(run: Run, uploads: list[threading.Thread]) -> None:
         client_state=client_state,
         meta=meta,
         keep_last=run.cfg.keep_last,
-        extra_files={"tokenizer.json": run.tokenizer_bytes},
+        extra_files=run.tokenizer_files,
     )
     seconds = time.perf_counter() - t0
     logger.info("checkpoint %s saved in %.2fs", tag_dir.name, seconds)
     run.metrics.log("checkpoint", step=p.step, tag=tag_dir.name, seconds=seconds)
     if run.cfg.checkpoint_upload_uri and run.info.rank == 0:
-        store = open_store(run.cfg.checkpoint_upload_uri)
+        store = open_store(run.cfg.checkpoint_upload_uri, run.cfg.s3)
         thread = threading.Thread(target=upload_checkpoint, args=(tag_dir, store), name="ckpt-upload")
         thread.start()
         uploads.append(thread)
@@ -316,6 +359,17 @@ def log_step(
         )
 
 
+def record_samples(run: Run, seen: list[torch.Tensor]) -> None:
+    """Append this step's sample ids (in the order this rank trained on them) and clear ``seen``."""
+    path = Path(run.cfg.output_dir) / "samples" / f"rank-{run.info.rank:05d}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    indices = torch.cat(seen).tolist()
+    seen.clear()
+    line = {"step": run.progress.step, "rank": run.info.rank, "world_size": run.info.world_size}
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps({**line, "indices": indices}) + "\n")
+
+
 def maybe_evaluate(run: Run) -> None:
     p, cfg = run.progress, run.cfg
     if run.valid_loader is None or not (p.step % cfg.eval_interval == 0 or p.step == cfg.max_steps):
@@ -339,13 +393,18 @@ def train_loop(run: Run, stop_at: int) -> None:
     gpu, batches = GpuMonitor(), batch_stream(run)
     uploads: list[threading.Thread] = []
     last_saved = p.step
+    seen: list[torch.Tensor] | None = [] if cfg.record_samples else None
     while p.step < stop_at:
         clock.start_step()
         lr = float(run.engine.get_lr()[0])  # the rate this step uses; the schedule advances inside the step
-        local = train_step(run.engine, batches, grad_accum=run.grad_accum, device=info.device, clock=clock)
+        local = train_step(
+            run.engine, batches, grad_accum=run.grad_accum, device=info.device, clock=clock, seen=seen
+        )
         loss = average_across_ranks(local)
         timing = clock.finish_step()
         p.step += 1
+        if seen is not None:
+            record_samples(run, seen)
         log_step(run, float(local), loss, lr, timing, gpu)
         maybe_evaluate(run)
         if p.step % cfg.checkpoint_interval == 0 or p.step == stop_at:
@@ -359,7 +418,8 @@ def train_loop(run: Run, stop_at: int) -> None:
 
 def run_training(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> int:
     run = build_run(args, cfg, info)
-    resumed_from = resume(run, args.allow_dataset_change)
+    allowed = parse_allowed(args.allow_change, allow_dataset_change=args.allow_dataset_change)
+    resumed_from = resume(run, allowed)
     stop_at = min(cfg.max_steps, args.stop_at_step or cfg.max_steps)
     run.metrics.log(
         "start",

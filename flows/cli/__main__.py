@@ -1,7 +1,5 @@
 """``python -m flows.cli``: the ``pileworks`` command."""
 
-import sys
+from flows.cli.main import entry
 
-from flows.cli.main import main
-
-sys.exit(main())
+entry()

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from pipeline.config import parse_overrides
+from flows.s3_flags import add_s3_arguments, dotted_s3_overrides
+from pipeline.config import parse_overrides, split_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("build", help="build a corpus: ingest, clean, dedup, tokenize, shard, publish")
     add_build_arguments(p)
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=run)
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
+    p.set_defaults(func=run, precheck=precheck)
 
 
 def add_build_arguments(
@@ -23,9 +23,10 @@ def add_build_arguments(
     p.add_argument("--config", help="corpus YAML (default: the embedded flows/configs/corpus.yaml)")
     p.add_argument("--input", action="append", dest="inputs", help="input path/glob/URI (repeatable)")
     p.add_argument("--output", help="store root: a folder, file:// or s3://bucket/prefix")
-    p.add_argument("--name", help="dataset name")
+    p.add_argument("--name", help="dataset name (default: the config's, `sample` for the bundled corpus)")
     add_set_argument(p, set_help)
     p.add_argument("--task-runner", default="local", help="local | process | dask | dask://host:port")
+    add_s3_arguments(p)
 
 
 def add_set_argument(p: argparse.ArgumentParser, help: str, *aliases: str) -> None:
@@ -33,36 +34,80 @@ def add_set_argument(p: argparse.ArgumentParser, help: str, *aliases: str) -> No
     p.add_argument("--set", *aliases, action="append", default=[], dest="set", metavar="KEY=VALUE", help=help)
 
 
-def run(args: argparse.Namespace) -> int:
-    from flows.corpus_config import load_corpus_config
+def corpus_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--set`` values, then the S3 flags (which win) as ``s3.<field>`` overrides of the corpus config."""
+    return parse_overrides(args.set) | dotted_s3_overrides(args)
 
-    overrides = parse_overrides(args.set)
-    # Fail in a second on a bad config or dataset name, before Prefect is imported and any part is computed.
-    load_corpus_config(
-        args.config, inputs=args.inputs, output=args.output, name=args.name, overrides=overrides
-    )
+
+def corpus_and_train_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``run``/``serve``: ``--set train.KEY=VALUE`` (and the hidden ``--train-set KEY=VALUE``) go to the training
+    config, the other ``--set`` values and the S3 flags (which win) to the corpus config."""
+    train, corpus = split_overrides(parse_overrides(args.set), "train")
+    train.update(parse_overrides(getattr(args, "train_set", None) or []))
+    return corpus | dotted_s3_overrides(args), train
+
+
+def precheck(args: argparse.Namespace) -> None:
+    from flows.cli.precheck import check_build
+
+    check_build(args.config, args.inputs, args.output, args.name, corpus_overrides(args))
+
+
+def run(args: argparse.Namespace) -> int:
     from flows.build import build_corpus
+    from flows.cli.report import flow_run_outcome
     from flows.runners import with_task_runner
 
     flow = with_task_runner(build_corpus, args.task_runner)
-    summary = flow(
+    state = flow(
         config_path=args.config, inputs=args.inputs, output=args.output, name=args.name,
-        overrides=overrides,
+        overrides=corpus_overrides(args), return_state=True,
     )  # fmt: skip
-    if args.json:
-        print(json.dumps(summary, indent=1))
-    else:
+    summary, run_id = flow_run_outcome(state)
+    summary["flow_run_url"] = args.api.run_url(run_id)
+    if not args.json:
         print_summary(summary)
+    finish_build(summary, args.json)
     return 0
 
 
+def dataset_folder(manifest_uri: str) -> str:
+    return manifest_uri.rsplit("/", 1)[0]
+
+
+def build_next_commands(summary: dict[str, Any]) -> list[str]:
+    from flows.cli.report import command
+
+    manifest = summary["manifest_uri"]
+    return [
+        command("train", "--manifest", manifest),
+        command("inspect", "dedup", dataset_folder(manifest)),
+    ]
+
+
+def finish_build(summary: dict[str, Any], as_json: bool) -> None:
+    from flows.cli.report import finish
+
+    lines = [
+        f"published dataset {summary['name']} {summary['dataset_id']} "
+        f"({summary['docs_out']} documents, {sum(summary['tokens'].values()):,} tokens)",
+        f"  manifest  {summary['manifest_uri']}",
+    ]
+    if summary.get("flow_run_url"):
+        lines.append(f"  run       {summary['flow_run_url']}")
+    finish(summary, lines, build_next_commands(summary), as_json)
+
+
 def print_summary(summary: dict[str, Any]) -> None:
+    import sys
+
     from rich.console import Console
     from rich.table import Table
 
     from flows.artifacts import stage_rows
 
-    console = Console()
+    # Not a terminal: wide enough for the table; the values that must be copied whole are printed as plain lines.
+    console = Console() if sys.stdout.isatty() else Console(width=120)
     table = Table(title=f"pileworks build: {summary['name']}")
     rows = stage_rows(summary)
     for column in rows[0]:
@@ -80,8 +125,6 @@ def print_summary(summary: dict[str, Any]) -> None:
         ("documents out", summary["docs_out"]),
         ("tokens", ", ".join(f"{k}={v:,}" for k, v in summary["tokens"].items())),
         ("shards", ", ".join(f"{k}={v}" for k, v in summary["shards"].items())),
-        ("dataset id", summary["dataset_id"]),
-        ("manifest", summary["manifest_uri"]),
         ("seconds", summary["seconds"]),
     ):
         totals.add_row(label, str(value))

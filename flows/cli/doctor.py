@@ -9,6 +9,8 @@ import os
 import sys
 from collections.abc import Iterator
 
+from flows.s3_flags import add_s3_arguments, resolve_s3
+
 
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
@@ -44,9 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="deadline of each name lookup and TCP connect in s (default 3)",
     )
     p.add_argument("--store", help="object store to probe: s3://bucket/prefix or a local path/file:// URI")
-    p.add_argument(
-        "--s3-endpoint", dest="s3_endpoint_url", help="S3-compatible endpoint (MinIO: http://host:9000)"
-    )
+    add_s3_arguments(p)
     p.add_argument("--cache-dir", help="shard cache folder (default runs/train/shard-cache, the trainer's)")
     p.add_argument("--checkpoint-dir", help="checkpoint folder (default runs/train)")
     p.add_argument("--min-free-gib", type=float, help="FAIL below this much free disk (default 10)")
@@ -94,17 +94,18 @@ def _config(args: argparse.Namespace):
         "timeout_s",
         "connect_timeout_s",
         "store",
-        "s3_endpoint_url",
         "cache_dir",
         "checkpoint_dir",
         "min_free_gib",
         "deepspeed_config",
     )
     overrides = {name: getattr(args, name) for name in fields}
+    overrides["s3"] = resolve_s3(args)
     if args.train_config:
         from training.config import load_train_config
 
         train_cfg = load_train_config(args.train_config)
+        overrides["s3"] = resolve_s3(args, train_cfg.s3)  # the flags over the training config's s3: section
         overrides["cache_dir"] = (
             overrides["cache_dir"] or train_cfg.cache_dir or f"{train_cfg.output_dir}/shard-cache"
         )

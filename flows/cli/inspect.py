@@ -5,35 +5,38 @@ from __future__ import annotations
 import argparse
 import json
 
+from flows.s3_flags import add_s3_arguments, resolve_s3
+from pipeline.storage import ObjectStore, S3Options, open_store
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="inspect what a build did")
-    what = p.add_subparsers(dest="what", metavar="WHAT", required=True)
+    what = p.add_subparsers(dest="what", metavar="WHAT", required=True, help="what to inspect: dedup")
     d = what.add_parser("dedup", help="the near-dedup report and a cluster's documents side by side")
     d.add_argument("dataset", help="manifest URI, dataset folder or datasets/<name> of a build")
     d.add_argument("--cluster", type=int, default=None, help="cluster number (0 = the largest, the default)")
-    d.add_argument("--width", type=int, default=160)
+    d.add_argument("--width", type=int, default=160, help="columns of the side-by-side view (default 160)")
     d.add_argument("--report", action="store_true", help="print the whole dedup report as JSON")
+    add_s3_arguments(d)
     d.set_defaults(func=run_dedup)
 
 
-def locate_build(dataset: str) -> tuple[object, str]:
+def locate_build(dataset: str, s3: S3Options) -> tuple[ObjectStore, str]:
     """The store root and the near-dedup work folder of the build that published ``dataset``."""
     from pipeline.manifest import load_manifest
-    from pipeline.storage import open_store
 
-    manifest, dstore = load_manifest(dataset)
+    manifest, dstore = load_manifest(dataset, s3)
     build_key = manifest.lineage.get("build_key")
     if not build_key:
         raise ValueError(f"{dataset}: the manifest records no build_key (built by another tool?)")
     root_uri = dstore.uri.rstrip("/").rsplit("/datasets/", 1)[0]
-    return open_store(root_uri), f"work/{build_key}/near"
+    return open_store(root_uri, s3), f"work/{build_key}/near"
 
 
 def run_dedup(args: argparse.Namespace) -> int:
     from pipeline.dedup.audit import format_cluster
 
-    store, near = locate_build(args.dataset)
+    store, near = locate_build(args.dataset, resolve_s3(args))
     report_key = f"{near}/clusters/dedup_report.json"
     if not store.exists(report_key):
         raise FileNotFoundError(

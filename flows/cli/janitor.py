@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from flows.s3_flags import add_s3_arguments, resolve_s3
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("janitor", help="abort dangling multipart uploads / temp files under a store root")
@@ -11,14 +13,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--older-than", type=float, default=3600.0, help="only uploads started this many seconds ago"
     )
-    p.add_argument("--endpoint-url", default=None, help="S3-compatible endpoint (MinIO, Ceph, ...)")
+    add_s3_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.storage import S3Options, open_store
+    from pipeline.storage import open_store
+    from pipeline.storage.s3 import abort_recorded_uploads
+    from pipeline.storage.uploads import UploadJournal
 
-    store = open_store(args.output, s3=S3Options(endpoint_url=args.endpoint_url))
+    s3 = resolve_s3(args)
+    store = open_store(args.output, s3)
+    recorded = abort_recorded_uploads(UploadJournal(store), s3)
     n = store.abort_stale_uploads(older_than_s=args.older_than)
-    print(f"{store.uri}: aborted {n} stale upload(s) older than {args.older_than:.0f} s")
+    print(f"{store.uri}: aborted {recorded} upload(s) recorded by earlier runs, "
+          f"{n} other upload(s) older than {args.older_than:.0f} s")  # fmt: skip
     return 0

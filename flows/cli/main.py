@@ -1,23 +1,58 @@
 """The ``pileworks`` command line.
 
 Each command lives in its own module of ``flows/cli/`` exposing ``register(subparsers)``, listed in
-:data:`COMMANDS`; the parser registers a ``func(args) -> int`` default. Commands import heavy libraries (torch,
+:data:`COMMANDS`; the parser registers a ``func(args) -> int`` default, and optionally a ``precheck(args)`` that
+fails fast (config, inputs, dataset) before Prefect is contacted. Commands import heavy libraries (torch,
 prefect) inside their ``run`` functions so that ``pileworks --help`` stays fast.
+
+How a command ends: expected failures (our errors, bad input, a missing file) are one line on stderr naming what
+failed and the fix, exit 1 (2 for usage errors), the traceback only with ``-v``; anything else keeps its
+traceback. Ctrl-C is one line and exit 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
+import traceback
 
-from flows.cli import build, doctor, inspect, janitor, reap, run, sample, serve, trace, train
+from flows.cli import (
+    build,
+    doctor,
+    evaluate,
+    export,
+    inspect,
+    janitor,
+    reap,
+    run,
+    sample,
+    serve,
+    server,
+    trace,
+    train,
+)
+from flows.cli.precheck import UsageError
+from flows.local_server import resolve_api, using_api
+from flows.progress import display, interactive, open_display, setup_logging
 from pipeline import __version__
 from pipeline.errors import ConfigError, PileworksError
 
 # Every command, in the order ``pileworks --help`` lists them.
-COMMANDS = (build, doctor, inspect, janitor, reap, run, sample, serve, trace, train)
+COMMANDS = (build, doctor, evaluate, export, inspect, janitor, reap, run, sample, serve, server, trace, train)
+
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+
+# Commands that run flows or talk to the Prefect API: they get the configured API or the local background server.
+PREFECT_COMMANDS = {"build", "evaluate", "run", "train", "serve", "reap"}
+STARTS_NO_SERVER = {"reap"}  # reaping a server nobody started would start one only to find nothing
+
+# Besides our own failures (pipeline.errors), bad input the standard library reports: the message says it all.
+USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+# A wrong command line or config: exit 2, like argparse's own errors.
+USAGE_ERRORS = (UsageError, ConfigError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,39 +61,85 @@ def build_parser() -> argparse.ArgumentParser:
         description="Raw text to a trained language model: build corpora, train, inspect.",
     )
     parser.add_argument("--version", action="version", version=f"pileworks {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging, and the traceback of any failure"
+    )
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", help="run `pileworks COMMAND -h` for its options"
+    )
     for command in COMMANDS:
         command.register(sub)
     return parser
 
 
+def expected(exc: BaseException) -> bool:
+    """A failure whose message is the whole story (no traceback needed): ours, bad input/config/paths, or a full
+    disk, a quota or a read-only folder (the message names the path; no retry helps)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        return True
+    return isinstance(exc, (PileworksError, *USER_ERRORS))
+
+
+def one_line(exc: BaseException) -> str:
+    """The failure as one line: the message's first line, the type only where it adds something."""
+    text = " ".join(str(exc).split("\n", 1)[0].split()) or type(exc).__name__
+    if isinstance(exc, FileNotFoundError) and exc.filename and str(exc.filename) not in text:
+        text = f"{exc.filename}: {exc.strerror or text}"
+    return text
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Precheck (fast, no Prefect), then the command against the resolved Prefect API when it needs one."""
+    precheck = getattr(args, "precheck", None)
+    if precheck is not None:
+        precheck(args)
+    if args.command not in PREFECT_COMMANDS:
+        return int(args.func(args) or 0)
+    display.stage("connecting to Prefect")
+    start = args.command not in STARTS_NO_SERVER
+    with using_api(resolve_api(start=start, on_wait=logging.getLogger("pileworks").info)) as api:
+        args.api = api
+        return int(args.func(args) or 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # A loaded 2-core machine can take longer than the 20 s default to start the ephemeral server.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    for noisy in ("httpx", "httpcore", "botocore", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args = parser.parse_args(argv)  # usage errors: argparse prints them and exits 2
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return EXIT_USAGE
+    console = setup_logging(args.verbose, live=interactive() and not getattr(args, "json", False))
+    name = f"pileworks {args.command}"
     try:
-        return int(args.func(args) or 0)
-    except (ConfigError, ValueError, FileNotFoundError, PermissionError) as exc:
-        # User errors: one clear line, no traceback.
-        print(f"pileworks {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except PileworksError as exc:
-        # Our own failures (pipeline.errors) carry actionable messages: one line, no traceback.
-        print(f"pileworks {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        with open_display(console):
+            return run_command(args)
+    except KeyboardInterrupt:
+        print(
+            f"{name}: interrupted; rerun the same command to resume from the completed units", file=sys.stderr
+        )
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if not expected(exc):
+            raise
+        if args.verbose:
+            traceback.print_exc()
+            detail = getattr(exc, "detail", "")
+            if detail:
+                print(detail, file=sys.stderr)
+        print(f"{name}: error: {one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, USAGE_ERRORS) else EXIT_FAILED
+
+
+def entry() -> None:
+    """The console script: after Ctrl-C, leave at once (worker threads of the interrupted flow are not waited)."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code == EXIT_INTERRUPTED:
+        os._exit(code)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

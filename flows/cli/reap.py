@@ -22,14 +22,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--flow", action="append", dest="flows", metavar="NAME",
                    help="only runs of this flow (repeatable), e.g. --flow build_corpus --flow train")  # fmt: skip
     p.add_argument("--dry-run", action="store_true", help="list the zombie runs, change nothing")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, precheck=precheck)
+
+
+def precheck(args: argparse.Namespace) -> None:
+    from flows.cli.precheck import UsageError
+
+    if args.watch is not None and args.watch <= 0:
+        raise UsageError(f"--watch must be > 0 seconds, got {args.watch}")
 
 
 def run(args: argparse.Namespace) -> int:
     from flows.reaper import reap
 
-    if args.watch is not None and args.watch <= 0:
-        raise ValueError(f"--watch must be > 0 seconds, got {args.watch}")
     try:
         while True:
             reaped = reap(args.max_age, dry_run=args.dry_run, flow_names=args.flows)

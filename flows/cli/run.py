@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
-from flows.cli.build import add_build_arguments, print_summary
-from flows.cli.train import add_train_arguments
-from pipeline.config import parse_overrides, split_overrides
+from flows.cli.build import add_build_arguments, corpus_and_train_overrides, print_summary
+from flows.cli.train import add_train_arguments, training_lines, training_next_commands
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,30 +22,58 @@ def register(sub: argparse._SubParsersAction) -> None:
     # --train-set KEY=VALUE predates --set train.KEY=VALUE: still accepted, not advertised.
     r.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE", help=argparse.SUPPRESS)
     r.add_argument("--prompt", default="Debian is", help="prompt for the sample printed at the end")
-    r.set_defaults(func=run_prepare_and_train)
+    r.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+    r.set_defaults(func=run_prepare_and_train, precheck=precheck_run)
+
+
+def precheck_run(args: argparse.Namespace) -> None:
+    from flows.cli.precheck import check_build
+    from flows.train import resolved_train_config
+
+    corpus_overrides, train_overrides = corpus_and_train_overrides(args)
+    check_build(args.config, args.inputs, args.output, args.name, corpus_overrides)
+    resolved_train_config(args.train_config, train_overrides)
 
 
 def run_prepare_and_train(args: argparse.Namespace) -> int:
+    from flows.cli.report import finish, flow_run_outcome
+    from flows.progress import display
     from flows.runners import with_task_runner
     from flows.train import prepare_and_train
 
-    train_overrides, corpus_overrides = split_overrides(parse_overrides(args.set), "train")
-    train_overrides.update(parse_overrides(args.train_set))
+    corpus_overrides, train_overrides = corpus_and_train_overrides(args)
     flow = prepare_and_train
     if args.task_runner != "local":
         flow = with_task_runner(prepare_and_train, args.task_runner)
-    out = flow(
+    state = flow(
         corpus_config=args.config, train_config=args.train_config, inputs=args.inputs, output=args.output,
         nproc=args.nproc, train_overrides=train_overrides, corpus_overrides=corpus_overrides,
-        timeout_s=args.timeout,
+        timeout_s=args.timeout, max_restarts=args.max_restarts, name=args.name, return_state=True,
     )  # fmt: skip
-    print_summary(out["corpus"])
-    tr = out["training"]
+    out, run_id = flow_run_outcome(state)
+    corpus, tr = out["corpus"], {k: v for k, v in out["training"].items() if k != "history"}
+    tr["flow_run_url"] = args.api.run_url(run_id)
+    sample = None
     if tr["steps"]:
-        print(f"\ntraining: {tr['steps']} steps, loss {tr['first_loss']:.3f} -> {tr['final_loss']:.3f}, "
-              f"{tr['tokens_per_s']:.0f} tokens/s, data wait {tr['data_wait_share']:.1%}; checkpoints in {tr['output_dir']}")  # fmt: skip
         from training.generate import generate
 
-        text = generate(Path(tr["output_dir"]) / "checkpoints", args.prompt, max_new_tokens=48)
-        print(f"\nsample ({args.prompt!r}):\n{text}\n")
+        display.stage("generating a sample")
+        sample = generate(Path(tr["output_dir"]) / "checkpoints", args.prompt, max_new_tokens=48)
+    if args.json:
+        finish({"corpus": corpus, "training": tr, "sample": sample}, [], _run_next(corpus, tr), True)
+        return 0
+    print_summary(corpus)
+    lines = [
+        f"published dataset {corpus['name']} {corpus['dataset_id']}",
+        f"  manifest     {corpus['manifest_uri']}",
+        *training_lines(tr),
+    ]
+    if sample is not None:
+        lines += ["", f"sample ({args.prompt!r}):", sample, ""]
+    finish({}, lines, _run_next(corpus, tr), False)
     return 0
+
+
+def _run_next(corpus: dict[str, Any], tr: dict[str, Any]) -> list[str]:
+    # ``run`` trains in <output_dir>-<dataset id>: a resume through ``train`` must name that folder.
+    return training_next_commands(tr, corpus["manifest_uri"], output_dir_set=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flows.cli.build import add_set_argument
-from pipeline.config import parse_overrides, split_overrides
+from flows.cli.build import add_set_argument, corpus_and_train_overrides
+from flows.s3_flags import add_s3_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "serve", help="serve deployments: scheduled corpus rebuilds and one-click prepare-and-train"
     )
     p.add_argument("--cron", default="0 3 * * *", help="rebuild schedule (cron, default daily 03:00)")
-    p.add_argument("--timezone", default="UTC")
+    p.add_argument("--timezone", default="UTC", help="time zone of the cron schedule (default UTC)")
     p.add_argument("--config", help="corpus YAML for the scheduled rebuild (default: the embedded one)")
     p.add_argument("--output", help="store root for the scheduled rebuild")
     p.add_argument("--train-config", help="train YAML for prepare_and_train")
@@ -22,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         p, "override a config field: dedup.near.threshold=0.7 (corpus) or train.lr=1e-3 (training)"
     )
     p.add_argument("--dry-run", action="store_true", help="print the deployments and exit")
+    add_s3_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -32,13 +33,13 @@ def build_deployments(args: argparse.Namespace) -> list[Any]:
     from flows.corpus_config import load_corpus_config
     from flows.train import prepare_and_train
 
-    train_overrides, corpus_overrides = split_overrides(parse_overrides(args.set), "train")
+    overrides, train_overrides = corpus_and_train_overrides(args)
     # fail now, not at 3 a.m., on a bad config
-    load_corpus_config(args.config, output=args.output, overrides=corpus_overrides)
+    load_corpus_config(args.config, output=args.output, overrides=overrides)
     rebuild = build_corpus.to_deployment(
         name="scheduled-rebuild",
         schedule=Cron(args.cron, timezone=args.timezone),
-        parameters={"config_path": args.config, "output": args.output, "overrides": corpus_overrides},
+        parameters={"config_path": args.config, "output": args.output, "overrides": overrides},
         description="Rebuild the corpus on a schedule; only changed inputs are reprocessed.",
         tags=["pileworks", "corpus"],
     )
@@ -48,7 +49,7 @@ def build_deployments(args: argparse.Namespace) -> list[Any]:
             "corpus_config": args.config,
             "train_config": args.train_config,
             "output": args.output,
-            "corpus_overrides": corpus_overrides,
+            "corpus_overrides": overrides,
             "train_overrides": train_overrides,
         },
         description="Prepare the corpus and train on it.",

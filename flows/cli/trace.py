@@ -5,21 +5,28 @@ from __future__ import annotations
 import argparse
 import json
 
+from flows.s3_flags import add_s3_arguments, resolve_s3
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("trace", help="lineage: which shards and documents a training step saw")
     p.add_argument("--checkpoint", required=True, help="checkpoints folder or one tag folder of the run")
     p.add_argument("--step", type=int, required=True, help="optimizer step (1-based)")
     p.add_argument("--manifest", default=None, help="manifest URI, if the dataset moved since training")
-    p.add_argument("--max-docs", type=int, default=20)
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--max-docs", type=int, default=20, help="documents to list, largest share first (default 20)"
+    )
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
+    add_s3_arguments(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from training.lineage import trace_step
 
-    out = trace_step(args.checkpoint, args.step, manifest_uri=args.manifest, max_docs=args.max_docs)
+    out = trace_step(
+        args.checkpoint, args.step, s3=resolve_s3(args), manifest_uri=args.manifest, max_docs=args.max_docs
+    )
     if args.json:
         print(json.dumps(out, indent=1))
         return 0

@@ -150,22 +150,35 @@ def _warnings(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def format_cluster(store: ObjectStore, run_folder: str, cluster_id: int | None = None, width: int = 160,
-                   max_docs: int = 3, max_lines: int = 40) -> str:  # fmt: skip
-    """A cluster (default: the largest) with its documents side by side, kept document first."""
+def cluster_documents(store: ObjectStore, run_folder: str, cluster_id: int | None = None,
+                      max_docs: int = 3) -> tuple[int, int, list[dict[str, Any]]]:  # fmt: skip
+    """A cluster (default 0: the largest): its id, its size and up to ``max_docs`` of its documents, kept first.
+
+    Each document is its clusters.parquet row (``id``, ``source``, ``nbytes``, ``keep``, ...) plus ``text``
+    (None for a document of a persisted index, whose text is not stored).
+    """
     table = pq.ParquetFile(io.BytesIO(store.get_bytes(f"{run_folder}/clusters/clusters.parquet"))).read()
     report = json.loads(store.get_bytes(f"{run_folder}/clusters/dedup_report.json"))
-    if table.num_rows == 0:
-        return "no near-duplicate clusters in this run"
     cid = 0 if cluster_id is None else cluster_id
     rows = [r for r in table.to_pylist() if r["cluster"] == cid]
     if not rows:
+        if table.num_rows == 0:
+            return cid, 0, []
         raise ValueError(
             f"cluster {cid} does not exist (this run has {report['clusters']} clusters, 0 = largest)"
         )
     rows.sort(key=lambda r: (not r["keep"], -r["nbytes"], r["id"]))
     shown = rows[:max_docs]
     texts = read_texts(store, report["input_folder"], np.array([r["ref"] for r in shown], dtype=np.uint64))
+    return cid, len(rows), [r | {"text": texts.get(r["ref"])} for r in shown]
+
+
+def format_cluster(store: ObjectStore, run_folder: str, cluster_id: int | None = None, width: int = 160,
+                   max_docs: int = 3, max_lines: int = 40) -> str:  # fmt: skip
+    """A cluster (default: the largest) with its documents side by side, kept document first."""
+    cid, size, shown = cluster_documents(store, run_folder, cluster_id, max_docs)
+    if not shown:
+        return "no near-duplicate clusters in this run"
     col = max(20, (width - 3 * (len(shown) - 1)) // len(shown))
     columns = []
     for r in shown:
@@ -174,14 +187,14 @@ def format_cluster(store: ObjectStore, run_folder: str, cluster_id: int | None =
             f"{r['source']} {r['nbytes']} B"[:col],
             "-" * col,
         ]
-        body = texts.get(r["ref"], "(document of the persisted index; text not stored)")
+        body = r["text"] if r["text"] is not None else "(document of the persisted index; text not stored)"
         lines = [seg for para in body.splitlines() for seg in (textwrap.wrap(para, col) or [""])]
         columns.append(head + lines[:max_lines])
     height = max(len(c) for c in columns)
-    out = [f"cluster {cid}: {len(rows)} documents ({len(rows) - len(shown)} not shown)"]
+    out = [f"cluster {cid}: {size} documents ({size - len(shown)} not shown)"]
     for i in range(height):
         out.append(" | ".join((c[i] if i < len(c) else "").ljust(col) for c in columns).rstrip())
     return "\n".join(out)
 
 
-__all__ = ["build_report", "format_cluster", "read_texts"]
+__all__ = ["build_report", "cluster_documents", "format_cluster", "read_texts"]

@@ -36,7 +36,7 @@ def plan_near_dedup(store: ObjectStore, work: str, num_parts: int, cfg: NearDedu
         done_stats_or_fail(store, folder_key(work, f"signatures/{part_name(i)}")).docs_out
         for i in range(num_parts)
     )
-    index = open_index(cfg)
+    index = open_index(store, cfg)
     index_docs = 0
     if index is not None:
         index_docs = sum(done_stats_or_fail(index[0], part_name(i)).docs_out for i in range(index[1]))
@@ -66,7 +66,7 @@ def run_bands_part(
         return stats
     t0 = time.perf_counter()
     if from_index:
-        sigs, docs = load_signatures(index_store(cfg), "", index)
+        sigs, docs = load_signatures(index_store(store, cfg), "", index)
     else:
         sigs, docs = load_signatures(store, folder_key(work, "signatures"), index)
     rows = np.flatnonzero(docs.column("shingles").to_numpy() > 0)  # empty docs would all share one bucket

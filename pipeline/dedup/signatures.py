@@ -81,11 +81,11 @@ def run_signatures_part(
 # ---------------------------------------------------------------- the persisted index
 
 
-def open_index(cfg: NearDedupConfig) -> tuple[ObjectStore, int] | None:
+def open_index(store: ObjectStore, cfg: NearDedupConfig) -> tuple[ObjectStore, int] | None:
     """The persisted index named by ``cfg.index_uri`` and its part count; refuses incompatible signatures."""
     if not cfg.index_uri:
         return None
-    istore = open_store(cfg.index_uri)
+    istore = open_store(cfg.index_uri, store.s3)  # with the build store's configuration
     if not istore.exists("index.json"):
         raise FileNotFoundError(f"{cfg.index_uri}: no index.json (write one with save_index)")
     meta = json.loads(istore.get_bytes("index.json"))
@@ -97,8 +97,8 @@ def open_index(cfg: NearDedupConfig) -> tuple[ObjectStore, int] | None:
     return istore, int(meta["num_parts"])
 
 
-def index_store(cfg: NearDedupConfig) -> ObjectStore:
-    opened = open_index(cfg)
+def index_store(store: ObjectStore, cfg: NearDedupConfig) -> ObjectStore:
+    opened = open_index(store, cfg)
     if opened is None:
         raise ValueError("doc refs name persisted-index documents but NearDedupConfig.index_uri is not set")
     return opened[0]
@@ -116,7 +116,7 @@ def by_part(
     for flag, p in sorted(set(zip(is_index.tolist(), part.tolist(), strict=True))):
         sel = np.flatnonzero((is_index == flag) & (part == p))
         if flag:
-            istore = istore or index_store(cfg)
+            istore = istore or index_store(store, cfg)
             sigs, docs = load_signatures(istore, "", p, matrix=matrix)
         else:
             sigs, docs = load_signatures(store, folder_key(work, "signatures"), p, matrix=matrix)
@@ -139,7 +139,7 @@ def save_index(store: ObjectStore, work: str, num_parts: int, cfg: NearDedupConf
     """
     folder = folder_key(work, "clusters")
     require_success(store, folder, "run_clusters before save_index")
-    istore = open_store(index_uri)
+    istore = open_store(index_uri, store.s3)  # the build store's s3 settings, never boto3's defaults
     total = 0
     for i in range(num_parts):
         sigs, docs = load_signatures(store, folder_key(work, "signatures"), i)

@@ -31,7 +31,7 @@ from pipeline.ingest.config import (
 )
 from pipeline.ingest.encoding import is_line_safe
 from pipeline.records import PartWriter, Quarantined, Record
-from pipeline.storage import ObjectStore, S3Options, StorageError, open_store, split_uri
+from pipeline.storage import ObjectStore, S3Options, StorageError, normalize_key, open_store, split_uri
 from pipeline.units import StageStats, part_done, read_part_stats
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,11 @@ def _local_files(source: str) -> list[str]:
         return sorted(str(p) for p in Path(path).rglob("*") if p.is_file())
     if os.path.isfile(path):
         return [path]
-    raise ValueError(f"input source {source!r} does not exist")
+    raise ValueError(f"input {source!r} does not exist: check the path (a glob in quotes: 'data/**/*.jsonl')")
+
+
+def _is_pattern(source: str) -> bool:
+    return any(c in source.split("://", 1)[-1] for c in _GLOB_CHARS)
 
 
 def _local_inputs(source: str) -> Iterator[InputFile]:
@@ -70,6 +74,24 @@ def _local_inputs(source: str) -> Iterator[InputFile]:
             etag=f"{st.st_mtime_ns}-{st.st_size}",
             mtime=st.st_mtime,
         )
+
+
+def odd_key_reason(uri: str) -> str | None:
+    """Why the object key of an ``s3://`` input cannot be used (``..``, absolute, NUL, not canonical), or None.
+
+    Such keys come from a listing (another tool wrote them); they are quarantined as ``bad_key``, and the
+    build goes on, rather than read under a key our stores refuse or that resolves to another object.
+    """
+    if not uri.startswith("s3://"):
+        return None
+    key = uri[len("s3://") :].partition("/")[2]
+    try:
+        canonical = normalize_key(key)
+    except ValueError as exc:
+        return str(exc)
+    if canonical != key:
+        return f"object key {key!r} is not canonical (reads as {canonical!r})"
+    return None
 
 
 def _s3_inputs(source: str, s3: S3Options | None) -> Iterator[InputFile]:
@@ -90,7 +112,7 @@ def _s3_inputs(source: str, s3: S3Options | None) -> Iterator[InputFile]:
 
 
 def list_inputs(
-    sources: list[str], s3: S3Options | None = None, extensions: Mapping[str, str] = DEFAULT_EXTENSIONS
+    sources: list[str], s3: S3Options | None, extensions: Mapping[str, str] = DEFAULT_EXTENSIONS
 ) -> list[InputFile]:
     """Every supported object under ``sources``, deduplicated and sorted by URI.
 
@@ -102,16 +124,20 @@ def list_inputs(
         files = list(_s3_inputs(source, s3) if source.startswith("s3://") else _local_inputs(source))
         usable = [f for f in files if format_of(f.uri, extensions) is not None]
         skipped = [f.uri for f in files if format_of(f.uri, extensions) is None]
-        if skipped:
-            log.warning(
+        if skipped:  # INFO: a folder often holds a README; a source of nothing usable is an error below
+            log.info(
                 "ingest: skipping %d file(s) of unknown format under %s: %s",
                 len(skipped),
                 source,
                 ", ".join(s.rsplit("/", 1)[-1] for s in skipped[:5]),
             )
+        if not files:
+            what = "matches nothing" if _is_pattern(source) else "is empty"
+            raise ValueError(f"input {source!r} {what}: check the path or pattern")
         if not usable:
             raise ValueError(
-                f"input source {source!r} holds no file of a known format ({sorted(extensions)})"
+                f"input {source!r} holds no file of a known format: give files ending in "
+                f"{', '.join(sorted(extensions))} (or add the suffix to ingest.extensions)"
             )
         found.update((f.uri, f) for f in usable)
     return [found[uri] for uri in sorted(found)]
@@ -185,7 +211,7 @@ def _pieces_of(inp: InputFile, cfg: IngestConfig, target: int, stores: _Stores) 
         raise ValueError(f"{inp.uri}: unknown format (ingest.extensions has {sorted(cfg.extensions)})")
     estimate = inp.size * (COMPRESSION_ESTIMATE if fmt == "parquet" or "." in fmt else 1)
     whole = [Piece(uri=inp.uri, fmt=fmt, size=inp.size, weight=max(estimate, 1))]
-    if estimate <= target:
+    if estimate <= target or odd_key_reason(inp.uri) is not None:  # an odd key is quarantined, never read
         return whole
     if "." in fmt:
         log.info("ingest: %s (~%d MiB of text) is compressed and read as one piece", inp.uri, estimate >> 20)
@@ -208,7 +234,7 @@ def plan_parts(
     target_part_bytes: int,
     *,
     cfg: IngestConfig | None = None,
-    s3: S3Options | None = None,
+    s3: S3Options | None,
 ) -> list[PartPlan]:
     """Pack inputs, in order, into parts of about ``target_part_bytes`` of text.
 
@@ -247,7 +273,7 @@ def iter_ingest_part(
     cfg: IngestConfig,
     stats: StageStats,
     quarantined: list[Quarantined],
-    s3: S3Options | None = None,
+    s3: S3Options | None,
 ) -> Iterator[Record]:
     """Stream the records of every piece of ``plan``; bad input goes to ``quarantined``, counts to ``stats``.
 
@@ -257,14 +283,23 @@ def iter_ingest_part(
     docs = nbytes = 0
     for piece in plan.pieces:
         ctx = readers.ReadContext(uri=piece.uri, fmt=piece.fmt, cfg=cfg)
+        if (odd := odd_key_reason(piece.uri)) is not None:
+            log.warning("ingest: bad_key %r: %s", piece.uri, odd)
+            quarantined.append(ctx.quarantine("B0", "bad_key", odd))
+            continue
+        items = 0
         try:
             for item in readers.read_piece(piece, ctx, *stores.locate(piece.uri)):
+                items += 1
                 if isinstance(item, Record):
                     docs += 1
                     nbytes += len(item.text.encode("utf-8", "surrogatepass"))
                     yield item
                 else:
                     quarantined.append(item)
+            if items == 0 and piece.start == 0:  # a 0-byte file, an empty .gz/.zst, a parquet with no rows
+                log.warning("ingest: empty_input %s holds no document", piece.uri)
+                ctx.extra["empty_input"] = ctx.extra.get("empty_input", 0) + 1
         except (*UNREADABLE, pa.ArrowException) as e:  # records read before the failure are kept
             reason = "corrupt_file" if isinstance(e, pa.ArrowException) else "read_error"
             log.warning("ingest: %s %s: %s", reason, piece.uri, e)
@@ -281,7 +316,7 @@ def iter_ingest_part(
 
 
 def ingest_part(
-    plan: PartPlan, cfg: IngestConfig, s3: S3Options | None = None
+    plan: PartPlan, cfg: IngestConfig, s3: S3Options | None
 ) -> tuple[list[Record], list[Quarantined], StageStats]:
     """Read every piece of ``plan`` into memory: (records, quarantined, stats). Runners stream instead."""
     stats = StageStats(stage="ingest")
@@ -291,7 +326,7 @@ def ingest_part(
 
 
 def run_ingest_part(
-    store: ObjectStore, out_folder: str, plan: PartPlan, cfg: IngestConfig, s3: S3Options | None = None
+    store: ObjectStore, out_folder: str, plan: PartPlan, cfg: IngestConfig, s3: S3Options | None
 ) -> StageStats:
     """The unit of work: ingest one plan into ``out_folder/part-<index>``, streaming (bounded memory however
     large the compressed input); a completed part is not redone."""

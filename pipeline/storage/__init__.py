@@ -18,17 +18,25 @@ from pipeline.storage.base import (
 )
 from pipeline.storage.local import FileStore
 from pipeline.storage.options import S3Options
+from pipeline.storage.s3 import S3Store
 
 
-def open_store(uri: str, *, s3: S3Options | None = None) -> ObjectStore:
-    """Open the store rooted at ``uri``: a local path, ``file:///abs/path`` or ``s3://bucket/prefix``."""
+def open_store(uri: str, s3: S3Options | None) -> ObjectStore:
+    """Open the store rooted at ``uri``: a local path, ``file:///abs/path`` or ``s3://bucket/prefix``.
+
+    ``s3`` is the resolved store configuration and has no default: an ``s3://`` URI with ``None`` is refused,
+    so no path can fall back to boto3's defaults (AWS) while the user configured another endpoint. A local
+    store keeps ``s3`` too, for the stores it opens in turn (:meth:`ObjectStore.open`).
+    """
     if uri.startswith("s3://"):
-        from pipeline.storage.s3 import S3Store
-
-        return S3Store.from_uri(uri, options=s3 or S3Options())
+        if s3 is None:
+            raise ValueError(
+                f"{uri}: opening an s3:// store needs the s3 settings (the config's s3: section)"
+            )
+        return S3Store.from_uri(uri, options=s3)
     if "://" in uri and not uri.startswith("file://"):
         raise ValueError(f"unsupported store URI {uri!r}: use a local path, file:// or s3://")
-    return FileStore.from_uri(uri)
+    return FileStore.from_uri(uri, s3=s3)
 
 
 def split_uri(uri: str) -> tuple[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import posixpath
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from pipeline.errors import StorageError
+from pipeline.storage.options import S3Options
+from pipeline.storage.uploads import NO_JOURNAL, UploadJournal
 
 TMP_PREFIX = ".pw-tmp-"  # temp files of an unfinished write (the janitor removes stale ones)
 
@@ -23,7 +26,7 @@ def write_local_file(
 ) -> None:
     """Write a local file whole or not at all: a temp file beside ``dest`` gets the bytes, is flushed and
     fsynced, then ``publish(tmp, dest)`` puts it in place (``os.replace``; a create-only store links it);
-    on any failure the temp file is removed."""
+    on any failure the temp file is removed, and a full disk or quota is one line naming ``dest``."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
     try:
@@ -32,6 +35,15 @@ def write_local_file(
             f.flush()
             os.fsync(f.fileno())
         publish(tmp, dest)
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            # One line with the path and the fix; the errno stays, so nothing retries it (retry.is_permanent).
+            raise OSError(
+                exc.errno, f"no space left writing {dest}: free disk space or choose another folder/store"
+            ) from None
+        raise
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -84,6 +96,8 @@ class ObjectStore(ABC):
     """A flat key space under a root URI. All keys go through :func:`normalize_key`."""
 
     uri: str
+    s3: S3Options | None  # the store configuration this store was opened with (open_store's ``s3``)
+    uploads: UploadJournal = NO_JOURNAL  # where multipart uploads are recorded (the build sets work/uploads)
 
     @abstractmethod
     def put_bytes(self, key: str, data: bytes) -> None:

@@ -12,6 +12,7 @@ from typing import Any, BinaryIO
 
 from pipeline.errors import AlreadyExistsError
 from pipeline.storage.base import TMP_PREFIX, ObjectInfo, ObjectStore, normalize_key, write_local_file
+from pipeline.storage.options import S3Options
 
 
 def _fsync_dir(path: Path) -> None:
@@ -28,20 +29,21 @@ def _fsync_dir(path: Path) -> None:
 
 
 class FileStore(ObjectStore):
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, *, s3: S3Options | None = None):
         self.root = Path(root).expanduser().resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.uri = "file://" + str(self.root)
+        self.s3 = s3  # for the stores opened from this one (e.g. a dedup index on s3://)
 
     @classmethod
-    def from_uri(cls, uri: str) -> FileStore:
+    def from_uri(cls, uri: str, *, s3: S3Options | None = None) -> FileStore:
         path = uri[len("file://") :] if uri.startswith("file://") else uri
         if not path:
             raise ValueError(f"file URI has no path: {uri!r}")
-        return cls(path)
+        return cls(path, s3=s3)
 
     def child(self, prefix: str) -> FileStore:
-        return FileStore(self._path(normalize_key(prefix).rstrip("/")))
+        return FileStore(self._path(normalize_key(prefix).rstrip("/")), s3=self.s3)
 
     def _path(self, key: str) -> Path:
         path = (self.root / normalize_key(key)).resolve()

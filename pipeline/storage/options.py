@@ -1,23 +1,37 @@
-"""S3 connection options, passed explicitly (never read from deep inside I/O code)."""
+"""The one store configuration: the ``s3:`` section shared by the corpus and training configs.
+
+Every store is opened with one (``open_store(uri, s3)`` has no default), so no code path can reach S3 with
+settings other than the ones the user gave. Credentials are never here: boto3's standard chain or a profile.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+from pipeline.config import build_config
 
 
 @dataclass(frozen=True, kw_only=True)
 class S3Options:
-    """How to reach an S3-compatible store. Credentials are never here: boto3's standard chain or a profile.
+    """How to reach an S3-compatible store and how long to keep trying.
 
-    ``retry_mode`` is set explicitly because boto3's default is the legacy mode; ``standard`` or ``adaptive``
-    with ``max_attempts`` absorb 503 SlowDown bursts.
+    Retries are ours, per operation (``pipeline.storage.retry``): transient failures (throttling, 5xx,
+    connection refused/reset, timeouts) are retried with capped exponential backoff and full jitter until
+    ``retry_budget_s`` seconds have passed or ``max_attempts`` tries were made; botocore itself makes one
+    attempt, so there is no shared retry quota to drain. Errors that cannot succeed (missing object, no
+    credentials, access denied, no such bucket) fail at once.
     """
 
-    endpoint_url: str | None = None
+    endpoint_url: str | None = None  # None: AWS (or AWS_ENDPOINT_URL, botocore's standard variable)
     region: str | None = None
     profile: str | None = None
-    retry_mode: str = "standard"
-    max_attempts: int = 8
+    retry_budget_s: float = 120.0  # total time one operation may spend retrying
+    retry_base_s: float = 0.1  # first backoff cap; doubles per retry up to retry_cap_s
+    retry_cap_s: float = 5.0
+    max_attempts: int = 100
     multipart_threshold: int = 64 * 1024 * 1024
     multipart_chunk: int = 16 * 1024 * 1024
     max_concurrency: int = 4  # multipart parts in flight at once (memory: this many chunks)
@@ -25,8 +39,14 @@ class S3Options:
     read_timeout: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.retry_mode not in ("standard", "adaptive", "legacy"):
-            raise ValueError(f"s3.retry_mode must be standard, adaptive or legacy, got {self.retry_mode!r}")
+        if self.endpoint_url is not None and not self.endpoint_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"s3.endpoint_url must start with http:// or https://, got {self.endpoint_url!r}"
+            )
+        if self.retry_budget_s < 0:
+            raise ValueError(f"s3.retry_budget_s must be >= 0 (0: no retries), got {self.retry_budget_s}")
+        if not 0 < self.retry_base_s <= self.retry_cap_s:
+            raise ValueError("s3.retry_base_s must be > 0 and <= s3.retry_cap_s")
         if self.max_attempts < 1:
             raise ValueError(f"s3.max_attempts must be >= 1, got {self.max_attempts}")
         if self.max_concurrency < 1:
@@ -35,3 +55,20 @@ class S3Options:
             raise ValueError("s3.multipart_chunk must be >= 5 MiB (the S3 minimum part size)")
         if self.multipart_threshold < self.multipart_chunk:
             raise ValueError("s3.multipart_threshold must be >= s3.multipart_chunk")
+        for name in ("connect_timeout", "read_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"s3.{name} must be > 0, got {getattr(self, name)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def updated(self, changes: Mapping[str, Any]) -> S3Options:
+        """A copy with ``changes`` (field name -> value) applied; unknown names are an error naming the field."""
+        if not changes:
+            return self
+        return build_config(S3Options, {**self.to_dict(), **changes}, "s3")
+
+
+def resolve_s3_options(changes: Mapping[str, Any] | None = None, base: S3Options | None = None) -> S3Options:
+    """The one place a store configuration is made outside a config file: ``changes`` over ``base``/defaults."""
+    return (base or S3Options()).updated(changes or {})

@@ -14,10 +14,10 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import boto3
 import botocore.config
@@ -32,8 +32,11 @@ from pipeline.storage.base import (
     write_local_file,
 )
 from pipeline.storage.options import S3Options
+from pipeline.storage.retry import STATS, PermanentStorageError, backoff_s, call_with_retries
+from pipeline.storage.uploads import UploadJournal
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
 _PRECONDITION = {"412", "PreconditionFailed", "ConditionalRequestConflict"}
@@ -95,10 +98,17 @@ def install_redaction() -> None:
 
 
 def build_client(options: S3Options) -> Any:
-    """A boto3 S3 client; credentials come from boto3's chain (env, profile, IMDS...), never from us."""
-    session = boto3.Session(profile_name=options.profile) if options.profile else boto3.Session()
-    # total_max_attempts counts the first try, matching S3Options.max_attempts and AWS_MAX_ATTEMPTS.
-    retries: Any = {"mode": options.retry_mode, "total_max_attempts": options.max_attempts}
+    """A boto3 S3 client; credentials come from boto3's chain (env, profile, IMDS...), never from us.
+
+    botocore makes a single attempt per call: retries are ours (``pipeline.storage.retry``), per operation
+    and within a time budget, because botocore's standard mode shares a quota per client that sustained
+    throttling drains.
+    """
+    try:
+        session = boto3.Session(profile_name=options.profile) if options.profile else boto3.Session()
+    except botocore.exceptions.ProfileNotFound as e:
+        raise PermanentStorageError(f"{e}: fix s3.profile (--s3-profile) or ~/.aws/config") from None
+    retries: Any = {"mode": "standard", "total_max_attempts": 1}
     config = botocore.config.Config(
         retries=retries,
         connect_timeout=options.connect_timeout,
@@ -148,16 +158,18 @@ class S3Store(ObjectStore):
     write: if the winner's response is lost and botocore retries, the retry reports AlreadyExistsError.
     """
 
-    def __init__(self, bucket: str, prefix: str = "", *, options: S3Options | None = None):
+    def __init__(self, bucket: str, prefix: str = "", *, options: S3Options):
         if not bucket or "/" in bucket:
             raise ValueError(f"bad S3 bucket name {bucket!r}")
         self.bucket = bucket
         self.prefix = normalize_key(prefix).rstrip("/") if prefix.strip("/") else ""
-        self.options = options or S3Options()
+        if not isinstance(options, S3Options):
+            raise TypeError("S3Store needs the resolved S3Options (the config's s3: section)")
+        self.options = self.s3 = options
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
 
     @classmethod
-    def from_uri(cls, uri: str, *, options: S3Options | None = None) -> S3Store:
+    def from_uri(cls, uri: str, *, options: S3Options) -> S3Store:
         if not uri.startswith("s3://"):
             raise ValueError(f"not an s3:// URI: {uri!r}")
         bucket, _, prefix = uri[len("s3://") :].partition("/")
@@ -170,9 +182,19 @@ class S3Store(ObjectStore):
     def client(self) -> Any:
         return client_for(self.options)
 
+    def presigned_url(self, key: str, expires_s: int) -> str:
+        """A GET URL for ``key`` valid ``expires_s`` seconds, signed locally with the configured credentials."""
+        return str(
+            self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": self._key(key)}, ExpiresIn=expires_s
+            )
+        )
+
     def child(self, prefix: str) -> S3Store:
         sub = normalize_key(prefix).rstrip("/")
-        return S3Store(self.bucket, join_key(self.prefix, sub), options=self.options)
+        store = S3Store(self.bucket, join_key(self.prefix, sub), options=self.options)
+        store.uploads = self.uploads
+        return store
 
     def _key(self, key: str) -> str:
         norm = normalize_key(key)
@@ -183,62 +205,95 @@ class S3Store(ObjectStore):
 
     @contextlib.contextmanager
     def _errors(self, op: str, key: str | None) -> Iterator[None]:
-        """Map botocore errors to FileNotFoundError / StorageError naming the URI (never the credentials)."""
+        """Map botocore errors to one line naming the URI and the fix (never the credentials)."""
         uri = self.uri_of(key) if key else self.uri
         try:
             yield
         except botocore.exceptions.ClientError as e:
             code = _error_code(e)
             if code == "NoSuchBucket":
-                raise StorageError(f"S3 {op} {uri} failed: bucket {self.bucket!r} does not exist") from None
+                raise PermanentStorageError(
+                    f"S3 {op} {uri} failed: bucket {self.bucket!r} does not exist at "
+                    f"{self.options.endpoint_url or 'AWS'}; create it or fix the URI / s3.endpoint_url"
+                ) from None
             if code in _NOT_FOUND or _status(e) == 404:
                 raise FileNotFoundError(f"{uri} does not exist ({op})") from None
-            if code in {"AccessDenied", "AllAccessDisabled"} or _status(e) == 403:
+            if code in {
+                "AccessDenied",
+                "AllAccessDisabled",
+                "InvalidAccessKeyId",
+                "SignatureDoesNotMatch",
+            } or (_status(e) == 403):
                 # PermissionError: ingest quarantines the object as read_error instead of failing the run.
                 raise PermissionError(
-                    f"{uri}: access denied ({op}); check the credentials' S3 policy"
+                    f"{uri}: access denied ({op}, {code or 403}); check the credentials and their S3 policy"
                 ) from None
             raise StorageError(f"S3 {op} {uri} failed: {redact_secrets(str(e))}") from e
+        except (botocore.exceptions.NoCredentialsError, botocore.exceptions.PartialCredentialsError) as e:
+            raise PermanentStorageError(
+                f"S3 {op} {uri}: {e}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or s3.profile (--s3-profile)"
+            ) from None
         except botocore.exceptions.BotoCoreError as e:
             raise StorageError(f"S3 {op} {uri} failed: {type(e).__name__}: {redact_secrets(str(e))}") from e
+
+    def _call(self, op: str, key: str | None, fn: Callable[[], T]) -> T:
+        """One S3 operation: our retries on transient failures, then the error mapping above."""
+        what = f"S3 {op} {self.uri_of(key) if key else self.uri}"
+        with self._errors(op, key):
+            return call_with_retries(fn, self.options, what)
 
     # -- writes -------------------------------------------------------------------------------------
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        with self._errors("put", key):
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        k = self._key(key)
+        self._call("put", key, lambda: self.client.put_object(Bucket=self.bucket, Key=k, Body=data))
 
     def put_if_absent(self, key: str, data: bytes) -> None:
-        with self._errors("put_if_absent", key):
-            try:
-                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, IfNoneMatch="*")
-            except botocore.exceptions.ClientError as e:
-                if _error_code(e) in _PRECONDITION or _status(e) in (409, 412):
-                    raise AlreadyExistsError(f"{self.uri_of(key)} already exists") from None
-                raise
+        k = self._key(key)
+        try:
+            self._call(
+                "put_if_absent",
+                key,
+                lambda: self.client.put_object(Bucket=self.bucket, Key=k, Body=data, IfNoneMatch="*"),
+            )
+        except StorageError as e:
+            cause = e.__cause__
+            if isinstance(cause, botocore.exceptions.ClientError) and (
+                _error_code(cause) in _PRECONDITION or _status(cause) in (409, 412)
+            ):
+                raise AlreadyExistsError(f"{self.uri_of(key)} already exists") from None
+            raise
 
     def put_file(self, key: str, path: str | Path) -> None:
         size = os.path.getsize(path)
+        k = self._key(key)
         if size <= self.options.multipart_threshold:
-            with open(path, "rb") as f, self._errors("put", key):
-                self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=f)
+
+            def put() -> Any:
+                with open(path, "rb") as f:  # reopened per try: a retry sends the whole body again
+                    return self.client.put_object(Bucket=self.bucket, Key=k, Body=f)
+
+            self._call("put", key, put)
             return
-        with self._errors("create_multipart_upload", key):
-            upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=self._key(key))[
-                "UploadId"
-            ]
+        upload_id = self._call(
+            "create_multipart_upload",
+            key,
+            lambda: self.client.create_multipart_upload(Bucket=self.bucket, Key=k)["UploadId"],
+        )
+        self.uploads.started(self.bucket, k, upload_id)
         try:
             parts = self._upload_parts(key, upload_id, path, size)
-            with self._errors("complete_multipart_upload", key):
-                self.client.complete_multipart_upload(
-                    Bucket=self.bucket,
-                    Key=self._key(key),
-                    UploadId=upload_id,
-                    MultipartUpload={"Parts": parts},
-                )
+            self._call(
+                "complete_multipart_upload",
+                key,
+                lambda: self.client.complete_multipart_upload(
+                    Bucket=self.bucket, Key=k, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                ),
+            )
         except BaseException:  # KeyboardInterrupt too: a dangling upload is billed storage
             self._abort_upload(key, upload_id)
             raise
+        self.uploads.finished(self.bucket, k, upload_id)
 
     def _upload_parts(self, key: str, upload_id: str, path: str | Path, size: int) -> list[dict]:
         """Upload ``max_concurrency`` parts at a time, holding at most that many chunks in memory."""
@@ -263,56 +318,85 @@ class S3Store(ObjectStore):
         return [{"PartNumber": n, "ETag": etags[n]} for n in sorted(etags)]
 
     def _upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> str:
-        with self._errors("upload_part", key):
-            resp = self.client.upload_part(
-                Bucket=self.bucket, Key=self._key(key), UploadId=upload_id, PartNumber=number, Body=data
-            )
+        k = self._key(key)
+        resp = self._call(
+            "upload_part",
+            key,
+            lambda: self.client.upload_part(
+                Bucket=self.bucket, Key=k, UploadId=upload_id, PartNumber=number, Body=data
+            ),
+        )
         return resp["ETag"]
 
     def _abort_upload(self, key: str, upload_id: str) -> None:
+        k = self._key(key)
         try:
-            self.client.abort_multipart_upload(Bucket=self.bucket, Key=self._key(key), UploadId=upload_id)
-        except Exception as e:  # the janitor (abort_stale_uploads) gets whatever this misses
+            self._call(
+                "abort_multipart_upload",
+                key,
+                lambda: self.client.abort_multipart_upload(Bucket=self.bucket, Key=k, UploadId=upload_id),
+            )
+        except Exception as e:  # recorded in the upload journal: a rerun or the janitor aborts it
             log.warning(
                 "could not abort multipart upload of %s: %s", self.uri_of(key), redact_secrets(str(e))
             )
+            return
+        self.uploads.finished(self.bucket, k, upload_id)
 
     def copy(self, src_key: str, dst_key: str) -> None:
         """Server-side copy (no bytes through this process); objects up to 5 GB, our unit files are far smaller."""
-        with self._errors("copy", src_key):
-            self.client.copy_object(
-                Bucket=self.bucket,
-                Key=self._key(dst_key),
-                CopySource={"Bucket": self.bucket, "Key": self._key(src_key)},
-            )
+        src, dst = self._key(src_key), self._key(dst_key)
+        self._call(
+            "copy",
+            src_key,
+            lambda: self.client.copy_object(
+                Bucket=self.bucket, Key=dst, CopySource={"Bucket": self.bucket, "Key": src}
+            ),
+        )
 
     def delete(self, key: str) -> None:
-        with self._errors("delete", key):
-            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        k = self._key(key)
+        self._call("delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=k))
+
+    def abort_upload(self, key: str, upload_id: str) -> bool:
+        """Abort one multipart upload by its full key (as recorded); False when it no longer exists."""
+        try:
+            self._call(
+                "abort_multipart_upload",
+                None,
+                lambda: self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id),
+            )
+        except StorageError as e:
+            cause = e.__cause__
+            if isinstance(cause, botocore.exceptions.ClientError) and _error_code(cause) == "NoSuchUpload":
+                return False  # completed or aborted meanwhile: fine
+            raise
+        except FileNotFoundError:
+            return False
+        return True
+
+    def list_uploads(self) -> list[dict[str, Any]]:
+        """Multipart uploads in progress under the prefix: ``Key``, ``UploadId``, ``Initiated``."""
+
+        def fetch() -> list[dict[str, Any]]:
+            paginator = self.client.get_paginator("list_multipart_uploads")
+            pages = paginator.paginate(Bucket=self.bucket, Prefix=self._root())
+            return [upload for page in pages for upload in page.get("Uploads", [])]
+
+        return self._call("list_multipart_uploads", None, fetch)
 
     def abort_stale_uploads(self, older_than_s: float = 3600.0) -> int:
         """Abort multipart uploads under the prefix initiated more than ``older_than_s`` ago (the janitor).
 
         Keep ``older_than_s`` above the longest upload you run: a live upload older than it is aborted too.
         (moto reports every upload as initiated on 2010-11-10, so there any age up to ~16 years matches.)
+        Uploads recorded in a work folder's journal are aborted at once by :func:`abort_recorded_uploads`.
         """
         cutoff = time.time() - older_than_s
         aborted = 0
-        paginator = self.client.get_paginator("list_multipart_uploads")
-        with self._errors("list_multipart_uploads", None):
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._root()):
-                for upload in page.get("Uploads", []):
-                    if upload["Initiated"].timestamp() >= cutoff:
-                        continue
-                    try:
-                        self.client.abort_multipart_upload(
-                            Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
-                        )
-                    except botocore.exceptions.ClientError as e:
-                        if _error_code(e) != "NoSuchUpload":  # completed or aborted meanwhile: fine
-                            raise
-                        continue
-                    aborted += 1
+        for upload in self.list_uploads():
+            if upload["Initiated"].timestamp() < cutoff:
+                aborted += self.abort_upload(upload["Key"], upload["UploadId"])
         if aborted:
             log.info("aborted %d stale multipart uploads under %s", aborted, self.uri)
         return aborted
@@ -320,8 +404,8 @@ class S3Store(ObjectStore):
     # -- reads --------------------------------------------------------------------------------------
 
     def _get_object(self, key: str, **kwargs: Any) -> dict:
-        with self._errors("get", key):
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key), **kwargs)
+        k = self._key(key)
+        return self._call("get", key, lambda: self.client.get_object(Bucket=self.bucket, Key=k, **kwargs))
 
     def get_bytes(self, key: str) -> bytes:
         with self.open_read(key) as f:
@@ -332,15 +416,13 @@ class S3Store(ObjectStore):
             raise ValueError(f"bad range start={start} length={length}")
         if length == 0:
             return b""
-        with self._errors("get", key):
-            try:
-                resp = self.client.get_object(
-                    Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{start + length - 1}"
-                )
-            except botocore.exceptions.ClientError as e:
-                if _error_code(e) == "InvalidRange":
-                    return b""  # start at or past the end: the same answer as a local file
-                raise
+        try:
+            resp = self._get_object(key, Range=f"bytes={start}-{start + length - 1}")
+        except StorageError as e:
+            cause = e.__cause__
+            if isinstance(cause, botocore.exceptions.ClientError) and _error_code(cause) == "InvalidRange":
+                return b""  # start at or past the end: the same answer as a local file
+            raise
         with _S3RawReader(self, key, resp) as raw:
             return io.BufferedReader(raw).read()
 
@@ -358,8 +440,8 @@ class S3Store(ObjectStore):
         return io.BufferedReader(raw, buffer_size=1 << 20)
 
     def stat(self, key: str) -> ObjectInfo:
-        with self._errors("head", key):
-            resp = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        k = self._key(key)
+        resp = self._call("head", key, lambda: self.client.head_object(Bucket=self.bucket, Key=k))
         return ObjectInfo(
             key=normalize_key(key),
             size=int(resp["ContentLength"]),
@@ -368,22 +450,27 @@ class S3Store(ObjectStore):
         )
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Paginated listing, sorted here too: S3-compatible servers (and directory buckets) differ in order."""
+        """Paginated listing, sorted here too: S3-compatible servers (and directory buckets) differ in order.
+
+        A failed page restarts the listing (within the retry budget): pages are cheap, partial lists wrong.
+        """
         root = self._root()
         full = root + (normalize_key(prefix) if prefix else "")
-        found = []
-        paginator = self.client.get_paginator("list_objects_v2")
-        with self._errors("list", prefix or None):
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=full):
-                for obj in page.get("Contents", []):
-                    found.append(
-                        ObjectInfo(
-                            key=obj["Key"][len(root) :],
-                            size=int(obj["Size"]),
-                            etag=obj["ETag"].strip('"'),
-                            mtime=obj["LastModified"].timestamp(),
-                        )
-                    )
+
+        def fetch() -> list[ObjectInfo]:
+            paginator = self.client.get_paginator("list_objects_v2")
+            return [
+                ObjectInfo(
+                    key=obj["Key"][len(root) :],
+                    size=int(obj["Size"]),
+                    etag=obj["ETag"].strip('"'),
+                    mtime=obj["LastModified"].timestamp(),
+                )
+                for page in paginator.paginate(Bucket=self.bucket, Prefix=full)
+                for obj in page.get("Contents", [])
+            ]
+
+        found = self._call("list", prefix or None, fetch)
         found.sort(key=lambda info: info.key)
         yield from found
 
@@ -401,7 +488,8 @@ class _S3RawReader(io.RawIOBase):
             self._start = int(content_range.split()[1].split("-")[0])
         self._end = self._start + int(response["ContentLength"])
         self._pos = self._start
-        self._retries = store.options.max_attempts - 1
+        self._resumes = 0
+        self._first_error: float | None = None  # the resume budget runs from the first interruption
 
     def readable(self) -> bool:
         return True
@@ -430,10 +518,18 @@ class _S3RawReader(io.RawIOBase):
         return 0
 
     def _resume(self, error: Exception | None) -> None:
-        uri = self._store.uri_of(self._key)
-        if self._retries <= 0:
+        uri, options = self._store.uri_of(self._key), self._store.options
+        now = time.monotonic()
+        self._first_error = self._first_error or now
+        pause = backoff_s(self._resumes, options)
+        if (
+            self._resumes + 1 >= options.max_attempts
+            or now - self._first_error + pause > options.retry_budget_s
+        ):
             raise StorageError(f"S3 read of {uri} failed at byte {self._pos}: {error or 'connection closed'}")
-        self._retries -= 1
+        self._resumes += 1
+        STATS.record(retry_reason="stream")
+        time.sleep(pause)
         log.warning("S3 read of %s interrupted at byte %d (%s); resuming", uri, self._pos, error)
         with contextlib.suppress(Exception):
             self._body.close()
@@ -450,3 +546,16 @@ class _S3RawReader(io.RawIOBase):
             with contextlib.suppress(Exception):
                 self._body.close()
         super().close()
+
+
+def abort_recorded_uploads(journal: UploadJournal, s3: S3Options) -> int:
+    """Abort every multipart upload still recorded in ``journal`` (their runs ended without completing them)."""
+    aborted = 0
+    for record_key, record in journal.records():
+        store = S3Store(record["bucket"], options=s3)
+        aborted += store.abort_upload(record["key"], record["upload_id"])
+        assert journal.store is not None
+        journal.store.delete(record_key)
+    if aborted:
+        log.info("aborted %d multipart upload(s) recorded by earlier runs", aborted)
+    return aborted

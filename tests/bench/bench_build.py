@@ -46,9 +46,9 @@ class Clock:
 
 def bench_stages(root: Path) -> None:
     cfg = load_corpus_config(output=str(root))
-    store = open_store(cfg.output)
-    inputs = ingest.list_inputs(list(cfg.resolved_inputs()))
-    plans = ingest.plan_parts(inputs, cfg.ingest.target_part_bytes, cfg=cfg.ingest)
+    store = open_store(cfg.output, cfg.s3)
+    inputs = ingest.list_inputs(list(cfg.resolved_inputs()), cfg.s3)
+    plans = ingest.plan_parts(inputs, cfg.ingest.target_part_bytes, cfg=cfg.ingest, s3=cfg.s3)
     raw_bytes = sum(i.size for i in inputs)
     n, w, clock = len(plans), "work/bench", Clock()
     for p in plans:

@@ -62,12 +62,12 @@ def _encodable(text: str, codec: str) -> bool:
 
 
 def _run(plan_json: dict) -> dict:
-    _, _, stats = ingest_part(PartPlan.from_json(plan_json), IngestConfig())
+    _, _, stats = ingest_part(PartPlan.from_json(plan_json), IngestConfig(), None)
     return stats.to_json()
 
 
 def measure(label: str, sources: list[str], workers: int, target: int = 32 * MB) -> None:
-    plans = plan_parts(list_inputs(sources), target)
+    plans = plan_parts(list_inputs(sources), target, s3=None)
     start = time.perf_counter()
     cpu_start = _cpu_seconds()
     total = StageStats(stage="ingest")

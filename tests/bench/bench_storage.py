@@ -86,7 +86,7 @@ def main() -> None:
         tmp = Path(tmpdir)
         src = tmp / "src.bin"
         src.write_bytes(os.urandom(args.mib * MiB))
-        bench_store("file", open_store(str(tmp / "store")), src, tmp, args.small, args.small)
+        bench_store("file", open_store(str(tmp / "store"), None), src, tmp, args.small, args.small)
         base = S3Options(endpoint_url=endpoint, multipart_threshold=16 * MiB, multipart_chunk=8 * MiB)
         for width in (1, 4):
             opts = dataclasses.replace(base, max_concurrency=width)

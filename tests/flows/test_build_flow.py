@@ -27,7 +27,7 @@ def test_build_tiny_corpus_publishes_a_consistent_dataset(
     prefect_harness, tiny_corpus: Path, tmp_path: Path
 ) -> None:
     summary = _build(tiny_corpus, tmp_path / "store")
-    manifest, _ = load_manifest(summary["manifest_uri"])
+    manifest, _ = load_manifest(summary["manifest_uri"], None)
     assert summary["dataset_id"] == manifest.dataset_id
     assert summary["docs_in"] == _docs_in(tiny_corpus)
     assert summary["exact_duplicates"] == 1

@@ -16,7 +16,7 @@ def test_build_sample_corpus_with_embedded_defaults(prefect_harness, tmp_path: P
     from flows.build import build_corpus
 
     summary = build_corpus(output=str(tmp_path / "store"))
-    manifest, store = load_manifest(summary["manifest_uri"])
+    manifest, store = load_manifest(summary["manifest_uri"], None)
     assert summary["docs_in"] > 300 and summary["quarantined"] == 0
     assert (
         summary["exact_duplicates"] > 0 and summary["near_duplicates"] > 0

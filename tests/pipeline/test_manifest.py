@@ -27,7 +27,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Manifest, Path]:
     """A published tiny dataset: its manifest and its folder (which doubles as a staged folder to republish)."""
     root = tmp_path_factory.mktemp("tiny")
     uri = build_tiny_dataset(root, n_docs=60)
-    manifest, _ = load_manifest(uri)
+    manifest, _ = load_manifest(uri, None)
     return manifest, Path(uri.removeprefix("file://")).parent
 
 
@@ -149,15 +149,15 @@ def test_publish_round_trip_s3(s3_bucket, tiny) -> None:
 
 def test_load_manifest_accepts_local_paths_and_refuses_missing(tmp_path: Path, tiny) -> None:
     manifest, folder = tiny
-    loaded, _ = load_manifest(folder / MANIFEST_KEY)
+    loaded, _ = load_manifest(folder / MANIFEST_KEY, None)
     assert loaded.dataset_id == manifest.dataset_id
-    assert load_manifest(str(folder.parent))[0].dataset_id == manifest.dataset_id  # the name folder
+    assert load_manifest(str(folder.parent), None)[0].dataset_id == manifest.dataset_id  # the name folder
     with pytest.raises(FileNotFoundError):
-        load_manifest(tmp_path / "nope" / "manifest.json")
+        load_manifest(tmp_path / "nope" / "manifest.json", None)
     assert not (tmp_path / "nope").exists()
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="neither"):
-        load_manifest(tmp_path / "empty")
+        load_manifest(tmp_path / "empty", None)
 
 
 def test_republish_identical_is_a_noop_and_different_content_conflicts(tmp_path: Path, tiny) -> None:
@@ -230,8 +230,11 @@ def test_manifest_is_written_after_every_object_and_latest_last(tmp_path: Path, 
     publish_dataset(store, "tiny", folder, manifest)
     prefix = f"datasets/tiny/{manifest.dataset_id}/"
     expected = {prefix + k for s in manifest.shards for k in (s.key, s.idx_key, s.docs_key)} | {
-        prefix + "tokenizer.json"
+        prefix + k for k in ("tokenizer.json", *manifest.tokenizer.files)
     }
+    assert (
+        manifest.tokenizer.files
+    )  # tokenizer_config.json and special_tokens_map.json, verified like the rest
     assert store.writes[-2:] == [prefix + MANIFEST_KEY, f"datasets/tiny/{LATEST_KEY}"]
     assert set(store.writes[:-2]) == expected
 
@@ -244,6 +247,7 @@ def test_publish_refuses_corrupt_uploads_and_staged_files(tmp_path: Path, tiny) 
     assert not store.exists(f"datasets/tiny/{manifest.dataset_id}/{MANIFEST_KEY}")
     assert not store.exists(f"datasets/tiny/{LATEST_KEY}")
     staged = {k: folder / k for s in manifest.shards for k in (s.key, s.idx_key, s.docs_key)}
+    staged.update({k: folder / k for k in manifest.tokenizer.files})
     staged["tokenizer.json"] = tmp_path / "tok.json"
     (tmp_path / "tok.json").write_text("{}")
     with pytest.raises(ValueError, match="does not match the manifest's sha256"):
@@ -266,6 +270,6 @@ def test_resumed_publish_replaces_a_partial_object(tmp_path: Path, tiny) -> None
 
 
 def test_empty_valid_split_is_listed_with_zeros(tmp_path: Path) -> None:
-    manifest, _ = load_manifest(build_tiny_dataset(tmp_path, n_docs=30, valid_fraction=0.0))
+    manifest, _ = load_manifest(build_tiny_dataset(tmp_path, n_docs=30, valid_fraction=0.0), None)
     assert manifest.splits["valid"] == {"tokens": 0, "docs": 0, "shards": 0}
     assert manifest.split_shards("valid") == [] and manifest.splits["train"]["docs"] == 30

@@ -24,6 +24,7 @@ from pipeline.storage import (
     AlreadyExistsError,
     FileStore,
     ObjectStore,
+    S3Options,
     StorageError,
     open_store,
     sha256_file,
@@ -276,13 +277,13 @@ def test_prefix_is_a_boundary(s3_bucket) -> None:
 
 
 def test_from_uri_parsing() -> None:
-    assert S3Store.from_uri("s3://bkt").uri == "s3://bkt"
-    store = S3Store.from_uri("s3://bkt/a//b/")
+    assert S3Store.from_uri("s3://bkt", options=S3Options()).uri == "s3://bkt"
+    store = S3Store.from_uri("s3://bkt/a//b/", options=S3Options())
     assert (store.bucket, store.prefix, store.uri) == ("bkt", "a/b", "s3://bkt/a/b")
     assert store.uri_of("c/d") == "s3://bkt/a/b/c/d"
     for bad in ("s3:///x", "s3://bkt/../x", "file:///tmp"):
         with pytest.raises(ValueError):
-            S3Store.from_uri(bad)
+            S3Store.from_uri(bad, options=S3Options())
 
 
 def _drop_connection(reader: io.BufferedReader) -> None:

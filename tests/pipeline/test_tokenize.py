@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import io
 import json
@@ -91,8 +92,8 @@ def test_saved_tokenizer_reloads_and_round_trips_text(tmp_path: Path, tok: Token
     tok.save(str(tmp_path / "tokenizer.json"))
     for loaded in (
         Tokenizer.from_file(str(tmp_path / "tokenizer.json")),
-        load_tokenizer(tmp_path / "tokenizer.json"),
-        load_tokenizer("file://" + str(tmp_path / "tokenizer.json")),
+        load_tokenizer(tmp_path / "tokenizer.json", None),
+        load_tokenizer("file://" + str(tmp_path / "tokenizer.json"), None),
     ):
         assert loaded.to_str() == tok.to_str()
         for text in TRICKY:
@@ -123,6 +124,23 @@ def test_documents_end_with_one_eos_and_literal_specials_stay_text(tok: Tokenize
             assert tok.decode(ids[:-1].tolist(), skip_special_tokens=False) == text.replace("\x00", "\x00")
     lone = Encoder(tok, TokenizeConfig(vocab_size=2048)).encode(["bad \ud800 surrogate"])[0]
     assert tok.decode(lone[:-1].tolist()) == "bad \ufffd surrogate"
+
+
+def test_literal_specials_become_special_ids_when_configured(tok: Tokenizer) -> None:
+    """special_text="special": the literal text gives the special ids (as Hugging Face's tokenizer does), and
+    the tiktoken fast path agrees with tokenizers on it."""
+    text = "a literal <|endoftext|> inside a document and <|pad|> too"
+    cfg = TokenizeConfig(vocab_size=2048, special_text="special")
+    fast = Encoder(tok, cfg, sample=TRICKY)
+    assert fast.name == "tiktoken"
+    for encoder in (fast, Encoder(tok, dataclasses.replace(cfg, fast_path=False))):
+        ids = encoder.encode([text])[0].tolist()
+        assert ids.count(0) == 2 and ids.count(1) == 1 and ids[-1] == 0
+        assert tok.decode(ids[:-1], skip_special_tokens=False) == text
+    as_text = Encoder(tok, TokenizeConfig(vocab_size=2048)).encode([text])[0].tolist()
+    assert as_text.count(0) == 1 and 1 not in as_text
+    with pytest.raises(ValueError, match=r"tokenize\.special_text"):
+        TokenizeConfig(special_text="drop")  # type: ignore[arg-type]
 
 
 def _byte_tokenizer(merges: list[tuple[str, str]], reverse_merge_ids: bool = False) -> Tokenizer:
@@ -188,7 +206,7 @@ def _docs_store(tmp_path: Path) -> tuple[FileStore, list[Record]]:
 def test_run_tokenize_part_writes_eos_terminated_parts_and_skips_when_done(tmp_path: Path) -> None:
     store, records = _docs_store(tmp_path)
     cfg = TokenizeConfig(vocab_size=600, batch_size=16)
-    sha = run_train_tokenizer(store, "docs", 1, "tok/tokenizer.json", cfg)
+    sha = run_train_tokenizer(store, "docs", 1, "tok/tokenizer.json", cfg, None)
     assert sha == sha256_file(tmp_path / "store/tok/tokenizer.json")
     stats = run_tokenize_part(store, "docs", "tokens", 0, "tok/tokenizer.json", cfg)
     table = pq.read_table(io.BytesIO(store.get_bytes("tokens/part-00000.parquet")))
@@ -214,7 +232,7 @@ def test_run_train_tokenizer_uses_a_given_tokenizer(tmp_path: Path, tok: Tokeniz
     store, _ = _docs_store(tmp_path)
     tok.save(str(tmp_path / "given.json"))
     cfg = TokenizeConfig(tokenizer=str(tmp_path / "given.json"))
-    run_train_tokenizer(store, "docs", 1, "tok.json", cfg)
+    run_train_tokenizer(store, "docs", 1, "tok.json", cfg, None)
     assert Tokenizer.from_str(store.get_bytes("tok.json").decode()).to_str() == tok.to_str()
     with pytest.raises(FileNotFoundError):
         run_tokenize_part(store, "missing", "out", 0, "tok.json", cfg)

@@ -25,6 +25,7 @@ from training.checkpoint import (
     verify_tag,
     write_complete_record,
 )
+from training.resume import DATASET_CHANGE, ResumeState
 
 
 def make_tag(root: Path, step: int, *, commit: bool = True) -> Path:
@@ -136,7 +137,7 @@ def test_upload_copies_a_verified_tag_record_last(tmp_path: Path) -> None:
     from pipeline.storage import open_store
 
     tag_dir = make_tag(tmp_path / "ckpt", 7)
-    store = open_store(str(tmp_path / "store"))
+    store = open_store(str(tmp_path / "store"), None)
     assert upload_checkpoint(tag_dir, store, prefix="runs/a") == 5
     keys = [info.key for info in store.list("runs/a")]
     assert f"runs/a/{tag_dir.name}/{RECORD_NAME}" in keys
@@ -151,25 +152,64 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.loaded: list[tuple[str, str]] = []
+        self.client_state: dict = {"step": 4}
 
     def load_checkpoint(self, load_dir: str, tag: str, **_: object) -> tuple[str, dict]:
         self.loaded.append((load_dir, tag))
-        return f"{load_dir}/{tag}", {"step": 4}
+        return f"{load_dir}/{tag}", self.client_state
+
+
+def expected_state(**changes: object) -> ResumeState:
+    base = {
+        "dataset_id": "d", "tokenizer_sha256": "t", "seed": 1, "shuffle": True, "seq_len": 64,
+        "samples_per_epoch": 100, "world_size": 1, "micro_batch": 4, "grad_accum": 1,
+    }  # fmt: skip
+    return ResumeState(**{**base, **changes})  # type: ignore[arg-type]
+
+
+def committed_tag(root: Path, step: int, meta: dict) -> Path:
+    tag_dir = root / tag_for_step(step)
+    tag_dir.mkdir()
+    torch.save(capture_rng_state(), rng_file(tag_dir, 0))
+    write_complete_record(tag_dir, step=step, meta=meta)
+    return tag_dir
 
 
 def test_another_dataset_is_refused_unless_allowed(tmp_path: Path) -> None:
-    tag_dir = tmp_path / tag_for_step(4)
-    tag_dir.mkdir()
-    torch.save(capture_rng_state(), rng_file(tag_dir, 0))
-    write_complete_record(tag_dir, step=4, meta={"dataset_id": "old-data"})
+    """A record from before resume states were saved: its dataset id is still checked."""
+    tag_dir = committed_tag(tmp_path, 4, {"dataset_id": "old-data"})
     engine = FakeEngine()
     with pytest.raises(CheckpointError, match="--allow-dataset-change"):
-        load_checkpoint(engine, tmp_path, dataset_id="new-data", allow_dataset_change=False)
+        load_checkpoint(engine, tmp_path, expected=expected_state(dataset_id="new-data"))
     assert engine.loaded == []  # refused before anything was unpickled
-    state, record = load_checkpoint(engine, tmp_path, dataset_id="new-data", allow_dataset_change=True)
-    assert state == {"step": 4} and record["dataset_id"] == "old-data"
+    state, record, decision = load_checkpoint(
+        engine, tmp_path, expected=expected_state(dataset_id="new-data"), allowed=DATASET_CHANGE
+    )
+    assert state == {"step": 4} and record["dataset_id"] == "old-data" and not decision.continue_order
     assert engine.loaded == [(str(tmp_path), tag_dir.name)]
-    assert load_checkpoint(engine, tmp_path / "empty", dataset_id="x", allow_dataset_change=False) is None
+    assert load_checkpoint(engine, tmp_path / "empty", expected=expected_state()) is None
+
+
+def test_a_changed_seed_or_seq_len_is_refused_before_loading(tmp_path: Path) -> None:
+    saved = expected_state(epoch=0, consumed_in_epoch=48).to_dict()
+    committed_tag(tmp_path, 12, {"dataset_id": "d", "resume_state": saved})
+    engine = FakeEngine()
+    for changes, named in (({"seed": 2}, "seed 1 -> 2"), ({"seq_len": 32}, "seq_len 64 -> 32")):
+        with pytest.raises(CheckpointError, match=f"{named}.*--allow-change {next(iter(changes))}"):
+            load_checkpoint(engine, tmp_path, expected=expected_state(**changes))
+    assert engine.loaded == []
+    engine.client_state = {"step": 12, "resume_state": saved}
+    _state, _record, decision = load_checkpoint(engine, tmp_path, expected=expected_state())
+    assert decision.continue_order
+
+
+def test_client_state_must_agree_with_the_record(tmp_path: Path) -> None:
+    saved = expected_state().to_dict()
+    committed_tag(tmp_path, 2, {"dataset_id": "d", "resume_state": saved})
+    engine = FakeEngine()
+    engine.client_state = {"step": 2, "resume_state": {**saved, "seed": 99}}
+    with pytest.raises(CheckpointError, match="differs from the COMPLETE record"):
+        load_checkpoint(engine, tmp_path, expected=expected_state())
 
 
 def test_zero_shards_of_another_world_size_are_refused_before_loading(tmp_path: Path) -> None:
@@ -178,5 +218,18 @@ def test_zero_shards_of_another_world_size_are_refused_before_loading(tmp_path: 
     write_complete_record(tag_dir, step=6, meta={"dataset_id": "d", "world_size": 2, "zero_stage": 2})
     engine = FakeEngine()
     with pytest.raises(CheckpointError, match="optimizer shards of 2 ranks and this job has 1"):
-        load_checkpoint(engine, tmp_path, dataset_id="d", allow_dataset_change=False)
+        load_checkpoint(engine, tmp_path, expected=expected_state())
     assert engine.loaded == []
+
+
+def test_deepspeeds_latest_only_ever_names_a_committed_tag(tmp_path: Path) -> None:
+    from training.checkpoint import write_latest
+
+    make_tag(tmp_path, 10)
+    make_tag(tmp_path, 20, commit=False)
+    with pytest.raises(CheckpointError, match="never name an uncommitted tag"):
+        write_latest(tmp_path, tag_for_step(20))
+    assert not (tmp_path / "latest").exists()
+    write_latest(tmp_path, tag_for_step(10))
+    assert (tmp_path / "latest").read_text() == tag_for_step(10)
+    assert select_resume_tag(tmp_path) == tag_for_step(10)

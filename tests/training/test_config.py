@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ CONFIGS = Path(__file__).resolve().parents[2] / "training" / "configs"
         ({"seq_len": 0}, "seq_len must be >= 1"),
         ({"zero_stage": 4}, "zero_stage must be 0, 1, 2 or 3"),
         ({"lr": 0.0}, "lr must be > 0"),
-        ({"warmup_steps": 50, "max_steps": 50}, "warmup_steps must be in"),
+        ({"warmup_steps": -1}, "warmup_steps must be >= 0"),
         ({"grad_accum_steps": 2, "global_batch_size": 64}, "not both"),
         ({"pg_timeout_s": 1800.0 * 3}, "pg_timeout_s must be in"),
         ({"min_lr_ratio": 1.5}, "min_lr_ratio must be in"),
@@ -37,6 +38,17 @@ CONFIGS = Path(__file__).resolve().parents[2] / "training" / "configs"
 def test_validation_names_the_field(fields: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         TrainConfig(**fields)
+
+
+@pytest.mark.parametrize(("max_steps", "warmup"), [(2, 0), (50, 5), (10, 1)])
+def test_warmup_longer_than_the_run_is_clipped_with_a_warning(max_steps: int, warmup: int, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="training.config"):
+        cfg = TrainConfig(max_steps=max_steps, warmup_steps=max_steps + 20)
+    assert cfg.warmup_steps == warmup < cfg.max_steps
+    assert f"warming up over {warmup} step(s)" in caplog.text
+    caplog.clear()
+    assert TrainConfig(max_steps=max_steps + 1, warmup_steps=max_steps).warmup_steps == max_steps
+    assert not caplog.text
 
 
 def test_loader_type_errors_name_the_field() -> None:

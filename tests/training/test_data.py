@@ -22,7 +22,7 @@ from .test_cache import CountingStore
 def tiny(tmp_path_factory: pytest.TempPathFactory):
     """(manifest, store, manifest_uri) of a tiny dataset with 4 train shards and 1 valid shard."""
     uri = build_tiny_dataset(tmp_path_factory.mktemp("tiny"), n_docs=200, vocab_size=512, seed=3)
-    manifest, store = load_manifest(uri)
+    manifest, store = load_manifest(uri, None)
     return manifest, store, uri
 
 

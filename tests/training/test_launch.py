@@ -5,8 +5,11 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -19,19 +22,20 @@ from training.launch import (
     stream_output,
     train_args,
 )
-from training.ranklog import PrefixedStream, RankFormatter
+from training.ranklog import LOG_TIME_ENV, PrefixedStream, RankFormatter
 
 
 def test_torchrun_command_and_env() -> None:
     spec = LaunchSpec(nproc_per_node=2, max_restarts=1, master_port=29512, cpu=True)
-    args = train_args("file:///d/manifest.json", "t.yaml", allow_dataset_change=True,
+    args = train_args("file:///d/manifest.json", "t.yaml", allow_dataset_change=True, allow_change=["seed,seq_len"],
                       overrides={"output_dir": "123", "model": {"n_layer": 2}}, stop_at_step=5)  # fmt: skip
     cmd, env = build_launch(spec, args, base_env={"PATH": "/bin"})
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     assert {"--nproc-per-node=2", "--max-restarts=1", "--rdzv-endpoint=127.0.0.1:29512"} <= set(cmd)
     tail = cmd[cmd.index("training.train") + 1 :]
     assert tail == ["--manifest", "file:///d/manifest.json", "--config", "t.yaml", "--set", 'output_dir="123"',
-                    "--set", 'model={"n_layer": 2}', "--allow-dataset-change", "--stop-at-step", "5"]  # fmt: skip
+                    "--set", 'model={"n_layer": 2}', "--allow-dataset-change", "--allow-change", "seed,seq_len",
+                    "--stop-at-step", "5"]  # fmt: skip
     assert (
         env["DS_ACCELERATOR"] == "cpu" and env["MASTER_PORT"] == "29512" and env["MASTER_ADDR"] == "127.0.0.1"
     )
@@ -112,3 +116,28 @@ def test_rank_prefix_on_every_line_of_records_and_prints() -> None:
     stream.write("op built\npart")
     stream.write("ial line\n[Rank 1] already prefixed\n")
     assert sink.getvalue() == "[Rank 1] op built\n[Rank 1] partial line\n[Rank 1] already prefixed\n"
+
+
+def test_rank_logging_is_quiet_and_has_one_timestamp_under_a_flow() -> None:
+    """gcc probes (distutils' ``compilers`` logger) and DeepSpeed's torch deprecations are dropped; under a flow
+    (LOG_TIME_ENV=0) a rank line carries no time of its own, as the flow's log line adds one."""
+    code = (
+        "import logging, warnings\n"
+        "from training.ranklog import setup_rank_logging\n"
+        "setup_rank_logging(1)\n"
+        "logging.getLogger('compilers.C.base').info('gcc -c test.c -laio')\n"
+        "warnings.warn('`torch.distributed.all_gather_into_tensor` is deprecated', FutureWarning)\n"
+        "warnings.warn('our own deprecation', FutureWarning)\n"
+        "logging.getLogger('training.train').info('step 1/2 loss 9.0')\n"
+    )
+    for log_time, timestamped in (("0", False), ("1", True)):
+        env = {**os.environ, LOG_TIME_ENV: log_time, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+        assert not any("gcc" in line or "all_gather_into_tensor" in line for line in lines), lines
+        assert any("our own deprecation" in line for line in lines), lines
+        step = next(line for line in lines if "step 1/2" in line)
+        assert step.startswith("[Rank 1] ")
+        assert bool(re.match(r"\[Rank 1\] \d{4}-\d\d-\d\d ", step)) is timestamped, step

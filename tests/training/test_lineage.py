@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.lineage import DataShape, step_samples
+from training.lineage import DataShape, check_step_in_checkpoint, step_samples
 from training.sampler import ResumableDistributedSampler
 
 
@@ -52,3 +52,12 @@ def test_walk_can_start_from_a_recorded_position() -> None:
         np.testing.assert_array_equal(a["samples"], b["samples"])
     with pytest.raises(ValueError, match="not after"):
         step_samples(shape, 3, start=(3, 0, 36))
+
+
+@pytest.mark.parametrize(("step", "ok"), [(1, True), (60, True), (61, False), (120, False), (0, False)])
+def test_a_step_beyond_the_checkpoint_is_refused(step: int, ok: bool) -> None:
+    if ok:
+        check_step_in_checkpoint(step, 60, "runs/tiny/checkpoints/step-00000060")
+        return
+    with pytest.raises(ValueError, match=r"has trained steps 1\.\.60; trace a step in that range"):
+        check_step_in_checkpoint(step, 60, "runs/tiny/checkpoints/step-00000060")

@@ -10,16 +10,21 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.tiny_dataset import build_tiny_dataset
+from tests.training.tamper import plant_payload
 from training.checkpoint import CRASH_IN_SAVE_ENV, RECORD_NAME, list_tags, tag_for_step, verify_tag
 from training.generate import convert_to_fp32, generate, load_model
 from training.launch import run_local
 from training.metrics import read_metrics
+from training.safe_load import safe_load
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -42,6 +47,7 @@ BASE = {
     "zero_stage": 2,
     "tensorboard": False,
     "pg_timeout_s": 60,
+    "record_samples": True,
 }
 RUN_TIMEOUT_S = 240
 STEP_LINE = re.compile(r"^\[Rank (\d)\] .* step (\d+)/\d+ loss ([0-9.]+) \(this rank ([0-9.]+)\)")
@@ -68,6 +74,24 @@ def train(manifest_uri: str, out: Path, *, lines: list[str] | None = None, on_li
 
 def losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(out)}
+
+
+def samples_seen(out: Path) -> dict[tuple[int, int], list[int]]:
+    """(step, rank) -> the dataset indices that rank trained on, in order (a replayed step: its last run)."""
+    seen = {}
+    for path in sorted((out / "samples").glob("rank-*.jsonl")):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            seen[(rec["step"], rec["rank"])] = rec["indices"]
+    return seen
+
+
+def global_samples(out: Path) -> dict[int, list[int]]:
+    """step -> the sorted indices all ranks trained on together in that step."""
+    by_step: dict[int, list[int]] = {}
+    for (step, _rank), indices in samples_seen(out).items():
+        by_step.setdefault(step, []).extend(indices)
+    return {step: sorted(indices) for step, indices in by_step.items()}
 
 
 @pytest.fixture(scope="module")
@@ -130,9 +154,7 @@ def test_checkpoint_converts_to_fp32_and_generates(
     model, record, used = load_model(out / "checkpoints")  # the newest verified tag
     assert used == tag_dir and record["step"] == MAX_STEPS
     # fp32 training: the ZeRO-merged fp32 master weights equal the module weights DeepSpeed saved.
-    module = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)[
-        "module"
-    ]
+    module = safe_load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu")["module"]
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, module[name].float()), name
     path = convert_to_fp32(tag_dir, tmp_path / "model.pt")
@@ -140,6 +162,54 @@ def test_checkpoint_converts_to_fp32_and_generates(
     text = generate(out / "checkpoints", "The model", max_new_tokens=12, temperature=0.8, top_k=20, seed=1)
     assert text.startswith("The model") and len(text) > len("The model")
     assert text == generate(tag_dir, "The model", max_new_tokens=12, temperature=0.8, top_k=20, seed=1)
+
+
+def test_deepspeeds_own_zero_to_fp32_script_works_without_a_tag(
+    reference_run: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """The ``zero_to_fp32.py`` DeepSpeed copies into the checkpoint folder, run unchanged, finds ``latest``."""
+    import torch
+
+    ckpt = reference_run[0] / "checkpoints"
+    assert (ckpt / "latest").read_text() == tag_for_step(MAX_STEPS)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    done = subprocess.run(
+        [sys.executable, str(ckpt / "zero_to_fp32.py"), str(ckpt), str(tmp_path / "fp32")],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = torch.load(tmp_path / "fp32" / "pytorch_model.bin", weights_only=True)
+    model, _record, _tag = load_model(ckpt)
+    ours = model.state_dict()
+    assert set(theirs) <= set(ours) and "embed.weight" in theirs
+    for name, tensor in theirs.items():
+        assert torch.equal(tensor, ours[name]), name
+
+
+def test_trained_zero2_checkpoint_exports_to_transformers_with_equal_logits(
+    manifest_uri: str, reference_run: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    import torch
+
+    transformers = pytest.importorskip("transformers", reason="the hf extra is absent")
+    from pipeline.manifest import load_manifest
+    from training.evaluate import evaluate_checkpoint
+    from training.export_hf import export_hf
+
+    ckpt = reference_run[0] / "checkpoints"
+    model, record, _tag = load_model(ckpt)
+    manifest, _store = load_manifest(manifest_uri, None)
+    assert record["tokenizer"]["eos_id"] == manifest.tokenizer.eos_id
+    out = export_hf(ckpt, tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    ids = torch.tensor([tok("the model was trained on the data of the archive")["input_ids"]])
+    with torch.no_grad():
+        diff = (hf(ids).logits - model(ids)).abs().max().item()
+    assert diff <= 1e-4, diff
+    result = evaluate_checkpoint(ckpt)  # the valid split of its own dataset
+    evals = read_metrics(reference_run[0], "eval")
+    assert result["split"] == "valid" and result["loss"] < evals[0]["loss"] + 1.0
 
 
 def test_zero1_loss_falls_and_is_rank_averaged(manifest_uri: str, tmp_path: Path) -> None:
@@ -158,16 +228,43 @@ def test_zero1_loss_falls_and_is_rank_averaged(manifest_uri: str, tmp_path: Path
 
 
 def test_stop_and_resume_is_bitwise_exact(
-    manifest_uri: str, reference: dict[int, float], tmp_path: Path
+    manifest_uri: str, reference: dict[int, float], reference_run: tuple[Path, list[str]], tmp_path: Path
 ) -> None:
+    reference_out = reference_run[0]
     lines: list[str] = []
     assert train(manifest_uri, tmp_path, lines=lines, stop_at_step=9) == 0, "\n".join(lines[-40:])
     assert sorted(losses(tmp_path)) == list(range(1, 10))
     assert train(manifest_uri, tmp_path, lines=lines) == 0, "\n".join(lines[-40:])
     assert any("resumed from" in line and tag_for_step(9) in line for line in lines)
     assert losses(tmp_path) == reference  # every step, bit for bit
+    assert samples_seen(tmp_path) == samples_seen(reference_out)  # every rank, every step, in order
     start = [r for r in read_metrics_all(tmp_path) if r["kind"] == "start"]
     assert [r["resumed_from"] for r in start] == [None, 9]
+
+
+def test_resume_on_another_world_size_sees_the_same_samples_and_a_changed_seed_is_refused(
+    manifest_uri: str, reference_run: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """2 ranks x 4 stop at step 9; 1 rank x 8 (same world * micro batch, same accumulation) finishes: every
+    step trains on exactly the samples of the uninterrupted 2-rank run. ZeRO 0: DeepSpeed cannot re-partition
+    ZeRO optimizer shards. Then a resume with another seed is refused in one line naming the field."""
+    lines: list[str] = []
+    zero0 = {"zero_stage": 0}
+    assert train(manifest_uri, tmp_path, lines=lines, overrides=zero0, stop_at_step=9) == 0, "\n".join(
+        lines[-40:]
+    )
+    one_rank = {**BASE, **zero0, "output_dir": str(tmp_path), "micro_batch_size": 8}
+    code = run_local(manifest_uri, None, 1, overrides=one_rank, on_line=lines.append, timeout_s=RUN_TIMEOUT_S)
+    assert code == 0, "\n".join(lines[-40:])
+    assert any("world_size 2 -> 1" in line and "the global sample order continues" in line for line in lines)
+    assert sorted(global_samples(tmp_path)) == list(range(1, MAX_STEPS + 1))
+    assert global_samples(tmp_path) == global_samples(reference_run[0])
+    lines.clear()
+    changed = {**one_rank, "seed": 5, "max_steps": MAX_STEPS + 1}
+    code = run_local(manifest_uri, None, 1, overrides=changed, on_line=lines.append, timeout_s=RUN_TIMEOUT_S)
+    assert code != 0  # the rank exits 2; torchrun reports a failed worker as 1
+    refusal = [line for line in lines if "does not match this run" in line]
+    assert len(refusal) == 1 and "seed 1234 -> 5" in refusal[0] and "--allow-change seed" in refusal[0]
 
 
 def read_metrics_all(out: Path) -> list[dict]:
@@ -208,7 +305,8 @@ def test_rank_killed_mid_save_resumes_from_previous_complete(
     assert code != 0
     torn = tmp_path / "checkpoints" / tag_for_step(12)
     assert (torn / "mp_rank_00_model_states.pt").is_file() and not (torn / RECORD_NAME).exists()
-    assert not (tmp_path / "checkpoints" / "latest").exists()
+    # DeepSpeed's latest names the last committed tag, never the torn one
+    assert (tmp_path / "checkpoints" / "latest").read_text() == tag_for_step(6)
     lines.clear()
     assert train(manifest_uri, tmp_path, lines=lines) == 0, "\n".join(lines[-40:])
     text = "\n".join(lines)
@@ -216,3 +314,24 @@ def test_rank_killed_mid_save_resumes_from_previous_complete(
     assert re.search(r"\[Rank 1\] .*resumed from .*step-00000006", text)
     assert losses(tmp_path) == reference
     assert (torn / RECORD_NAME).is_file()  # the redone save of step 12 committed
+    assert (tmp_path / "checkpoints" / "latest").read_text() == tag_for_step(MAX_STEPS)
+
+
+def test_planted_payload_in_a_verifying_checkpoint_never_runs(
+    manifest_uri: str, reference_run: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """DeepSpeed's own load path (the engine's checkpoint engine) refuses a payload the record vouches for."""
+    out = tmp_path / "run"
+    shutil.copytree(reference_run[0] / "checkpoints", out / "checkpoints")
+    tag_dir = out / "checkpoints" / tag_for_step(MAX_STEPS)
+    optim = tag_dir / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    marker = tmp_path / "pwned"
+    plant_payload(tag_dir, optim.name, marker, base=safe_load(optim))
+    verify_tag(tag_dir)
+    lines: list[str] = []
+    # rank 0 refuses its planted shard (exit 2); torchrun then stops rank 1: the job fails
+    assert train(manifest_uri, out, lines=lines, overrides={"max_steps": MAX_STEPS + 2}) != 0
+    assert not marker.exists()
+    assert any("refused by the weights-only loader" in line and "GLOBAL exec)" in line for line in lines), (
+        "\n".join(lines[-30:])
+    )

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from pipeline.storage import S3Options
+
 # Every check, in the order the runner runs them (``--only`` / ``--skip`` take these names).
 CHECK_NAMES = ("versions", "gpu", "network", "master", "hostfile", "allreduce", "store", "disk", "deepspeed")
 
@@ -54,7 +56,7 @@ class DoctorConfig:
     timeout_s: float = 60.0
     connect_timeout_s: float = 3.0
     store: str | None = None
-    s3_endpoint_url: str | None = None
+    s3: S3Options | None = None  # the resolved s3: settings (required to probe an s3:// store)
     store_probe_mib: float = 8.0
     cache_dir: str = "runs/train/shard-cache"
     checkpoint_dir: str = "runs/train"

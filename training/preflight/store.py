@@ -6,11 +6,12 @@ error's text (missing credentials, missing bucket, access denied, unreachable en
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import uuid
 
-from pipeline.storage import S3Options, open_store
+from pipeline.storage import open_store
 from training.preflight.base import CheckResult, DoctorConfig, Status
 
 _STORE_HINTS = (
@@ -23,10 +24,13 @@ _STORE_HINTS = (
     ("AccessDenied", "the credentials lack s3:PutObject/GetObject/DeleteObject on this prefix"),
     (
         "InvalidAccessKeyId",
-        "the access key is unknown to this endpoint: check AWS_ACCESS_KEY_ID and --s3-endpoint",
+        "the access key is unknown to this endpoint: check AWS_ACCESS_KEY_ID and --s3-endpoint-url",
     ),
     ("SignatureDoesNotMatch", "the secret key is wrong for this access key"),
-    ("connect", "the endpoint is unreachable: check --s3-endpoint (MinIO: http://HOST:9000) and the network"),
+    (
+        "connect",
+        "the endpoint is unreachable: check --s3-endpoint-url (MinIO: http://HOST:9000) and the network",
+    ),
 )
 
 
@@ -46,7 +50,10 @@ def check_store(cfg: DoctorConfig) -> list[CheckResult]:
     payload = os.urandom(int(cfg.store_probe_mib * 2**20))
     key = f"_pileworks_doctor/{uuid.uuid4().hex}.bin"
     try:
-        store = open_store(cfg.store, s3=S3Options(endpoint_url=cfg.s3_endpoint_url))
+        s3 = cfg.s3
+        if s3 is not None:  # a probe reports, it does not wait out an outage: retry at most timeout_s
+            s3 = dataclasses.replace(s3, retry_budget_s=min(s3.retry_budget_s, cfg.timeout_s))
+        store = open_store(cfg.store, s3)
         t0 = time.perf_counter()
         store.put_bytes(key, payload)
         t1 = time.perf_counter()

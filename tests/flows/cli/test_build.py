@@ -36,8 +36,9 @@ def test_cli_build_prints_the_summary(
         "exact duplicates removed",
         "near duplicates removed",
         "tokens",
-        "dataset id",
-        "manifest",
+        "published dataset tiny",
+        "  manifest  file://",
+        "next:",
     ):
         assert label in out
     assert "ingest" in out and "tokenize" in out

@@ -91,7 +91,9 @@ def test_list_inputs_paths_dirs_globs_and_file_uris(tmp_path: Path) -> None:
     (tmp_path / "a" / "deep").mkdir(parents=True)
     for name in ("a/one.txt", "a/deep/two.jsonl", "a/deep/three.jsonl.zst", "a/README.md", "b.parquet"):
         (tmp_path / name).write_bytes(b"x" * len(name))
-    found = list_inputs([str(tmp_path / "a"), f"file://{tmp_path}/b.parquet", str(tmp_path / "a/**/*.jsonl")])
+    found = list_inputs(
+        [str(tmp_path / "a"), f"file://{tmp_path}/b.parquet", str(tmp_path / "a/**/*.jsonl")], None
+    )
     names = [f.uri.removeprefix(f"file://{tmp_path.resolve()}/") for f in found]
     assert names == [
         "a/deep/three.jsonl.zst",
@@ -104,9 +106,14 @@ def test_list_inputs_paths_dirs_globs_and_file_uris(tmp_path: Path) -> None:
         for f, n in zip(found, names, strict=True)
     )
     with pytest.raises(ValueError, match="does not exist"):
-        list_inputs([str(tmp_path / "missing")])
+        list_inputs([str(tmp_path / "missing")], None)
     with pytest.raises(ValueError, match="no file of a known format"):
-        list_inputs([str(tmp_path / "a/README.md")])
+        list_inputs([str(tmp_path / "a/README.md")], None)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"'.*empty' is empty: check the path"):
+        list_inputs([str(tmp_path / "empty")], None)
+    with pytest.raises(ValueError, match=r"'.*\*\.nomatch' matches nothing: check the path or pattern"):
+        list_inputs([str(tmp_path / "a/**/*.nomatch")], None)
 
 
 # ---------------------------------------------------------------- formats
@@ -201,7 +208,7 @@ def test_utf16_paragraphs_are_numbered_and_never_split(tmp_path: Path) -> None:
         "ok\n\nfine\n\n".encode("utf-16") + b"\x00\xd8" + "tail".encode("utf-16-le")
     )
     cfg = IngestConfig(txt_mode="paragraph")
-    plans = plan_parts(list_inputs([str(tmp_path)]), len(data) // 7, cfg=cfg)
+    plans = plan_parts(list_inputs([str(tmp_path)], None), len(data) // 7, cfg=cfg, s3=None)
     assert len(plans) == 2  # one piece each: UTF-16 has no byte-level newline to split at
     records, quarantined, stats = ingest_all([str(tmp_path)], cfg, target=len(data) // 7)
     assert [r.text for r in records if r.source.endswith("u16.txt")] == paragraphs
@@ -315,7 +322,7 @@ def test_parquet_row_group_ranges(tmp_path: Path) -> None:
     texts = [random_text(random.Random(i), 30) for i in range(200)]
     pq.write_table(pa.table({"text": texts}), tmp_path / "t.parquet", row_group_size=16)
     size = (tmp_path / "t.parquet").stat().st_size
-    plans = plan_parts(list_inputs([str(tmp_path)]), size // 5)
+    plans = plan_parts(list_inputs([str(tmp_path)], None), size // 5, s3=None)
     assert len(plans) >= 3
     records, quarantined, _ = ingest_all([str(tmp_path)], target=size // 5)
     assert quarantined == [] and [r.text for r in records] == texts
@@ -325,14 +332,14 @@ def test_parquet_row_group_ranges(tmp_path: Path) -> None:
 def test_plan_parts_packs_small_files_and_round_trips(tmp_path: Path) -> None:
     for i in range(10):
         (tmp_path / f"f{i}.txt").write_bytes(b"x" * 100)
-    inputs = list_inputs([str(tmp_path)])
-    plans = plan_parts(inputs, 350)
+    inputs = list_inputs([str(tmp_path)], None)
+    plans = plan_parts(inputs, 350, s3=None)
     assert [len(p.pieces) for p in plans] == [3, 3, 3, 1]
     assert [PartPlan.from_json(json.loads(json.dumps(p.to_json()))) for p in plans] == plans
-    assert plan_parts(inputs, 350) == plans  # deterministic
+    assert plan_parts(inputs, 350, s3=None) == plans  # deterministic
     for i in range(2):
         (tmp_path / f"z{i}.jsonl.zst").write_bytes(b"z" * 100)
-    plans = plan_parts(list_inputs([str(tmp_path / "z*")]), 500)
+    plans = plan_parts(list_inputs([str(tmp_path / "z*")], None), 500, s3=None)
     assert [len(p.pieces) for p in plans] == [1, 1]  # weighed as ~400 bytes of text each, not 100
 
 
@@ -427,9 +434,9 @@ def test_corrupt_gzip_and_parquet_and_missing_objects(tmp_path: Path) -> None:
     (tmp_path / "gone.txt").write_text("soon deleted")
     (tmp_path / "random.txt").write_bytes(random.Random(0).randbytes(4096))
     (tmp_path / "empty.txt").write_bytes(b"")
-    plans = plan_parts(list_inputs([str(tmp_path)]), 1 << 30)
+    plans = plan_parts(list_inputs([str(tmp_path)], None), 1 << 30, s3=None)
     (tmp_path / "gone.txt").unlink()
-    records, quarantined, stats = ingest_part(plans[0], IngestConfig())
+    records, quarantined, stats = ingest_part(plans[0], IngestConfig(), None)
     # Deflate cannot tell where damage starts (the CRC is at the end): lines decoded from the bytes before
     # the damage are intact and kept; lines after it may be garbage that still parses, and are kept too.
     intact = zlib.decompressobj(wbits=31).decompress(bytes(packed[: len(packed) // 2])).count(b"\n")
@@ -458,7 +465,7 @@ def test_permanent_read_errors_are_quarantined_transient_ones_raised(
 
     write_jsonl(tmp_path / "a.jsonl", [{"text": "kept"}])
     write_jsonl(tmp_path / "b.jsonl", [{"text": "locked"}])
-    plan = plan_parts(list_inputs([str(tmp_path)]), 1 << 20)[0]
+    plan = plan_parts(list_inputs([str(tmp_path)], None), 1 << 20, s3=None)[0]
     real_open = FileStore.open_read
 
     def denied(self, key):
@@ -467,7 +474,7 @@ def test_permanent_read_errors_are_quarantined_transient_ones_raised(
         return real_open(self, key)
 
     monkeypatch.setattr(FileStore, "open_read", denied)
-    records, quarantined, stats = ingest_part(plan, IngestConfig())
+    records, quarantined, stats = ingest_part(plan, IngestConfig(), None)
     assert [r.text for r in records] == ["kept"] and stats.dropped == {"read_error": 1}
     assert quarantined[0].source.endswith("/b.jsonl") and "permission denied" in quarantined[0].detail
 
@@ -476,7 +483,7 @@ def test_permanent_read_errors_are_quarantined_transient_ones_raised(
 
     monkeypatch.setattr(FileStore, "open_read", outage)
     with pytest.raises(StorageError, match="SlowDown"):  # the unit fails and is retried, nothing half-written
-        ingest_part(plan, IngestConfig())
+        ingest_part(plan, IngestConfig(), None)
 
 
 # ---------------------------------------------------------------- determinism, the unit runner, the sample
@@ -493,16 +500,16 @@ def test_ids_are_stable_across_runs_and_part_sizes(tmp_path: Path) -> None:
 def test_run_ingest_part_writes_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "in").mkdir()
     write_jsonl(tmp_path / "in" / "x.jsonl", [{"text": "a"}, {"nope": 1}, {"text": "b"}])
-    store = open_store(str(tmp_path / "store"))
-    plan = plan_parts(list_inputs([str(tmp_path / "in")]), 1 << 20)[0]
-    stats = run_ingest_part(store, "work/b/ingest", plan, IngestConfig())
+    store = open_store(str(tmp_path / "store"), None)
+    plan = plan_parts(list_inputs([str(tmp_path / "in")], None), 1 << 20, s3=None)[0]
+    stats = run_ingest_part(store, "work/b/ingest", plan, IngestConfig(), None)
     assert [r.text for r in read_part(store, "work/b/ingest", 0)] == ["a", "b"]
     assert [q.reason for q in read_quarantine(store, "work/b/ingest")] == ["missing_text"]
     assert read_part_stats(store, "work/b/ingest", 0).to_json() == stats.to_json()
     monkeypatch.setattr(
         "pipeline.ingest.stage.ingest_part", lambda *a, **k: pytest.fail("a done part was redone")
     )
-    assert run_ingest_part(store, "work/b/ingest", plan, IngestConfig()).to_json() == stats.to_json()
+    assert run_ingest_part(store, "work/b/ingest", plan, IngestConfig(), None).to_json() == stats.to_json()
 
 
 def _original_texts() -> dict[str, str]:
@@ -558,3 +565,37 @@ def test_ingest_from_s3(s3_bucket, tmp_path: Path) -> None:
     assert {r.id.rsplit("#", 1)[1] for r in records if r.source.endswith("big.jsonl")} == {
         r.id.rsplit("#", 1)[1] for r in local
     }
+
+
+@pytest.mark.s3
+def test_odd_keys_in_an_s3_listing_are_quarantined_and_the_build_goes_on(s3_bucket) -> None:
+    import boto3
+
+    admin = boto3.client("s3", endpoint_url=s3_bucket.options.endpoint_url, region_name="us-east-1")
+    good = b'{"text": "a good document"}\n'
+    odd = ["odd/../escape.jsonl", "odd//double.jsonl", "odd/nul\x00.jsonl", "odd/./dot.jsonl"]
+    for key in ["odd/good.jsonl", *odd]:
+        admin.put_object(Bucket=s3_bucket.bucket, Key=key, Body=good)
+    admin.put_object(Bucket=s3_bucket.bucket, Key="/absolute.jsonl", Body=good)
+    source = f"s3://{s3_bucket.bucket}/"  # the whole bucket: the absolute key is listed too
+    records, quarantined, stats = ingest_all([source], s3=s3_bucket.options)
+    assert [r.source for r in records] == [f"s3://{s3_bucket.bucket}/odd/good.jsonl"]
+    assert sorted(q.source for q in quarantined) == sorted(
+        f"s3://{s3_bucket.bucket}/{k}" for k in ["/absolute.jsonl", *odd]
+    )
+    assert {q.reason for q in quarantined} == {"bad_key"} and stats.dropped["bad_key"] == 5
+    details = " ".join(q.detail for q in quarantined)
+    assert "'..'" in details and "NUL" in details and "relative" in details and "not canonical" in details
+
+
+def test_empty_inputs_are_counted(tmp_path: Path) -> None:
+    (tmp_path / "zero.jsonl").write_bytes(b"")
+    (tmp_path / "empty.jsonl.gz").write_bytes(gzip.compress(b""))
+    (tmp_path / "empty.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(b""))
+    (tmp_path / "zero.txt").write_bytes(b"")
+    (tmp_path / "one.jsonl").write_bytes(b'{"text": "one document"}\n')
+    records, quarantined, stats = ingest_all([str(tmp_path)])
+    assert [r.text for r in records] == ["one document"]
+    # a .txt file is one document: an empty one is already an empty_doc in the quarantine
+    assert [(q.source.rsplit("/", 1)[1], q.reason) for q in quarantined] == [("zero.txt", "empty_doc")]
+    assert stats.extra["empty_input"] == 3  # the files that hold no document at all

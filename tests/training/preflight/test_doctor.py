@@ -277,14 +277,13 @@ def test_store_probe_on_local_folder(tmp_path: Path) -> None:
 
 @pytest.mark.s3
 def test_store_probe_on_s3_and_missing_bucket(s3_bucket) -> None:
-    endpoint = s3_bucket.options.endpoint_url
     [res] = store_check.check_store(
-        DoctorConfig(store=s3_bucket.uri, s3_endpoint_url=endpoint, store_probe_mib=1)
+        DoctorConfig(store=s3_bucket.uri, s3=s3_bucket.options, store_probe_mib=1)
     )
     assert res.status is Status.PASS, res.message
     assert "write/read/delete ok" in res.message
     [res] = store_check.check_store(
-        DoctorConfig(store="s3://pw-no-such-bucket-x/p", s3_endpoint_url=endpoint, store_probe_mib=1)
+        DoctorConfig(store="s3://pw-no-such-bucket-x/p", s3=s3_bucket.options, store_probe_mib=1)
     )
     assert res.status is Status.FAIL and "does not exist" in res.message and "create the bucket" in res.fix
 

@@ -1,0 +1,99 @@
+"""Fail fast: what a command can check in a second before it contacts Prefect or starts a flow.
+
+A flow that starts on a typo, a missing input or an unreachable store only fails after the server, the task
+retries and the timeouts had their turn; these checks raise the same error (one line, naming the object and the
+fix) before any of that. They read what the flow will read: the config through the flow's own loader, the
+inputs through the ingest listing (one attempt, short timeouts, so an unreachable endpoint answers in seconds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from pipeline.errors import PileworksError
+
+
+class UsageError(PileworksError, ValueError):
+    """A command line that cannot work (a bad flag value found after parsing): exit 2, like argparse's errors."""
+
+
+FAST_S3 = {"max_attempts": 1, "connect_timeout": 3.0, "read_timeout": 10.0}
+
+
+def _fast(s3: Any) -> Any:
+    """The same S3 options with one attempt and short timeouts: a check must not ride out an outage."""
+    if s3 is None:
+        return None
+    names = {f.name for f in dataclasses.fields(s3)}
+    fast = {k: v for k, v in FAST_S3.items() if k in names}
+    if "retry_budget_s" in names:
+        fast["retry_budget_s"] = 0.0
+    return dataclasses.replace(s3, **fast)
+
+
+def check_build(
+    config_path: str | None,
+    inputs: list[str] | None,
+    output: str | None,
+    name: str | None,
+    overrides: dict[str, Any],
+) -> Any:
+    """Load the corpus config and list its inputs (exist, match something of a known format, readable)."""
+    from flows.corpus_config import load_corpus_config
+    from pipeline.ingest import stage as ingest
+
+    cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
+    with _quiet(ingest.log), _unreachable_is_one_line(cfg.s3):  # the flow lists again, and says what it skips
+        ingest.list_inputs(list(cfg.resolved_inputs()), s3=_fast(cfg.s3), extensions=cfg.ingest.extensions)
+    return cfg
+
+
+@contextlib.contextmanager
+def _unreachable_is_one_line(s3: Any) -> Iterator[None]:
+    """A store that does not answer the one quick try: say so, and what to check (not the retry budget)."""
+    from pipeline.errors import StorageError
+    from pipeline.storage.retry import transient_reason
+
+    try:
+        yield
+    except StorageError as exc:
+        cause = exc.__cause__
+        reason = transient_reason(cause) if cause is not None else None
+        if reason is None:
+            raise
+        endpoint = getattr(s3, "endpoint_url", None) or "AWS"
+        raise StorageError(
+            f"cannot reach the S3 store at {endpoint} ({reason}: {cause}); check s3.endpoint_url "
+            "(--s3-endpoint-url) and that the store is up"
+        ) from cause
+
+
+@contextlib.contextmanager
+def _quiet(logger: logging.Logger) -> Iterator[None]:
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def check_train(manifest_uri: str, config_path: str | None, overrides: dict[str, Any]) -> Any:
+    """Find the dataset (a manifest that loads and validates), then load the training config.
+
+    A local dataset is looked up first (a second, before torch is imported); an ``s3://`` one needs the
+    training config's ``s3:`` section to be reached at all."""
+    from pipeline.manifest import load_manifest
+
+    if not manifest_uri.startswith("s3://"):
+        load_manifest(manifest_uri, None)
+    from flows.train import resolved_train_config  # prefect and torch: only once a local dataset is found
+
+    cfg = resolved_train_config(config_path, overrides)
+    if manifest_uri.startswith("s3://"):
+        load_manifest(manifest_uri, _fast(cfg.s3))
+    return cfg

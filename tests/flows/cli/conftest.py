@@ -1,0 +1,88 @@
+"""Run ``pileworks`` as a user does: a subprocess, its exit code and its last line.
+
+Commands that reach Prefect share one local background server per session, started by pileworks' own code
+(``flows/local_server.py``) on 127.0.0.1 under a private PREFECT_HOME, and stopped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@dataclass(frozen=True)
+class Done:
+    code: int
+    out: str
+    err: str
+    seconds: float
+
+    @property
+    def last_line(self) -> str:
+        lines = [line for line in self.err.splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+
+
+def cli_env(prefect_home: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "AWS_"))}
+    return env | {
+        "PREFECT_HOME": str(prefect_home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DS_ACCELERATOR": "cpu",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": "/nonexistent/aws-config",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
+        "PYTHONPATH": str(REPO),
+        **extra,
+    }
+
+
+def start_cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", *args], env=env, cwd=cwd, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout_s: float = 600) -> Done:
+    started = time.monotonic()
+    proc = start_cli(args, env, cwd)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"pileworks {' '.join(args)} ran past {timeout_s} s:\n{err[-3000:]}") from None
+    return Done(proc.returncode, out, err, time.monotonic() - started)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """A private PREFECT_HOME with no server: for commands that must fail before reaching Prefect."""
+    path = tmp_path / "prefect-home"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="session")
+def server_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A private PREFECT_HOME whose local server pileworks started (and this fixture stops)."""
+    from flows.local_server import start_server, stop_server
+    from tests.flows.prefect_server import free_port
+
+    path = tmp_path_factory.mktemp("cli-prefect-home")
+    start_server(path, port=free_port())
+    try:
+        yield path
+    finally:
+        stop_server(path)
