@@ -1,9 +1,12 @@
-"""The clean stage's configs: text normalisation, boilerplate lines and the quality rules' thresholds."""
+"""The clean stage's configs: text normalisation, boilerplate lines, the quality rules (``quality.py``) and
+language identification (``pipeline.langid``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
+
+from pipeline.langid import LangIdConfig
 
 NORMALIZATIONS = ("NFC", "NFKC")
 DEFAULT_TOP_NGRAM = ((2, 0.20), (3, 0.18), (4, 0.16))
@@ -100,6 +103,7 @@ class CleanConfig:
     max_blank_lines: int = 2
     boilerplate: BoilerplateConfig = field(default_factory=BoilerplateConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
+    langid: LangIdConfig = field(default_factory=LangIdConfig)
 
     def __post_init__(self) -> None:
         if self.normalization not in NORMALIZATIONS:

@@ -18,7 +18,8 @@ import pytest
 from tests.flows.cli.conftest import cli_env, run_cli, start_cli
 from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
 
-pytestmark = [pytest.mark.slow, pytest.mark.distributed]
+# Each test runs several real commands (a build, DeepSpeed ranks, torch imports): minutes on a loaded 2-core machine.
+pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(900)]
 
 TRAIN = {
     "seq_len": 32, "micro_batch_size": 2, "checkpoint_interval": 2, "eval_interval": 2, "eval_batches": 1,
