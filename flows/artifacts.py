@@ -10,6 +10,7 @@ from flows import charts, readable
 from flows.corpus_config import CorpusConfig
 from pipeline.dedup.audit import cluster_documents
 from pipeline.manifest import Manifest, load_manifest
+from pipeline.sources import mixture_table
 from pipeline.storage import S3Options, open_store
 from pipeline.storage.s3 import S3Store
 from pipeline.units import StageStats
@@ -17,7 +18,7 @@ from pipeline.units import StageStats
 MAX_TABLE_ROWS = 50  # longer shard/input lists stay in the manifest; the artifact says how many more
 PRESIGNED_EXPIRY_S = 7 * 24 * 3600  # S3's longest presigned-URL lifetime (SigV4)
 
-STAGE_ORDER = ("ingest", "clean", "exact_dedup", "near_dedup", "tokenize", "shard")
+STAGE_ORDER = ("ingest", "clean", "exact_dedup", "near_dedup", "decontam", "tokenize", "shard")
 
 
 def build_summary(
@@ -49,6 +50,7 @@ def build_summary(
         "tokens": {split: info["tokens"] for split, info in manifest.splits.items()},
         "shards": {split: info["shards"] for split, info in manifest.splits.items()},
         "stages": {name: stats[name].to_json() for name in STAGE_ORDER if name in stats},
+        "mixture": mixture_rows(manifest.mixture),
         "shard_table": [
             {"split": s.split, "key": s.key, "tokens": s.tokens, "docs": s.docs, "sha256": s.sha256}
             for s in manifest.shards
@@ -71,6 +73,21 @@ def stage_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "size out": readable.size(st["bytes_out"]),
                 "dropped": ", ".join(f"{k}={readable.count(v)}" for k, v in st["dropped"].items() if v)
                 or "none",
+            }
+        )
+    return rows
+
+
+def mixture_rows(mixture: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``pileworks inspect mixture`` table as flat rows (the Prefect table artifact)."""
+    rows = []
+    for row in mixture_table(mixture, "train") if mixture else []:
+        langs = sorted(row["languages"].items(), key=lambda kv: -kv[1])
+        rows.append(
+            row
+            | {
+                "asked": ", ".join(f"{k} {v:g}" for k, v in row["asked"].items()),
+                "languages": ", ".join(f"{k} {v}" for k, v in langs),
             }
         )
     return rows
@@ -216,6 +233,9 @@ def publish_build_artifacts(summary: dict[str, Any], cfg: CorpusConfig) -> None:
     link = manifest_link(summary["manifest_uri"], cfg.s3, cfg.manifest_link)
     create_markdown_artifact(manifest_markdown(manifest, link), key="manifest",
                              description=f"Dataset {manifest.name}@{manifest.dataset_id[:12]}: the manifest's facts")  # fmt: skip
+    if summary.get("mixture"):
+        create_table_artifact(summary["mixture"], key="mixture",
+                              description="Tokens, documents and shares per source (train split), weights asked and target shares")  # fmt: skip
     near = summary["stages"].get("near_dedup", {}).get("extra", {})
     if near.get("report"):
         store = open_store(cfg.output, s3=cfg.s3)

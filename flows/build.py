@@ -17,6 +17,7 @@ from typing import Any
 from prefect import flow, get_run_logger, unmapped
 
 from flows import artifacts, run_names, unitcache
+from flows.build_decontam import run_decontam
 from flows.build_tasks import (
     BuildContext,
     StageFailed,
@@ -82,7 +83,7 @@ def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]], plans: list[dict[
 def ingest_keys(cfg: CorpusConfig, plans: list[dict[str, Any]], inputs: list[dict[str, Any]]) -> list[str]:
     """A part's key: its plan plus the fingerprint (size, ETag/mtime) of every object it reads."""
     fp = {i["uri"]: [i["size"], i["etag"]] for i in inputs}
-    ing = cfg.to_dict()["ingest"]
+    ing = cfg.to_dict()["ingest"], cfg.to_dict()["sources"]
     return [
         unitcache.unit_key("ingest", p["pieces"], [fp.get(x["uri"]) for x in p["pieces"]], ing) for p in plans
     ]
@@ -195,6 +196,7 @@ def build_corpus(
     keys = ingest_and_clean(ctx, cfg, planned, stats, reuse)
     progress.finished("ingest", "boilerplate", "clean")
     dedup_folder, keys = run_dedup(ctx, cfg, n, keys, stats, reuse)
+    dedup_folder, keys = run_decontam(ctx, cfg, n, dedup_folder, keys, stats)
     progress.finished(*(s for s in stages if s in ("exact dedup", "signatures", "near dedup")))
     tok_key, results = tokenize_parts(ctx, n, dedup_folder, keys, stats, reuse)
     progress.finished("tokenize")

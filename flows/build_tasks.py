@@ -107,8 +107,16 @@ def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
     """List the raw objects with their fingerprints and pack them into parts of similar byte size."""
     with stage_errors("plan-inputs"):
         cfg = config_from_dict(config)
-        inputs = ingest.list_inputs(list(cfg.resolved_inputs()), s3=cfg.s3, extensions=cfg.ingest.extensions)
+        inputs: list[ingest_config.InputFile] = []
+        entry_of: dict[str, int] = {}
+        for entry, source in enumerate(cfg.resolved_sources()):
+            for inp in ingest.list_inputs(list(source.inputs), s3=cfg.s3, extensions=cfg.ingest.extensions):
+                if entry_of.setdefault(inp.uri, entry) != entry:
+                    raise ValueError(f"{inp.uri} is in two sources; each input belongs to one source")
+                inputs.append(inp)
+        inputs.sort(key=lambda i: i.uri)
         plans = ingest.plan_parts(inputs, cfg.ingest.target_part_bytes, cfg=cfg.ingest, s3=cfg.s3)
+        plans = ingest.assign_sources(plans, entry_of)
         return {"inputs": [i.to_json() for i in inputs], "plans": [p.to_json() for p in plans]}
 
 
@@ -117,7 +125,8 @@ def ingest_task(ctx: dict[str, Any], plan: dict[str, Any], key: str) -> dict[str
     c = _ctx(ctx)
     part = ingest_config.PartPlan.from_json(plan)
     return _unit(c, "ingest", key, c.folder("ingest"), part.index,
-                 lambda st: ingest.run_ingest_part(st, c.folder("ingest"), part, c.cfg.ingest, s3=c.cfg.s3))  # fmt: skip
+                 lambda st: ingest.run_ingest_part(st, c.folder("ingest"), part, c.cfg.ingest, s3=c.cfg.s3,
+                                                   sources=c.cfg.resolved_sources()))  # fmt: skip
 
 
 @task(name="boilerplate-count", task_run_name=run_names.part("boilerplate: count"), cache_policy=NO_CACHE)
@@ -144,10 +153,15 @@ def clean_task(ctx: dict[str, Any], index: int, upstream: str, boilerplate_key: 
     c = _ctx(ctx)
     bp = boilerplate_key if c.cfg.clean.boilerplate.enabled else None
     key = unitcache.unit_key(
-        "clean", upstream, c.config["clean"], unitcache.content_hash(c.store(), boilerplate_key)
+        "clean",
+        upstream,
+        c.config["clean"],
+        c.config["sources"],
+        unitcache.content_hash(c.store(), boilerplate_key),
     )
     return _unit(c, "clean", key, c.folder("clean"), index,
-                 lambda st: clean.run_clean_part(st, c.folder("ingest"), c.folder("clean"), index, c.cfg.clean, bp))  # fmt: skip
+                 lambda st: clean.run_clean_part(st, c.folder("ingest"), c.folder("clean"), index, c.cfg.clean, bp,
+                                                 sources=c.cfg.resolved_sources()))  # fmt: skip
 
 
 @task(name="exact-hash", task_run_name=run_names.part("exact-dedup: hash"), cache_policy=NO_CACHE)
@@ -297,6 +311,7 @@ def publish_task(
                 inputs=inputs, stats={k: StageStats.from_json(v) for k, v in stats.items()},
                 config=cfg.to_dict() | {"output": None, "s3": None}, lineage=lineage,
                 eos_token=cfg.tokenize.eos_token, pad_token=cfg.tokenize.pad_token,
+                sources=cfg.resolved_sources(),
             )  # fmt: skip
         except DatasetConflictError as exc:
             # Same content (the dataset id is a content hash) but, e.g., touched input mtimes: the published

@@ -18,11 +18,13 @@ import yaml
 from pipeline import __version__
 from pipeline.clean.config import CleanConfig
 from pipeline.configload import build_config, config_to_dict
+from pipeline.decontam import DecontamConfig
 from pipeline.dedup.config import ExactDedupConfig, NearDedupConfig
 from pipeline.errors import ConfigError
 from pipeline.ingest.config import IngestConfig
 from pipeline.sample_corpus import sample_corpus_path
 from pipeline.shards import ShardConfig
+from pipeline.sources import SourceConfig, check_sources
 from pipeline.storage import S3Options
 from pipeline.tokenize import TokenizeConfig
 
@@ -41,11 +43,15 @@ class CorpusConfig:
 
     name: str = "sample"
     inputs: tuple[str, ...] = ()
+    # Named sources with weights and overrides (pipeline.sources.SourceConfig); empty: ``inputs`` are one
+    # source whose documents are named by their meta.pile_set_name (or "default").
+    sources: tuple[SourceConfig, ...] = ()
     output: str = "./pileworks-store"
     s3: S3Options = field(default_factory=S3Options)
     ingest: IngestConfig = field(default_factory=IngestConfig)
     clean: CleanConfig = field(default_factory=CleanConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
+    decontam: DecontamConfig = field(default_factory=DecontamConfig)
     tokenize: TokenizeConfig = field(default_factory=TokenizeConfig)
     shard: ShardConfig = field(default_factory=ShardConfig)
     # A tokenizer trained on the first build of a dataset name is reused by its rebuilds (same token ids, so
@@ -62,9 +68,20 @@ class CorpusConfig:
             raise ValueError(f"manifest_link must be none, presigned or console, got {self.manifest_link!r}")
         if not self.output:
             raise ValueError("output must be a local path, file:// or s3:// URI")
+        if self.sources and self.inputs:
+            raise ValueError(
+                "give inputs (one source) or sources (named, weighted), not both; put the inputs in a source"
+            )
+        check_sources(self.sources)
 
     def resolved_inputs(self) -> tuple[str, ...]:
+        if self.sources:
+            return tuple(i for s in self.sources for i in s.inputs)
         return self.inputs or (str(sample_corpus_path()),)
+
+    def resolved_sources(self) -> tuple[SourceConfig, ...]:
+        """The configured sources, or one unnamed source holding ``inputs`` (named by meta)."""
+        return self.sources or (SourceConfig(inputs=self.resolved_inputs()),)
 
     def to_dict(self) -> dict[str, Any]:
         return config_to_dict(self)
@@ -99,6 +116,7 @@ def load_corpus_config(
     changes: dict[str, Any] = {}
     if inputs:
         changes["inputs"] = tuple(inputs)
+        changes["sources"] = ()  # --input: one source, as the help says
     if output:
         changes["output"] = output
     if name:

@@ -117,6 +117,9 @@ class Manifest:
     dtype_code: int = 0
     splits: dict[str, dict[str, int]] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
+    # Tokens/docs per source name and language per split, each source's contiguous token ranges and its
+    # asked and target weights (pipeline.sources.mixture_of_shards); {} for datasets built before sources.
+    mixture: dict[str, Any] = field(default_factory=dict)
     inputs: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     lineage: dict[str, Any] = field(default_factory=lambda: {"prefect_flow_run_id": None})
@@ -124,7 +127,7 @@ class Manifest:
 
     def __post_init__(self) -> None:
         # JSON round trip, so an in-memory manifest equals its loaded self (tuples -> lists, keys -> str).
-        for name in ("splits", "stats", "inputs", "config", "lineage"):
+        for name in ("splits", "stats", "mixture", "inputs", "config", "lineage"):
             setattr(self, name, json.loads(json.dumps(getattr(self, name), default=str)))
         # Derived fields are filled in, never trusted blindly: validate() cross-checks them when given.
         if not self.dtype_code and self.dtype in DTYPE_CODES:
@@ -152,6 +155,7 @@ class Manifest:
             "shards",
             "splits",
             "stats",
+            "mixture",
             "inputs",
             "config",
             "lineage",

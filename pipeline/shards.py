@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -57,8 +57,14 @@ DOCS_SCHEMA = pa.schema(
         pa.field("token_start", pa.int64(), nullable=False),
         pa.field("tokens", pa.int64(), nullable=False),
         pa.field("piece", pa.int32(), nullable=False),
+        # Provenance (pipeline.sources): the source name, the language, and the document's meta JSON
+        # (our provenance fields beside the user's own meta, under "user").
+        pa.field("source_name", pa.string(), nullable=False),
+        pa.field("language", pa.string(), nullable=False),
+        pa.field("meta", pa.string(), nullable=False),
     ]
 )
+PROVENANCE_COLUMNS = ("source_name", "language", "meta")
 SPLITS = ("train", "valid")
 
 
@@ -253,9 +259,17 @@ class ShardWriter:
         self._carry_piece = 0
         self.done: list[WrittenShard] = []
 
-    def add(self, doc_id: str, source: str, location: str, tokens: np.ndarray) -> None:
+    def add(
+        self,
+        doc_id: str,
+        source: str,
+        location: str,
+        tokens: np.ndarray,
+        provenance: tuple[str, str, str] = ("default", "", "{}"),
+    ) -> None:
         tokens = np.asarray(tokens)
-        self.add_batch([doc_id], [source], [location], np.array([0, len(tokens)]), tokens)
+        columns = {name: [value] for name, value in zip(PROVENANCE_COLUMNS, provenance, strict=True)}
+        self.add_batch([doc_id], [source], [location], np.array([0, len(tokens)]), tokens, columns)
 
     def add_batch(
         self,
@@ -264,11 +278,20 @@ class ShardWriter:
         locations: Sequence[str],
         offsets: np.ndarray,
         flat: np.ndarray,
+        provenance: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         """Add documents in order: document j is ``flat[offsets[j]:offsets[j+1]]`` (``offsets[0] == 0``).
 
-        Works per shard segment, not per document, so millions of small documents stay cheap.
+        ``provenance`` holds the PROVENANCE_COLUMNS per document (defaults: source ``default``, no language,
+        meta ``{}``). Works per shard segment, not per document, so millions of small documents stay cheap.
         """
+        n = len(doc_ids)
+        prov = provenance or {}
+        prov = {
+            "source_name": prov.get("source_name", ["default"] * n),
+            "language": prov.get("language", [""] * n),
+            "meta": prov.get("meta", ["{}"] * n),
+        }
         offsets = np.asarray(offsets, dtype=np.int64)
         lengths = np.diff(offsets)
         if (lengths <= 0).any():
@@ -298,6 +321,7 @@ class ShardWriter:
                 ("token_start", (starts - pos + shard.filled).tolist()),
                 ("tokens", sizes.tolist()),
                 ("piece", pieces.tolist()),
+                *((name, prov[name][first:last]) for name in PROVENANCE_COLUMNS),
             ):
                 shard.rows[name].extend(values)
             shard.sizes.extend(sizes.tolist())

@@ -34,6 +34,7 @@ from pipeline.hf_tokenizer import hf_tokenizer_files
 from pipeline.manifest import Manifest, ShardInfo, TokenizerInfo, publish_dataset
 from pipeline.records import Record, iter_part_batches
 from pipeline.shards import (
+    PROVENANCE_COLUMNS,
     SPLITS,
     ShardConfig,
     ShardWriter,
@@ -42,6 +43,7 @@ from pipeline.shards import (
     plan_shards,
     split_of,
 )
+from pipeline.sources import SourceConfig, mixture_of_shards, provenance
 from pipeline.storage import ObjectStore, open_store, sha256_bytes, split_uri
 from pipeline.storage.options import S3Options
 from pipeline.units import StageStats, merged_stats, part_done, part_name, read_part_stats
@@ -55,6 +57,9 @@ TOKENS_SCHEMA = pa.schema(
         pa.field("source", pa.string(), nullable=False),
         pa.field("location", pa.string(), nullable=False),
         pa.field("tokens", pa.large_list(pa.field("item", pa.uint32(), nullable=False)), nullable=False),
+        pa.field("source_name", pa.string(), nullable=False),
+        pa.field("language", pa.string(), nullable=False),
+        pa.field("meta", pa.string(), nullable=False),
     ]
 )
 
@@ -236,6 +241,8 @@ class Encoder:
 
 
 def _location(record: Record) -> str:
+    """Where in its raw object the document starts, from our provenance fields (the user's own meta lives
+    under ``user``, so a user key named ``location`` cannot stand in for them)."""
     meta = record.meta_dict()
     for key in ("location", "offset", "line"):
         if key in meta:
@@ -251,12 +258,16 @@ def tokens_table(records: Sequence[Record], arrays: Sequence[np.ndarray]) -> pa.
     tokens = pa.LargeListArray.from_arrays(
         pa.array(offsets), pa.array(flat, type=pa.uint32()), type=TOKENS_SCHEMA.field("tokens").type
     )
+    prov = [provenance(r.meta) for r in records]
     return pa.table(
         {
             "id": [r.id for r in records],
             "source": [r.source for r in records],
             "location": [_location(r) for r in records],
             "tokens": tokens,
+            "source_name": [p[0] for p in prov],
+            "language": [p[2] for p in prov],
+            "meta": [r.meta or "{}" for r in records],
         },
         schema=TOKENS_SCHEMA,
     )
@@ -294,7 +305,10 @@ def run_tokenize_part(
             continue
         encoder = encoder or Encoder(tok, cfg, sample=[r.text for r in kept])
         arrays = encoder.encode([r.text for r in kept])
-        tables.append(tokens_table(kept, arrays))
+        table = tokens_table(kept, arrays)
+        tables.append(table)
+        for name, arr in zip(table.column("source_name").to_pylist(), arrays, strict=True):
+            stats.extra[f"source_tokens.{name}"] = stats.extra.get(f"source_tokens.{name}", 0) + len(arr)
         stats.docs_out += len(kept)
         stats.bytes_in += sum(len(r.text.encode("utf-8", "replace")) for r in kept)
         n_tokens = sum(len(a) for a in arrays)
@@ -331,37 +345,70 @@ def count_split_tokens(
 ) -> dict[str, int]:
     """Pass 1: tokens per split, so shards can be planned before any is written."""
     totals = dict.fromkeys(SPLITS, 0)
+    for per_source in count_source_tokens(store, folder, num_parts, shard_cfg).values():
+        for split, n in per_source.items():
+            totals[split] += n
+    return totals
+
+
+def count_source_tokens(
+    store: ObjectStore, folder: str, num_parts: int, shard_cfg: ShardConfig
+) -> dict[str, dict[str, int]]:
+    """Tokens per source name and split (pass 1 of :func:`write_shards`)."""
+    totals: dict[str, dict[str, int]] = {}
     for i in range(num_parts):
-        for batch in iter_token_batches(store, folder, i, columns=("id", "tokens")):
+        for batch in iter_token_batches(store, folder, i, columns=("id", "tokens", "source_name")):
             offsets, _ = _split_arrays(batch)
-            for doc_id, n in zip(batch.column("id").to_pylist(), np.diff(offsets).tolist(), strict=True):
-                totals[split_of(doc_id, shard_cfg.valid_fraction, shard_cfg.seed)] += n
+            names = batch.column("source_name").to_pylist()
+            ids = batch.column("id").to_pylist()
+            for doc_id, name, n in zip(ids, names, np.diff(offsets).tolist(), strict=True):
+                split = split_of(doc_id, shard_cfg.valid_fraction, shard_cfg.seed)
+                per = totals.setdefault(name, dict.fromkeys(SPLITS, 0))
+                per[split] += n
     return totals
 
 
 def write_shards(
     store: ObjectStore, folder: str, num_parts: int, out_dir: Path, dtype: np.dtype, shard_cfg: ShardConfig
 ) -> list[WrittenShard]:
-    """Pass 2: stream every document, in part order, into its split's balanced shards under ``out_dir``."""
-    totals = count_split_tokens(store, folder, num_parts, shard_cfg)
+    """Pass 2: stream every document into its split's balanced shards under ``out_dir``, grouped by source
+    name (sorted), each source in part order, so every source is one contiguous token range of its split:
+    the blended sampler draws from a source by drawing from its range (see ``source_ranges``)."""
+    per_source = count_source_tokens(store, folder, num_parts, shard_cfg)
     target = shard_cfg.target_tokens(dtype)
-    writers = {s: ShardWriter(out_dir, s, plan_shards(totals[s], target), dtype) for s in SPLITS}
-    for i in range(num_parts):
-        for batch in iter_token_batches(store, folder, i):
-            offsets, flat = _split_arrays(batch)
-            cols = [batch.column(c).to_pylist() for c in ("id", "source", "location")]
-            splits = np.array([split_of(d, shard_cfg.valid_fraction, shard_cfg.seed) for d in cols[0]])
-            lengths = np.diff(offsets)
-            for split, writer in writers.items():
-                mask = splits == split
-                if not mask.any():
-                    continue
-                picked = np.flatnonzero(mask).tolist()
-                sub_offsets = np.concatenate([[0], np.cumsum(lengths[mask])])
-                sub_flat = flat if mask.all() else flat[np.repeat(mask, lengths)]
-                ids, sources, locations = ([col[k] for k in picked] for col in cols)
-                writer.add_batch(ids, sources, locations, sub_offsets, sub_flat)
+    writers = {
+        s: ShardWriter(out_dir, s, plan_shards(sum(t[s] for t in per_source.values()), target), dtype)
+        for s in SPLITS
+    }
+    columns = ("id", "source", "location", "tokens", *PROVENANCE_COLUMNS)
+    for name in sorted(per_source):
+        for i in range(num_parts):
+            for batch in iter_token_batches(store, folder, i, columns=columns):
+                _write_batch(batch, name, writers, shard_cfg)
     return [shard for s in SPLITS for shard in writers[s].close()]
+
+
+def _write_batch(
+    batch: pa.RecordBatch, source: str, writers: dict[str, ShardWriter], shard_cfg: ShardConfig
+) -> None:
+    """The documents of ``source`` in ``batch``, each to its split's writer."""
+    offsets, flat = _split_arrays(batch)
+    cols = {c: batch.column(c).to_pylist() for c in ("id", "source", "location", *PROVENANCE_COLUMNS)}
+    of_source = np.array([n == source for n in cols["source_name"]], dtype=bool)
+    if not of_source.any():
+        return
+    splits = np.array([split_of(d, shard_cfg.valid_fraction, shard_cfg.seed) for d in cols["id"]])
+    lengths = np.diff(offsets)
+    for split, writer in writers.items():
+        mask = (splits == split) & of_source
+        if not mask.any():
+            continue
+        picked = np.flatnonzero(mask).tolist()
+        sub_offsets = np.concatenate([[0], np.cumsum(lengths[mask])])
+        sub_flat = flat if mask.all() else flat[np.repeat(mask, lengths)]
+        ids, sources, locations = ([cols[c][k] for k in picked] for c in ("id", "source", "location"))
+        prov = {c: [cols[c][k] for k in picked] for c in PROVENANCE_COLUMNS}
+        writer.add_batch(ids, sources, locations, sub_offsets, sub_flat, prov)
 
 
 def _shard_info(w: WrittenShard) -> ShardInfo:
@@ -383,6 +430,7 @@ def run_shard_and_publish(
     eos_token: str = "<|endoftext|>",
     pad_token: str | None = "<|pad|>",
     staging_dir: str | Path | None = None,
+    sources: Sequence[SourceConfig] = (),
 ) -> str:
     """Global step: plan balanced shards over all token parts, write them locally, publish; returns the
     manifest URI. ``stats`` holds the earlier stages' merged stats; tokenize and shard stats are added."""
@@ -423,6 +471,7 @@ def run_shard_and_publish(
                 files={file_name: sha256_bytes(data) for file_name, data in hf_files.items()},
             ),
             stats=all_stats,
+            mixture=mixture_of_shards(staged, written, sources),
             inputs=list(inputs or []),
             config=dict(config or {}),
             lineage=dict(lineage or {"prefect_flow_run_id": None}),

@@ -87,6 +87,9 @@ class TrainConfig:
     wandb_project: str = "pileworks"
     wandb_mode: Literal["offline", "online"] = "offline"
     # data loading
+    # Draw samples from the dataset's sources by the manifest's target shares (training.blend) when it has
+    # two or more sources; false: one shuffled pass over the token stream, whatever its sources.
+    blend: bool = True
     num_workers: int = 2
     cache_dir: str | None = None  # None: <output_dir>/shard-cache
     cache_max_bytes: int = 20 * 2**30

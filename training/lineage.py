@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.storage import S3Options
-from training.sampler import EpochPermutation
+from training.blend import SourceSamples, blend_sources, epoch_order
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +47,10 @@ def micro_batch_positions(shape: DataShape, epoch: int, consumed: int) -> tuple[
 
 
 def step_samples(
-    shape: DataShape, step: int, start: tuple[int, int, int] = (0, 0, 0)
+    shape: DataShape,
+    step: int,
+    start: tuple[int, int, int] = (0, 0, 0),
+    sources: list[SourceSamples] | None = None,
 ) -> list[dict[str, Any]]:
     """Samples of optimizer step ``step`` (1-based), walking forward from ``start`` = (step, epoch, consumed)
     reached after that step. Returns one entry per micro batch: epoch, positions and dataset indices."""
@@ -61,7 +64,7 @@ def step_samples(
     out = []
     for a in range(shape.grad_accum):
         epoch, consumed, pos = micro_batch_positions(shape, epoch, consumed)
-        perm = EpochPermutation(shape.n, seed=shape.seed, epoch=epoch)
+        perm = epoch_order(sources or [], shape.n, seed=shape.seed, epoch=epoch)
         out.append({"micro_batch": a, "epoch": epoch, "positions": pos, "samples": perm(pos)})
         consumed += per_micro
     return out
@@ -120,15 +123,19 @@ def trace_step(
     micro = int(cfg["micro_batch_size"])
     accum = _grad_accum(cfg, world)
     shape = DataShape(n=len(dataset), world=world, micro_batch=micro, grad_accum=accum, seed=int(cfg["seed"]))
-    batches = step_samples(shape, step, _start_from_metrics(output_dir, step))
+    blend = blend_sources(manifest.mixture, int(cfg["seq_len"]), bool(cfg.get("blend", True)))
+    batches = step_samples(shape, step, _start_from_metrics(output_dir, step), blend)
     samples = np.concatenate([b["samples"].reshape(-1) for b in batches])
     docs: dict[str, dict[str, Any]] = {}
+    per_source: dict[str, int] = {}
     for i in samples.tolist():
         for piece in dataset.documents_of_sample(int(i)):
             entry = docs.setdefault(
-                piece["doc_id"], {k: piece.get(k) for k in ("doc_id", "source", "location")}
+                piece["doc_id"], {k: piece.get(k) for k in ("doc_id", "source", "location", "source_name")}
             )
             entry["tokens"] = entry.get("tokens", 0) + int(piece["end"] - piece["start"])
+            name = piece.get("source_name") or "default"
+            per_source[name] = per_source.get(name, 0) + int(piece["end"] - piece["start"])
     shards = sorted(
         {
             manifest.split_shards("train")[k].key
@@ -149,6 +156,7 @@ def trace_step(
         "shards": shards,
         "documents": sorted(docs.values(), key=lambda d: -d["tokens"])[:max_docs],
         "documents_total": len(docs),
+        "source_tokens": dict(sorted(per_source.items())),
         "assumes": "world size and batch shape of the checkpoint held since the last recorded data position",
     }
 

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from pipeline.errors import CheckpointError
 from pipeline.manifest import Manifest, load_manifest
 from pipeline.storage import ObjectStore, open_store, sha256_bytes
+from training.blend import BlendedDistributedSampler, blend_sources, epoch_order, source_tokens
 from training.cache import ShardCache
 from training.checkpoint import load_checkpoint, save_checkpoint, upload_checkpoint
 from training.config import TrainConfig, load_train_config
@@ -136,9 +137,19 @@ def seed_everything(seed: int) -> None:
 def build_data(cfg: TrainConfig, manifest: Manifest, store: ObjectStore, info: DistInfo) -> tuple[Any, ...]:
     cache = ShardCache(store, cfg.cache_dir or Path(cfg.output_dir) / "shard-cache", cfg.cache_max_bytes)
     train_ds = ShardDataset(manifest, store, cfg.seq_len, "train", cache)
-    sampler = ResumableDistributedSampler(
-        len(train_ds), num_replicas=info.world_size, rank=info.rank, seed=cfg.seed
+    blend = blend_sources(manifest.mixture, cfg.seq_len, cfg.blend)
+    sampler = (
+        BlendedDistributedSampler(
+            blend, len(train_ds), num_replicas=info.world_size, rank=info.rank, seed=cfg.seed
+        )
+        if blend
+        else ResumableDistributedSampler(
+            len(train_ds), num_replicas=info.world_size, rank=info.rank, seed=cfg.seed
+        )
     )
+    if blend:
+        logger.info("blending %d sources by target share: %s", len(blend),
+                    ", ".join(f"{s.name} {s.share:.1%} ({s.count} samples)" for s in blend))  # fmt: skip
     loader = build_dataloader(train_ds, sampler, cfg.micro_batch_size, num_workers=cfg.num_workers)
     valid_loader = None
     if cfg.eval_batches and manifest.split_shards("valid"):
@@ -351,7 +362,7 @@ def log_step(
     # epoch/consumed_in_epoch: the data position after this step, so lineage (training.lineage) can replay
     # the order exactly from any logged step, also after a resume.
     run.metrics.log("train", step=p.step, loss=loss, lr=lr, epoch=p.epoch, consumed_in_epoch=p.consumed_in_epoch,
-                    world_size=run.info.world_size, **timing, **gpu.sample())  # fmt: skip
+                    world_size=run.info.world_size, **step_source_tokens(run), **timing, **gpu.sample())  # fmt: skip
     if p.step % cfg.log_interval == 0 or p.step == cfg.max_steps:
         mfu = f" mfu {timing['mfu']:.1%}" if timing["mfu"] is not None else ""
         logger.info(
@@ -368,6 +379,17 @@ def log_step(
             100 * timing["data_wait_share"],
             mfu,
         )
+
+
+def step_source_tokens(run: Run) -> dict[str, Any]:
+    """``{"source_tokens": {name: tokens}}`` of the step just taken (blended runs; ``{}`` otherwise)."""
+    sampler, p = run.sampler, run.progress
+    if not isinstance(sampler, BlendedDistributedSampler):
+        return {}
+    per_step = run.cfg.micro_batch_size * run.grad_accum * run.info.world_size
+    start = max(0, p.consumed_in_epoch - per_step)  # a step that began in the last epoch counts from 0
+    order = epoch_order(sampler.sources, sampler.n, seed=sampler.seed, epoch=p.epoch)
+    return {"source_tokens": source_tokens(order, start, p.consumed_in_epoch, run.cfg.seq_len)}
 
 
 def record_samples(run: Run, seen: list[torch.Tensor]) -> None:

@@ -1,4 +1,5 @@
-"""``pileworks inspect dedup <dataset>``: the near-dedup audit and one cluster's documents side by side."""
+"""``pileworks inspect dedup <dataset>``: the near-dedup audit and one cluster's documents side by side;
+``pileworks inspect mixture <dataset>``: tokens, documents and shares per source and language."""
 
 from __future__ import annotations
 
@@ -19,6 +20,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--report", action="store_true", help="print the whole dedup report as JSON")
     add_s3_arguments(d)
     d.set_defaults(func=run_dedup)
+    m = what.add_parser("mixture", help="tokens, documents and shares per source and language, weights asked")
+    m.add_argument("dataset", help="manifest URI, dataset folder or datasets/<name> of a build")
+    m.add_argument("--split", default="train", choices=("train", "valid"))
+    m.add_argument("--json", action="store_true", help="print the manifest's mixture section as JSON")
+    add_s3_arguments(m)
+    m.set_defaults(func=run_mixture)
+
+
+def run_mixture(args: argparse.Namespace) -> int:
+    from pipeline.manifest import load_manifest
+    from pipeline.sources import format_mixture
+
+    manifest, _ = load_manifest(args.dataset, resolve_s3(args))
+    if not manifest.mixture:
+        raise ValueError(
+            f"{args.dataset}: the manifest has no mixture section (built before sources existed)"
+        )
+    if args.json:
+        print(json.dumps(manifest.mixture, indent=1))
+        return 0
+    print(f"dataset {manifest.name} {manifest.dataset_id}, split {args.split}")
+    print(format_mixture(manifest.mixture, args.split))
+    return 0
 
 
 def locate_build(dataset: str, s3: S3Options) -> tuple[ObjectStore, str]:

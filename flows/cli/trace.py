@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         f"trained by Prefect flow run {out['prefect_flow_run_id']}; dataset built by flow run {out['dataset_flow_run_id']}"
     )
     print("shards: " + ", ".join(out["shards"]))
+    print("tokens per source: " + ", ".join(f"{k} {v}" for k, v in out.get("source_tokens", {}).items()))
     print(f"documents ({out['documents_total']}, largest share first):")
     for d in out["documents"]:
         print(f"  {d['tokens']:6d} tokens  {d['doc_id']}  (source {d['source']}, at {d['location']})")

@@ -1,4 +1,5 @@
-"""The clean stage's configs: text normalisation, boilerplate lines, and the quality rules (``quality.py``)."""
+"""The clean stage's configs: text normalisation, boilerplate lines, the quality rules (``quality.py``) and
+language identification (``pipeline.langid``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pipeline.clean.quality import QualityConfig
+from pipeline.langid import LangIdConfig
 
 NORMALIZATIONS = ("NFC", "NFKC")
 
@@ -41,6 +43,7 @@ class CleanConfig:
     max_blank_lines: int = 2
     boilerplate: BoilerplateConfig = field(default_factory=BoilerplateConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
+    langid: LangIdConfig = field(default_factory=LangIdConfig)
 
     def __post_init__(self) -> None:
         if self.normalization not in NORMALIZATIONS:

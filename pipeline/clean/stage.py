@@ -1,16 +1,24 @@
 """The clean stage: normalise each document (``normalize.py``), remove the corpus-wide boilerplate lines
-(``boilerplate.py``), drop the documents that fail a quality rule (``quality.py``), count every drop and repair.
+(``boilerplate.py``), identify its language (``pipeline.langid``: ``language`` and ``language_score`` in the
+meta; a language outside ``langid.allow`` or a score under ``langid.min_score`` drops it), drop the documents
+that fail a quality rule (``quality.py``), count every drop and repair. Each document is cleaned with its
+source's overrides (``pipeline.sources``: language filter, quality thresholds).
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
 
 from pipeline.clean.boilerplate import load_boilerplate
 from pipeline.clean.config import CleanConfig
 from pipeline.clean.normalize import normalize_text, normalize_whitespace, remove_boilerplate
 from pipeline.clean.quality import check_quality_batch
+from pipeline.langid import LangIdConfig, identify, language_verdict
 from pipeline.records import Record, iter_part_batches, write_part
+from pipeline.sources import SOURCE_NAME, SourceConfig, provenance
 from pipeline.storage import ObjectStore
 from pipeline.units import StageStats, part_done, read_part_stats
 
@@ -32,24 +40,83 @@ def clean_text(text: str, cfg: CleanConfig, boilerplate: frozenset[int], counts:
     return text
 
 
+def _languages(texts: list[str], cfg: LangIdConfig) -> list[tuple[str, float] | None]:
+    return [identify(t, cfg.sample_chars) if cfg.enabled and t.strip() else None for t in texts]
+
+
+def _with_language(meta: str, found: tuple[str, float] | None, counts: Counter[str]) -> str:
+    """``meta`` with the language set; counts the kept document under its source name."""
+    data = json.loads(meta) if meta else {}
+    if isinstance(data, dict) and SOURCE_NAME in data:
+        counts[f"source.{data[SOURCE_NAME]}"] += 1
+    if found is None or not isinstance(data, dict):
+        return meta
+    data["language"], data["language_score"] = found
+    return json.dumps(data, ensure_ascii=False)
+
+
 def clean_batch(
     records: list[Record], cfg: CleanConfig, boilerplate: frozenset[int] = frozenset()
 ) -> tuple[list[Record], StageStats]:
     """Clean a batch; every dropped document is counted by reason, every repair in ``stats.extra``."""
+    kept, stats = _clean_indexed(records, cfg, boilerplate)
+    return [r for _, r in kept], stats
+
+
+def clean_batch_by_source(
+    records: list[Record],
+    cfg: CleanConfig,
+    boilerplate: frozenset[int] = frozenset(),
+    per_source: Sequence[CleanConfig] = (),
+) -> tuple[list[Record], StageStats]:
+    """:func:`clean_batch` with the config of each document's source entry (``per_source[entry]``, from
+    :func:`source_clean_configs`), in the batch's order."""
+    if len(set(per_source)) <= 1:
+        return clean_batch(records, per_source[0] if per_source else cfg, boilerplate)
+    groups: dict[int, list[int]] = {}
+    for i, rec in enumerate(records):
+        entry = provenance(rec.meta)[1]
+        groups.setdefault(entry if entry < len(per_source) else -1, []).append(i)
+    kept: list[tuple[int, Record]] = []
+    stats = StageStats(stage="clean")
+    for entry, members in groups.items():
+        group_cfg = per_source[entry] if entry >= 0 else cfg
+        out, group_stats = _clean_indexed([records[i] for i in members], group_cfg, boilerplate)
+        kept += [(members[j], r) for j, r in out]
+        stats.merge(group_stats)
+    return [r for _, r in sorted(kept, key=lambda x: x[0])], stats
+
+
+def source_clean_configs(cfg: CleanConfig, sources: Sequence[SourceConfig]) -> list[CleanConfig]:
+    """The clean config of each source entry: the corpus-wide one with the source's overrides."""
+    return [replace(cfg, langid=s.langid or cfg.langid, quality=s.quality or cfg.quality) for s in sources]
+
+
+def _clean_indexed(
+    records: list[Record], cfg: CleanConfig, boilerplate: frozenset[int]
+) -> tuple[list[tuple[int, Record]], StageStats]:
     stats = StageStats(stage="clean", docs_in=len(records))
     counts: Counter[str] = Counter()
     texts = [clean_text(rec.text, cfg, boilerplate, counts) for rec in records]
-    empty = [not text.strip() for text in texts]
-    reasons = iter(check_quality_batch([t for t, e in zip(texts, empty, strict=True) if not e], cfg.quality))
-    out: list[Record] = []
-    for rec, text, is_empty in zip(records, texts, empty, strict=True):
+    langs = _languages(texts, cfg.langid)
+    early = [
+        "empty_after_clean" if not t.strip() else (language_verdict(*lang, cfg.langid) if lang else None)
+        for t, lang in zip(texts, langs, strict=True)
+    ]
+    reasons = iter(
+        check_quality_batch([t for t, e in zip(texts, early, strict=True) if e is None], cfg.quality)
+    )
+    out: list[tuple[int, Record]] = []
+    for i, (rec, text, lang, reason) in enumerate(zip(records, texts, langs, early, strict=True)):
         stats.bytes_in += _utf8_len(rec.text)
-        reason = "empty_after_clean" if is_empty else next(reasons)
+        reason = reason or next(reasons)
         if reason is not None:
             stats.drop(reason)
             continue
-        out.append(Record(rec.id, text, rec.source, rec.meta))
+        out.append((i, Record(rec.id, text, rec.source, _with_language(rec.meta, lang, counts))))
         stats.bytes_out += _utf8_len(text)
+        if lang is not None:
+            counts[f"language.{lang[0]}"] += 1
     stats.docs_out = len(out)
     chars_removed = sum(map(len, (r.text for r in records))) - sum(map(len, texts))
     stats.extra = {"chars_removed": chars_removed, **{k: counts[k] for k in sorted(counts)}}
@@ -65,15 +132,17 @@ def run_clean_part(
     index: int,
     cfg: CleanConfig,
     boilerplate_key: str | None = None,
+    sources: Sequence[SourceConfig] = (),
 ) -> StageStats:
-    """Clean one part; a rerun returns the stored stats of a part already done."""
+    """Clean one part (each document with its source's overrides); a rerun returns the stored stats."""
     if part_done(store, out_folder, index):
         return read_part_stats(store, out_folder, index)
     boilerplate = load_boilerplate(store, boilerplate_key) if boilerplate_key else frozenset()
     stats = StageStats(stage="clean")
+    per_source = source_clean_configs(cfg, sources)
     kept: list[Record] = []
     for batch in iter_part_batches(store, in_folder, index):
-        out, batch_stats = clean_batch(batch, cfg, boilerplate)
+        out, batch_stats = clean_batch_by_source(batch, cfg, boilerplate, per_source)
         kept.extend(out)
         stats.merge(batch_stats)
     stats.extra.setdefault("chars_removed", 0)

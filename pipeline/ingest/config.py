@@ -39,11 +39,18 @@ class IngestConfig:
     target_part_bytes: int = 32 * 1024 * 1024
     max_doc_bytes: int = 10 * 1024 * 1024
     min_detect_confidence: float = 0.8
+    # A chunk of otherwise valid UTF-8 with invalid bytes: "replace" them with U+FFFD (keeping every valid
+    # character, counted as repaired_invalid_utf8) or "quarantine" the whole line/paragraph (invalid_utf8).
+    invalid_utf8: str = "replace"
     extensions: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_EXTENSIONS))
 
     def __post_init__(self) -> None:
         if self.txt_mode not in ("file", "paragraph"):
             raise ValueError(f"ingest.txt_mode must be 'file' or 'paragraph', got {self.txt_mode!r}")
+        if self.invalid_utf8 not in ("replace", "quarantine"):
+            raise ValueError(
+                f"ingest.invalid_utf8 must be 'replace' or 'quarantine', got {self.invalid_utf8!r}"
+            )
         for name in ("text_field", "meta_field"):
             if not getattr(self, name):
                 raise ValueError(f"ingest.{name} must be a non-empty field name")
@@ -87,6 +94,7 @@ class Piece:
     start: int = 0
     end: int | None = None  # None: to the end of the object
     weight: int = 0  # bytes this piece accounts for in planning
+    entry: int = 0  # the index of the configured source (``CorpusConfig.sources``) the object belongs to
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,6 +8,7 @@ codec) runs only on bytes that fail it. Detection is never trusted blindly: a gu
 from __future__ import annotations
 
 import codecs
+import re
 from dataclasses import dataclass
 
 import charset_normalizer
@@ -67,6 +68,8 @@ codecs.register_error(MARK_ERRORS, _mark_undecodable)
 
 class UndecodableError(ValueError):
     """The bytes are not valid in any codec with enough confidence; the message says what was tried."""
+
+    code = "undecodable"  # the quarantine reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +169,58 @@ def _prefer_common(matches: list) -> charset_normalizer.CharsetMatch:
     if not close:
         return best
     return min(close, key=lambda m: (COMMON_CODECS.index(m.encoding), m.chaos))
+
+
+_BAD_BYTE = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of a byte that is not UTF-8
+_NON_ASCII = re.compile("[^\x00-\x7f]")
+# UTF-8 with a few stray bytes vs. a legacy codec: in text that really is UTF-8 the valid multi-byte
+# characters far outweigh the bad bytes; legacy single-byte text almost never forms a valid sequence and
+# double-byte text (GB18030, Shift_JIS) does only by accident, for about a quarter of its bytes at most.
+UTF8_MIN_VALID_PER_BAD = 4
+# In a file known to be UTF-8, a chunk is repaired if at most this share of its bytes is invalid.
+UTF8_MAX_BAD_SHARE = 0.1
+
+
+class InvalidUtf8Error(UndecodableError):
+    """UTF-8 with invalid bytes, and the caller asked to quarantine such chunks instead of repairing them."""
+
+    code = "invalid_utf8"
+
+
+def utf8_counts(data: bytes) -> tuple[int, int]:
+    """(bytes in valid multi-byte UTF-8 characters, invalid bytes) of ``data``."""
+    text = data.decode("utf-8", "surrogateescape")
+    bad = len(_BAD_BYTE.findall(text))
+    non_ascii_chars = len(_NON_ASCII.findall(text))
+    ascii_bytes = len(text) - non_ascii_chars
+    return len(data) - ascii_bytes - bad, bad
+
+
+def looks_utf8(data: bytes) -> bool:
+    """True when ``data`` holds non-ASCII UTF-8 and its invalid bytes (if any) are few (a file-head sniff).
+
+    The last three bytes are ignored: a sniffed head may end inside a character.
+    """
+    valid, bad = utf8_counts(data[:-3] if len(data) > 3 else data)
+    return valid > 0 and valid >= UTF8_MIN_VALID_PER_BAD * bad
+
+
+def repair_utf8(data: bytes, *, file_is_utf8: bool = False) -> tuple[str, int] | None:
+    """(text, invalid byte count) when ``data`` is UTF-8 with some invalid bytes, else None (not UTF-8).
+
+    Each invalid byte becomes U+FFFD and every valid character around it is kept exactly (decoding the whole
+    chunk in a legacy codec would garble them: "naïve" -> "naГЇve"). The chunk counts as UTF-8 when its
+    valid multi-byte characters outweigh its bad bytes (UTF8_MIN_VALID_PER_BAD), or when ``file_is_utf8``
+    and at most UTF8_MAX_BAD_SHARE of its bytes are bad.
+    """
+    valid, bad = utf8_counts(data)
+    if bad == 0:
+        return data.decode("utf-8"), 0
+    if (valid > 0 and valid >= UTF8_MIN_VALID_PER_BAD * bad) or (
+        file_is_utf8 and bad <= UTF8_MAX_BAD_SHARE * len(data)
+    ):
+        return data.decode("utf-8", "replace"), bad
+    return None
 
 
 class FileDecoder:

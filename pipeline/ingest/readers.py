@@ -29,13 +29,17 @@ from pipeline.ingest.encoding import (
     MARK_ERRORS,
     UNDECODABLE_MARK,
     FileDecoder,
+    InvalidUtf8Error,
     UndecodableError,
     bom_encoding,
     decode_bytes,
     is_line_safe,
+    looks_utf8,
+    repair_utf8,
 )
 from pipeline.ingest.streams import DecompressingReader, LineReader, open_seekable
 from pipeline.records import QUARANTINE_SAMPLE_BYTES, Quarantined, Record
+from pipeline.sources import SOURCE_ENTRY, SOURCE_NAME, USER_META, SourceConfig, source_name
 from pipeline.storage import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -45,6 +49,7 @@ Item = Record | Quarantined
 # (NUL...) inside strings: removing them is clean's job, not a reason to drop the document.
 _JSON = json.JSONDecoder(strict=False)
 MAX_META_FIELD_CHARS = 2048  # longer top-level string fields are not copied into meta
+HEAD_SNIFF_BYTES = 64 * 1024  # how much of a file's head tells whether the file is UTF-8
 
 
 @dataclass
@@ -57,6 +62,11 @@ class ReadContext:
     extra: Counter[str] = field(default_factory=Counter)
     decoder: FileDecoder | None = None
     bytes_read: int = 0
+    utf8_file: bool = False  # the file's head, or an earlier chunk, held valid non-ASCII UTF-8
+    # The first HEAD_SNIFF_BYTES of the (decompressed) object, fetched only when a chunk is not strict UTF-8.
+    head: Callable[[], bytes] | None = None
+    source: SourceConfig | None = None  # the configured source this object belongs to
+    entry: int = 0  # its index in the corpus config's sources
 
     def __post_init__(self) -> None:
         self.decoder = FileDecoder(min_confidence=self.cfg.min_detect_confidence)
@@ -77,18 +87,46 @@ class ReadContext:
             self.extra["docs_with_nul"] += 1
             self.extra["nul_chars"] += nuls
         self.extra[f"encoding.{encoding}"] += 1
-        meta = {**meta, "format": self.fmt, "encoding": encoding, "offset": pos}
+        name = (
+            source_name(self.source, meta) if self.source is not None else (meta.get("pile_set_name") or "")
+        )
+        # Our provenance beside the user's meta (namespaced, so a user key named "offset" or "location"
+        # is neither overwritten nor mistaken for ours).
+        name = name if isinstance(name, str) and name else "default"
+        self.extra[f"source.{name}"] += 1
+        meta = {
+            "format": self.fmt,
+            "encoding": encoding,
+            "offset": pos,
+            SOURCE_NAME: name,
+            SOURCE_ENTRY: self.entry,
+            USER_META: meta,
+        }
         rid = doc_id if doc_id is not None else f"{self.uri}#{pos}"
         return Record(rid, text, self.uri, json.dumps(meta, ensure_ascii=False, default=str))
 
     def decode(self, data: bytes) -> tuple[str, str]:
-        """(text, codec): strict UTF-8 inline (the common case), else the per-file detecting decoder."""
+        """(text, codec): strict UTF-8 inline (the common case), then UTF-8 with its invalid bytes replaced
+        (or refused, ``invalid_utf8="quarantine"``), else the per-file detecting decoder."""
         try:
-            return data.decode("utf-8"), "utf-8"
+            text = data.decode("utf-8")
         except UnicodeDecodeError:
-            assert self.decoder is not None
-            decoded = self.decoder.decode(data)
-            return decoded.text, decoded.encoding
+            pass
+        else:
+            self.utf8_file = self.utf8_file or len(text) != len(data)
+            return text, "utf-8"
+        if not self.utf8_file and self.head is not None:
+            self.utf8_file = looks_utf8(self.head())
+            self.head = None
+        if bom_encoding(data) is None and (repaired := repair_utf8(data, file_is_utf8=self.utf8_file)):
+            if self.cfg.invalid_utf8 == "quarantine":
+                raise InvalidUtf8Error(f"{repaired[1]} invalid UTF-8 byte(s) in otherwise valid UTF-8")
+            self.extra["repaired_invalid_utf8"] += 1
+            self.extra["invalid_utf8_bytes"] += repaired[1]
+            return repaired[0], "utf-8"
+        assert self.decoder is not None
+        decoded = self.decoder.decode(data)
+        return decoded.text, decoded.encoding
 
 
 # ---------------------------------------------------------------- formats
@@ -175,7 +213,7 @@ def _json_line(ctx: ReadContext, pos: str, data: bytes) -> Item:
     try:
         text, encoding = ctx.decode(data)
     except UndecodableError as e:
-        return ctx.quarantine(pos, "undecodable", str(e), data)
+        return ctx.quarantine(pos, e.code, str(e), data)
     try:
         obj = _JSON.decode(text.lstrip("\ufeff"))  # a UTF-8 BOM (Windows tools) before the first line
     except (ValueError, RecursionError) as e:
@@ -238,7 +276,7 @@ def _paragraph_item(ctx: ReadContext, offset: int, data: bytes, too_large: bool)
     try:
         text, encoding = ctx.decode(data)
     except UndecodableError as e:
-        return ctx.quarantine(pos, "undecodable", str(e), data)
+        return ctx.quarantine(pos, e.code, str(e), data)
     return ctx.record(pos, text.lstrip("\ufeff").rstrip("\r\n"), {}, encoding)
 
 
@@ -341,11 +379,14 @@ def read_piece(piece: Piece, ctx: ReadContext, store: ObjectStore, key: str) -> 
     if compression:
         dec = DecompressingReader(store.open_read(key), compression)
         with io.BufferedReader(dec, buffer_size=1 << 20) as f:
+            head = f.peek(HEAD_SNIFF_BYTES)[:HEAD_SNIFF_BYTES]  # bytes still unread: nothing is lost
+            ctx.head = lambda: head
             try:
                 yield from _read_text_stream(piece, ctx, f, lambda: dec.error)
             finally:  # compressed bytes, replacing the decompressed count _read_text_stream added
                 ctx.bytes_read = dec.compressed_bytes
         return
+    ctx.head = lambda: store.get_range(key, 0, min(HEAD_SNIFF_BYTES, piece.size))
     bom = sniff_bom(store, key) if piece.start > 0 else None
     with store.open_read(key) if piece.start == 0 else open_seekable(store, key, piece.size) as f:
         if piece.start > 0:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -31,6 +32,7 @@ from pipeline.ingest.config import (
 )
 from pipeline.ingest.encoding import is_line_safe
 from pipeline.records import PartWriter, Quarantined, Record
+from pipeline.sources import SourceConfig
 from pipeline.storage import ObjectStore, S3Options, StorageError, normalize_key, open_store, split_uri
 from pipeline.units import StageStats, part_done, read_part_stats
 
@@ -268,21 +270,39 @@ def plan_parts(
 UNREADABLE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
+def assign_sources(plans: list[PartPlan], entry_of: Mapping[str, int]) -> list[PartPlan]:
+    """The plans with every piece marked with the source entry of its object (``entry_of``: URI -> index)."""
+    return [
+        PartPlan(index=p.index, pieces=tuple(replace(x, entry=entry_of.get(x.uri, 0)) for x in p.pieces))
+        for p in plans
+    ]
+
+
+def _piece_context(piece: Piece, cfg: IngestConfig, sources: Sequence[SourceConfig]) -> readers.ReadContext:
+    source = sources[piece.entry] if piece.entry < len(sources) else None
+    if source is not None and source.text_field:
+        cfg = replace(cfg, text_field=source.text_field)
+    return readers.ReadContext(uri=piece.uri, fmt=piece.fmt, cfg=cfg, source=source, entry=piece.entry)
+
+
 def iter_ingest_part(
     plan: PartPlan,
     cfg: IngestConfig,
     stats: StageStats,
     quarantined: list[Quarantined],
     s3: S3Options | None,
+    sources: Sequence[SourceConfig] = (),
 ) -> Iterator[Record]:
     """Stream the records of every piece of ``plan``; bad input goes to ``quarantined``, counts to ``stats``.
 
     Bad or missing input is quarantined, never raised; transient I/O errors are raised (see UNREADABLE).
+    ``sources`` are the corpus's configured sources (a piece's ``entry`` indexes them): they name the
+    documents and may override the text field.
     """
     stores = _Stores(s3)
     docs = nbytes = 0
     for piece in plan.pieces:
-        ctx = readers.ReadContext(uri=piece.uri, fmt=piece.fmt, cfg=cfg)
+        ctx = _piece_context(piece, cfg, sources)
         if (odd := odd_key_reason(piece.uri)) is not None:
             log.warning("ingest: bad_key %r: %s", piece.uri, odd)
             quarantined.append(ctx.quarantine("B0", "bad_key", odd))
@@ -316,17 +336,22 @@ def iter_ingest_part(
 
 
 def ingest_part(
-    plan: PartPlan, cfg: IngestConfig, s3: S3Options | None
+    plan: PartPlan, cfg: IngestConfig, s3: S3Options | None, sources: Sequence[SourceConfig] = ()
 ) -> tuple[list[Record], list[Quarantined], StageStats]:
     """Read every piece of ``plan`` into memory: (records, quarantined, stats). Runners stream instead."""
     stats = StageStats(stage="ingest")
     quarantined: list[Quarantined] = []
-    records = list(iter_ingest_part(plan, cfg, stats, quarantined, s3))
+    records = list(iter_ingest_part(plan, cfg, stats, quarantined, s3, sources))
     return records, quarantined, stats
 
 
 def run_ingest_part(
-    store: ObjectStore, out_folder: str, plan: PartPlan, cfg: IngestConfig, s3: S3Options | None
+    store: ObjectStore,
+    out_folder: str,
+    plan: PartPlan,
+    cfg: IngestConfig,
+    s3: S3Options | None,
+    sources: Sequence[SourceConfig] = (),
 ) -> StageStats:
     """The unit of work: ingest one plan into ``out_folder/part-<index>``, streaming (bounded memory however
     large the compressed input); a completed part is not redone."""
@@ -335,7 +360,7 @@ def run_ingest_part(
     stats = StageStats(stage="ingest")
     quarantined: list[Quarantined] = []
     with PartWriter(store, out_folder, plan.index) as writer:
-        writer.write(iter_ingest_part(plan, cfg, stats, quarantined, s3))
+        writer.write(iter_ingest_part(plan, cfg, stats, quarantined, s3, sources))
         writer.finish(stats, quarantined)
     log.info("ingest part %d: %d docs, %d quarantined %s", plan.index, stats.docs_out, len(quarantined),
              dict(stats.dropped))  # fmt: skip

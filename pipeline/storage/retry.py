@@ -17,7 +17,6 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 import botocore.exceptions
@@ -80,36 +79,31 @@ def is_permanent(exc: BaseException | None) -> bool:
     return False
 
 
-@dataclass
 class RetryStats:
     """Process-wide counters (benchmarks and tests read them): attempts made and retries by reason."""
 
-    attempts: int = 0
-    retries: Counter[str] | None = None
-    gave_up: int = 0
-
-    def __post_init__(self) -> None:
-        self.retries = Counter()
+    def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.attempts = self.gave_up = 0
+        self.retries: Counter[str] = Counter()
 
     def record(self, *, retry_reason: str | None = None, gave_up: bool = False) -> None:
         with self._lock:
-            self.attempts += retry_reason is None and not gave_up
             if retry_reason:
-                assert self.retries is not None
                 self.retries[retry_reason] += 1
-            self.gave_up += gave_up
+            elif gave_up:
+                self.gave_up += 1
+            else:
+                self.attempts += 1
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
-            assert self.retries is not None
             return {"attempts": self.attempts, "retries": sum(self.retries.values()), "gave_up": self.gave_up,
                     **{f"retries_{k}": v for k, v in sorted(self.retries.items())}}  # fmt: skip
 
     def reset(self) -> None:
         with self._lock:
-            assert self.retries is not None
-            self.attempts, self.gave_up = 0, 0
+            self.attempts = self.gave_up = 0
             self.retries.clear()
 
 

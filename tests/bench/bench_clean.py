@@ -16,6 +16,7 @@ import json
 import random
 import time
 from collections import Counter
+from dataclasses import replace
 
 import ftfy
 import zstandard
@@ -24,6 +25,7 @@ from pipeline.clean.config import CleanConfig
 from pipeline.clean.normalize import FTFY_CONFIG, line_hash, normalize_text
 from pipeline.clean.quality import check_quality_batch
 from pipeline.clean.stage import clean_batch
+from pipeline.langid import LangIdConfig
 from pipeline.records import Record
 from pipeline.sample_corpus import sample_corpus_path
 
@@ -99,6 +101,8 @@ def bench(name: str, texts: list[str]) -> None:
         ]
     )
     recs = batches(texts)
+    no_langid = replace(cfg, langid=LangIdConfig(enabled=False))
+    t_no_lid = cpu_seconds(lambda: [clean_batch(b, no_langid) for b in recs])
     t_clean = cpu_seconds(lambda: [clean_batch(b, cfg) for b in recs])
     some_lines = {line_hash(line) for t in texts[:50] for line in t.split("\n")[:3] if len(line) > 20}
     boilerplate = frozenset(some_lines)
@@ -112,6 +116,7 @@ def bench(name: str, texts: list[str]) -> None:
     )
     print(f"  normalise only            : {mb / t_norm:8.1f} MB/s per core ({t_norm:.2f} s)")
     print(f"  quality rules only        : {mb / t_quality:8.1f} MB/s per core ({t_quality:.2f} s)")
+    print(f"  clean_batch (no langid)   : {mb / t_no_lid:8.1f} MB/s per core ({t_no_lid:.2f} s)")
     print(f"  clean_batch (no bp)       : {mb / t_clean:8.1f} MB/s per core ({t_clean:.2f} s)")
     print(f"  clean_batch ({len(boilerplate):3d} bp lines): {mb / t_bp:8.1f} MB/s per core ({t_bp:.2f} s)")
     if t_ftfy:

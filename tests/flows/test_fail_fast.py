@@ -11,9 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main as cli
+from flows.cli.main import main as cli
 
 pytestmark = [pytest.mark.s3]
+
+# The target is 5 s (measured on a quiet machine: see tests/bench figures in the README); CI's loaded 2 cores get
+# a margin. Either way far below what a retry costs: Prefect's task retries alone wait 2 + 10 + 30 s.
+FAST = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +55,7 @@ def test_a_missing_input_fails_at_once(warm_prefect, tmp_path: Path, capsys) -> 
     )
     line = _one_line(capsys.readouterr().err)
     print(line)
-    assert code != 0 and seconds < 5, (code, seconds)
+    assert code != 0 and seconds < FAST, (code, seconds)
     assert "no-such-dir" in line
 
 
@@ -62,7 +66,7 @@ def test_a_missing_s3_input_fails_at_once(warm_prefect, s3_bucket, tmp_path: Pat
     )
     line = _one_line(capsys.readouterr().err)
     print(line)
-    assert code != 0 and seconds < 5, (code, seconds)
+    assert code != 0 and seconds < FAST, (code, seconds)
     assert f"{s3_bucket.uri}/nothing-here/" in line
 
 
@@ -79,7 +83,7 @@ def test_missing_credentials_fail_at_once(
     code, seconds = _timed(["build", "--output", s3_bucket.uri, *flags])
     line = _one_line(capsys.readouterr().err)
     print(line)
-    assert code != 0 and seconds < 5, (code, seconds)
+    assert code != 0 and seconds < FAST, (code, seconds)
     assert s3_bucket.uri in line and "AWS_ACCESS_KEY_ID" in line
 
 
@@ -96,7 +100,7 @@ def _userns_tmpfs_usable() -> bool:
 
 RUNNER = """
 import sys, time
-from flows.cli import main
+from flows.cli.main import main
 import flows.build  # imports first: the clock measures the failure, not Python's start-up
 t = time.monotonic()
 code = main(sys.argv[1:])
@@ -122,7 +126,7 @@ def test_a_full_disk_fails_at_once(warm_prefect, tmp_path: Path) -> None:
     seconds = float(out.stderr.rsplit("ELAPSED ", 1)[1].split()[0])
     line = _one_line(out.stderr)
     print(f"\nfull disk: exit {out.returncode} after {seconds:.2f} s: {line}")
-    assert seconds < 5, (seconds, line)
+    assert seconds < FAST, (seconds, line)
     assert "no space left" in line and str(mnt) in line and "free disk space" in line
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from flows.cli import main as cli
+from flows.cli.main import main as cli
 
 pytestmark = [pytest.mark.s3]
 
@@ -47,7 +47,7 @@ def _flags(endpoint: str) -> list[str]:
 def test_whole_job_on_s3_talks_only_to_the_configured_endpoint(
     prefect_harness, aws_trap, s3_server: str, tiny_corpus: Path, tmp_path: Path, capsys
 ) -> None:
-    from tiny_corpus import TINY_OVERRIDES
+    from tests.flows.tiny_corpus import TINY_OVERRIDES
 
     bucket = "pw-guard"
     admin = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")

@@ -172,7 +172,10 @@ def check_training(
         "eval step": r"^eval step 3: valid loss \d+\.\d{1,3}$", "finished": r"^finished step 6: loss \d+\.\d{1,3}$",
         "deepspeed": r"^deepspeed job: 2 ranks$",
     })  # fmt: skip
+    page.set_viewport_size({"width": 1400, "height": 2000})  # every milestone, the crash and the restart
+    page.wait_for_timeout(1000)
     page.screenshot(path=str(shots / "ui-train-task-runs.png"), full_page=True)
+    page.set_viewport_size({"width": 1400, "height": 1000})
     body = open_artifact(page, expect, ui, arts["training-curve"], shots / "ui-training-curve.png")
     assert (
         "TensorBoard" in body

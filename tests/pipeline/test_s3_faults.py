@@ -84,6 +84,7 @@ def test_a_refusal_longer_than_the_budget_fails_with_the_budget_named(
     s3_bucket, proxy: FaultProxy, via_proxy: S3Options
 ) -> None:
     store = open_store(s3_bucket.uri, dataclasses.replace(via_proxy, retry_budget_s=2.0))
+    assert not store.exists("k")  # builds the client first: on a loaded machine that alone can take seconds
     proxy.refuse_for(6.0)
     started = time.monotonic()
     with pytest.raises(StorageError, match=r"s3://.*/k failed after \d+ tries .*retry_budget_s=2"):

@@ -242,7 +242,12 @@ def test_clean_batch_counts_drops_and_repairs():
     out, stats = clean_batch(records, CleanConfig())
     assert [r.id for r in out] == ["a", "d"]
     assert out[0].text == "Schön " + good
-    assert out[1].meta == '{"k": 1}' and "\x00" not in out[1].text
+    assert out[1].meta_dict() == {
+        "k": 1,
+        "language": "en",
+        "language_score": out[1].meta_dict()["language_score"],
+    }
+    assert "\x00" not in out[1].text
     assert stats.docs_in == 4 and stats.docs_out == 2
     assert stats.dropped == Counter({"empty_after_clean": 1, "too_short_chars": 1})
     assert stats.extra["mojibake_fixed"] == 1

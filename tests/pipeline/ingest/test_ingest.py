@@ -152,14 +152,14 @@ def test_every_format(tmp_path: Path) -> None:
     assert first["f.parquet"].id.endswith("#row0") and first["d.txt"].id.endswith("d.txt#B0")
     meta = first["b.jsonl.gz"].meta_dict()
     assert meta == {
-        "lang": "fr",
-        "i": 0,
-        "url": "http://x/0",
+        "user": {"lang": "fr", "i": 0, "url": "http://x/0"},
         "format": "jsonl.gz",
         "encoding": "utf-8",
         "offset": "L1",
+        "source_name": "default",
+        "source_entry": 0,
     }
-    assert first["f.parquet"].meta_dict()["lang"] == "fr"
+    assert first["f.parquet"].meta_dict()["user"]["lang"] == "fr"
     assert stats.docs_out == 22 and stats.docs_in == 22 and stats.bytes_out > 0
     streamed = sum(p.stat().st_size for p in tmp_path.iterdir() if p.suffix != ".parquet")  # read whole
     meta = pq.ParquetFile(tmp_path / "f.parquet").metadata
@@ -192,11 +192,12 @@ def test_id_field_and_non_pile_fields(tmp_path: Path) -> None:
     assert quarantined == [] and records[0].id == "doc-7" and records[0].text == "hello world"
     # small scalar fields join meta; the text, the id, big strings and nested values do not
     assert records[0].meta_dict() == {
-        "meta": "not json",
-        "url": "u",
+        "user": {"meta": "not json", "url": "u"},
         "format": "jsonl",
         "encoding": "utf-8",
         "offset": "B0",
+        "source_name": "default",
+        "source_entry": 0,
     }
 
 
@@ -525,7 +526,7 @@ def _original_texts() -> dict[str, str]:
 def test_sample_corpus_ingests() -> None:
     records, quarantined, stats = ingest_all([str(sample_corpus_path())], target=1 << 20)
     assert quarantined == [] and stats.docs_out == len(records) > 250
-    langs = Counter(r.meta_dict().get("lang") for r in records)
+    langs = Counter(r.meta_dict()["user"].get("lang") for r in records)
     assert {"en", "de", "fr", "ja", "zh-cn", "ru"} <= set(langs)
     assert stats.extra["encoding.shift_jis"] == 1 and stats.extra["encoding.gb18030"] == 1
     originals = _original_texts()

@@ -1,0 +1,152 @@
+"""Language identification: CJK and other scripts right, allow-lists and minimum scores drop with a reason,
+stats by language, and accuracy on the bundled sample corpus measured against its stated languages."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+import pytest
+
+from pipeline.clean.config import CleanConfig
+from pipeline.clean.normalize import normalize_text
+from pipeline.clean.quality import QualityConfig
+from pipeline.clean.stage import clean_batch
+from pipeline.langid import STATE_DEPTH, FastIdentifier, LangIdConfig, _identifier, identify, language_verdict
+from pipeline.records import Record
+from pipeline.sample_corpus import sample_corpus_path
+from tests.pipeline.ingest.test_encoding import CHINESE, FRENCH, JAPANESE, RUSSIAN, SPANISH
+from tests.pipeline.ingest.test_ingest import ingest_all
+
+log = logging.getLogger(__name__)
+ENGLISH = (
+    "Debian is a free operating system, developed and maintained by volunteers all over the world. The "
+    "package management system installs, upgrades and removes software and resolves dependencies between "
+    "packages automatically. Administrators configure the network, user accounts and services with tools.\n"
+)
+TRADITIONAL_CHINESE = "建立網路連線後，你可以執行各種網路應用。本章介紹系統的初始化、檔案系統與網路設定，希望對新使用者有所幫助。"
+
+
+@pytest.mark.parametrize(
+    ("text", "lang"),
+    [
+        (CHINESE, "zh"),
+        (TRADITIONAL_CHINESE, "zh"),
+        (JAPANESE, "ja"),
+        (RUSSIAN, "ru"),
+        (FRENCH, "fr"),
+        (SPANISH, "es"),
+        (ENGLISH, "en"),
+    ],
+)
+def test_identifies_scripts_and_cjk(text: str, lang: str) -> None:
+    got, score = identify(text)
+    assert got == lang
+    assert 0.5 < score <= 1.0
+
+
+def test_text_without_letters_is_undetermined() -> None:
+    assert identify("12345 -- 67 89 !!! ...") == ("und", 0.0)
+
+
+def test_verdicts_and_config_validation() -> None:
+    allow = LangIdConfig(allow=("en", "zh"), min_score=0.9)
+    assert language_verdict("zh", 0.99, allow) is None
+    assert language_verdict("fr", 0.99, allow) == "language_not_allowed"
+    assert language_verdict("en", 0.5, allow) == "language_low_score"
+    with pytest.raises(ValueError, match=r"langid\.allow"):
+        LangIdConfig(allow=("english",))
+    with pytest.raises(ValueError, match=r"langid\.min_score"):
+        LangIdConfig(min_score=1.5)
+
+
+def test_clean_annotates_filters_and_counts_languages() -> None:
+    records = [
+        Record(str(i), text, "src", '{"user": {"language": "theirs"}}')
+        for i, text in enumerate([ENGLISH * 2, CHINESE * 2, JAPANESE * 2, FRENCH * 2])
+    ]
+    quality_off = QualityConfig(enabled=False)
+    cfg = CleanConfig(langid=LangIdConfig(allow=("en", "zh", "ja")), quality=quality_off)
+    out, stats = clean_batch(records, cfg)
+    assert [r.meta_dict()["language"] for r in out] == ["en", "zh", "ja"]
+    assert all(r.meta_dict()["user"] == {"language": "theirs"} for r in out)  # the user's own field is kept
+    assert all(r.meta_dict()["language_score"] > 0.9 for r in out)
+    assert stats.dropped == Counter({"language_not_allowed": 1})
+    assert {k: v for k, v in stats.extra.items() if k.startswith("language.")} == {
+        "language.en": 1,
+        "language.ja": 1,
+        "language.zh": 1,
+    }
+    off, _ = clean_batch(records, CleanConfig(langid=LangIdConfig(enabled=False), quality=quality_off))  # type: ignore[arg-type]
+    assert len(off) == 4 and all("language" not in r.meta_dict() for r in off)
+
+
+def _stated_language(record: Record) -> str | None:
+    """The language the sample corpus's provenance states: ``meta.lang``, or the legacy file's name."""
+    if "/legacy/" in record.source:
+        return record.source.rsplit("/", 1)[1].split("-")[0]
+    lang = record.meta_dict()["user"].get("lang")
+    return lang.split("-")[0] if isinstance(lang, str) else None
+
+
+def test_sample_corpus_accuracy_per_language() -> None:
+    """>= 95% right over the documents whose language is stated; each language reported (pytest -s -v).
+
+    The misses are documents that are mostly English under a translated title (partial translations: the
+    "GUI System" chapter of Debian Reference fr/ja/pt, the FAQ's title page in de/ja/ru), so a per-language
+    bar would be a bar on the corpus, not on the model."""
+    records, _, _ = ingest_all([str(sample_corpus_path())], target=1 << 20)
+    right, total = Counter(), Counter()
+    for record in records:
+        stated = _stated_language(record)
+        if stated is None:
+            continue
+        total[stated] += 1
+        right[stated] += identify(normalize_text(record.text, CleanConfig(), Counter()))[0] == stated
+    table = {lang: f"{right[lang]}/{total[lang]} = {right[lang] / total[lang]:.1%}" for lang in sorted(total)}
+    print("language identification on the sample corpus:", table)
+    assert {"de", "en", "es", "fr", "it", "ja", "pt", "ru", "zh"} <= set(total)
+    assert sum(total.values()) == 314  # 310 documents with meta.lang + the 4 legacy prefaces
+    assert sum(right.values()) / sum(total.values()) >= 0.95
+    assert right["zh"] == total["zh"] and right["en"] == total["en"]
+    assert all(right[lang] / total[lang] >= 0.85 for lang in total)
+
+
+def test_fast_identifier_matches_py3langid() -> None:
+    """The vectorised automaton walk gives py3langid's states, languages and probabilities."""
+    import random
+
+    model = _identifier()
+    fast = FastIdentifier(model)
+    rng = random.Random(0)
+    alphabet = "abcdefgh éü中文日本語Привет ,.\n\t"
+    texts = [CHINESE, JAPANESE, RUSSIAN, FRENCH, SPANISH, ENGLISH, "", "x", "ABC DEF", "12 34"]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(200))) for _ in range(200)]
+    texts += [bytes(rng.randrange(256) for _ in range(300)).decode("latin-1") for _ in range(20)]
+    for text in texts:
+        want = model.classify(text)
+        got = fast.classify(text)
+        assert got[0] == want[0] and abs(got[1] - want[1]) < 1e-4, text
+    data = (CHINESE + ENGLISH).encode()
+    walked, state = [], 0
+    for byte in data:  # py3langid's own loop
+        state = model.tk_nextmove[model._rowbase[state] + byte]
+        walked.append(state)
+    assert fast.states(data).tolist() == walked
+
+
+def test_state_depth_is_the_automatons_deepest_state() -> None:
+    """Breadth-first from the start state: a state's distance is the length of the n-gram it stands for."""
+    import numpy as np
+
+    fast = FastIdentifier(_identifier())
+    depth = np.full(len(fast.row_base), -1)
+    depth[0], frontier, d = 0, np.array([0]), 0
+    while frontier.size:
+        reached = fast.next_state[(fast.row_base[frontier][:, None] + np.arange(256)[None, :]).ravel()]
+        reached = np.unique(reached)
+        reached = reached[depth[reached] < 0]
+        d += 1
+        depth[reached] = d
+        frontier = reached
+    assert depth.min() == 0 and depth.max() == STATE_DEPTH
