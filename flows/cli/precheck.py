@@ -49,6 +49,12 @@ def check_build(
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
     with _quiet(ingest.log), _unreachable_is_one_line(cfg.s3):  # the flow lists again, and says what it skips
         ingest.list_inputs(list(cfg.resolved_inputs()), s3=_fast(cfg.s3), extensions=cfg.ingest.extensions)
+    if cfg.output.startswith("s3://"):  # the flow's first request there: no credentials, no bucket say so now
+        from pipeline.storage import open_store
+        from pipeline.storage.uploads import UPLOADS_FOLDER
+
+        with _unreachable_is_one_line(cfg.s3):
+            next(iter(open_store(cfg.output, _fast(cfg.s3)).list(UPLOADS_FOLDER + "/")), None)
     return cfg
 
 
