@@ -1,8 +1,9 @@
 """The corpus build config: one YAML file composed of each stage's own frozen config.
 
-Every stage owns its config dataclass (``pipeline.ingest.IngestConfig``, ``pipeline.clean.CleanConfig``, ...);
-this module only composes them and loads YAML through :func:`pipeline.configload.build_config`, so a typo or a
-wrong value fails at load with the dotted field name.
+Every stage owns its config dataclass (``pipeline.ingest.config.IngestConfig``,
+``pipeline.clean.config.CleanConfig``, ...); this module only composes them and loads them through
+:mod:`pipeline.config` (the loader training configs use too), so a typo or a wrong value fails at load with the
+file and the dotted field name, and a bad dataset name fails before any compute, not at publish.
 """
 
 from __future__ import annotations
@@ -13,14 +14,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pipeline import __version__
 from pipeline.clean.config import CleanConfig
-from pipeline.configload import build_config, config_to_dict
+from pipeline.config import build_config, check_name, config_to_dict, load_config
 from pipeline.decontam import DecontamConfig
 from pipeline.dedup.config import ExactDedupConfig, NearDedupConfig
-from pipeline.errors import ConfigError
 from pipeline.ingest.config import IngestConfig
 from pipeline.sample_corpus import sample_corpus_path
 from pipeline.shards import ShardConfig
@@ -62,8 +60,7 @@ class CorpusConfig:
     manifest_link: str = "none"
 
     def __post_init__(self) -> None:
-        if not self.name or not all(c.isalnum() or c in "._-" for c in self.name):
-            raise ValueError(f"name {self.name!r} must use only letters, digits, '.', '_' or '-'")
+        check_name(self.name)
         if self.manifest_link not in ("none", "presigned", "console"):
             raise ValueError(f"manifest_link must be none, presigned or console, got {self.manifest_link!r}")
         if not self.output:
@@ -103,16 +100,8 @@ def load_corpus_config(
     name: str | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> CorpusConfig:
-    """Load YAML (the embedded default when ``path`` is None), then apply CLI values and dotted overrides."""
-    source = Path(path) if path else DEFAULT_CONFIG
-    if not source.is_file():
-        raise ConfigError(f"config file {source} does not exist; start from {DEFAULT_CONFIG}")
-    raw = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping of config sections")
-    for dotted, value in (overrides or {}).items():
-        _set_dotted(raw, dotted, value)
-    cfg = build_config(CorpusConfig, raw)
+    """Load YAML/JSON (the embedded default when ``path`` is None), then dotted overrides, then CLI values."""
+    cfg = load_config(CorpusConfig, path, overrides, default=DEFAULT_CONFIG)
     changes: dict[str, Any] = {}
     if inputs:
         changes["inputs"] = tuple(inputs)
@@ -126,13 +115,3 @@ def load_corpus_config(
 
 def config_from_dict(data: dict[str, Any]) -> CorpusConfig:
     return build_config(CorpusConfig, data)
-
-
-def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
-    node = raw
-    *parents, leaf = dotted.split(".")
-    for key in parents:
-        node = node.setdefault(key, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"override {dotted}: {key} is not a section")
-    node[leaf] = value

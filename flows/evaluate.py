@@ -18,6 +18,10 @@ from tokenizers import Tokenizer
 
 from pipeline.storage.options import resolve_s3_options
 from pipeline.tokenize import Encoder, TokenizeConfig
+from training.checkpoint import read_record
+from training.evaluate import evaluate_checkpoint
+from training.export_hf import special_ids
+from training.generate import resolve_tag_dir
 
 
 def read_jsonl_texts(path: str | Path) -> list[str]:
@@ -41,10 +45,6 @@ def read_jsonl_texts(path: str | Path) -> list[str]:
 
 def encode_jsonl(checkpoint: str | Path, path: str | Path) -> tuple[np.ndarray, int]:
     """(one token stream of the file's documents, each ending in EOS; the number of documents)."""
-    from training.checkpoint import read_record
-    from training.export_hf import special_ids
-    from training.generate import resolve_tag_dir
-
     tag_dir = resolve_tag_dir(checkpoint)
     tokenizer_json = (tag_dir / "tokenizer.json").read_bytes()
     tok = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
@@ -89,8 +89,6 @@ def evaluate(
 ) -> dict[str, Any]:
     """Loss and perplexity of ``checkpoint`` on ``data`` (its dataset's valid split when None); ``s3``: the
     store configuration (``S3Options`` fields) for ``s3://`` datasets."""
-    from training.evaluate import evaluate_checkpoint
-
     tokens, documents = None, None
     if data is not None and data.endswith(".jsonl"):
         tokens, documents = encode_jsonl(checkpoint, data)

@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import yaml
-
+from pipeline.config import parse_overrides
 from pipeline.storage import S3Options
 from pipeline.storage.options import resolve_s3_options
 
@@ -37,12 +36,7 @@ def add_s3_arguments(p: argparse.ArgumentParser) -> None:
 
 def s3_changes(args: argparse.Namespace) -> dict[str, Any]:
     """The S3 settings given on the command line (field name -> value); empty when none."""
-    changes: dict[str, Any] = {}
-    for item in getattr(args, "s3_set", None) or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--s3-set expects KEY=VALUE, got {item!r}")
-        changes[key.strip()] = yaml.safe_load(value)
+    changes = parse_overrides(getattr(args, "s3_set", None) or [], flag="--s3-set")
     for name in ("endpoint_url", "region", "profile"):
         value = getattr(args, f"s3_{name}", None)
         if value is not None:

@@ -24,6 +24,8 @@ from flows.progress import display
 from flows.runners import with_task_runner
 from flows.train_live import TrainingWatch
 from pipeline.errors import TrainingFailed
+from training import launch
+from training.config import TrainConfig, load_train_config
 from training.ranklog import LOG_TIME_ENV
 
 DEFAULT_TRAIN_CONFIG = (
@@ -71,10 +73,8 @@ def _show_progress(line: str) -> None:
         display.stage("training", total=int(total), completed=int(step), detail=f"loss {loss}  {tps} tok/s")
 
 
-def resolved_train_config(config_path: str | None, overrides: dict[str, Any] | None) -> Any:
-    from training.config import load_train_config
-
-    return load_train_config(config_path or DEFAULT_TRAIN_CONFIG, **(overrides or {}))
+def resolved_train_config(config_path: str | None, overrides: dict[str, Any] | None) -> TrainConfig:
+    return load_train_config(config_path or DEFAULT_TRAIN_CONFIG, overrides)
 
 
 @task(name="deepspeed-job", task_run_name="deepspeed job: {nproc} ranks", cache_policy=NO_CACHE)
@@ -89,8 +89,6 @@ def run_training_job(
     flow_run_id: str | None,
     allow_change: list[str] | None = None,
 ) -> int:
-    from training import launch
-
     log = get_run_logger()
     tail: list[str] = []
     cfg = resolved_train_config(config_path, overrides)

@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from flows import charts, readable
+from training.metrics import read_metrics, read_records
 
 
 def training_result(output_dir: str) -> dict[str, Any]:
-    from training.metrics import read_metrics, read_records
-
     train = read_metrics(output_dir, "train")
     evals = read_metrics(output_dir, "eval")
     logs = log_locations(output_dir)

@@ -24,6 +24,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows import readable
+from training.checkpoint import RECORD_NAME, CheckpointError, read_record
 
 POLL_INTERVAL_S = 2.0  # the metrics file is re-read at most this often while lines stream in
 # torch.distributed.elastic's line when a worker dies: "failed (exitcode: 17) local_rank: 1 (pid: 42) of binary"
@@ -99,8 +100,6 @@ class TrainingWatch:
 
     def checkpoint_label(self, rec: dict[str, Any]) -> str:
         """Names the commit record: a checkpoint only counts once its COMPLETE.json lists its files."""
-        from training.checkpoint import RECORD_NAME, CheckpointError, read_record
-
         tag_dir = self.path.parent / "checkpoints" / str(rec.get("tag"))
         try:
             files = len(read_record(tag_dir).get("files", []))

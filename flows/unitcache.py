@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline import __version__
 from pipeline.storage import ObjectStore
-from pipeline.units import part_name
+from pipeline.units import part_done, part_name, part_unit
 
 log = logging.getLogger(__name__)
 CACHE_PREFIX = "cache/units"
@@ -46,16 +46,15 @@ def _unit_files(store: ObjectStore, folder: str, index: int) -> list[str]:
 
 def restore(store: ObjectStore, stage: str, key: str, folder: str, index: int) -> bool:
     """Copy a cached unit into ``folder``/``index``; True when it was there (or already done here)."""
-    marker = f"{folder}/{part_name(index)}.done"
-    if store.exists(marker):
+    if part_done(store, folder, index):
         return True
     entry_key = _entry_key(stage, key)
     if not store.exists(entry_key):
         return False
     entry = json.loads(store.get_bytes(entry_key))
     src_folder, src_index = entry["folder"], int(entry["index"])
-    src_marker = f"{src_folder}/{part_name(src_index)}.done"
-    if not store.exists(src_marker):
+    src_marker = f"{part_unit(src_folder, src_index)}.done"
+    if not part_done(store, src_folder, src_index):
         log.warning("unit cache entry %s points at an incomplete unit; recomputing", entry_key)
         return False
     src_name, dst_name = part_name(src_index), part_name(index)
@@ -64,14 +63,14 @@ def restore(store: ObjectStore, stage: str, key: str, folder: str, index: int) -
             continue
         rel = src[len(src_folder) + 1 :].replace(src_name, dst_name, 1)
         store.copy(src, f"{folder}/{rel}")
-    store.put_bytes(marker, b"")
+    store.put_bytes(f"{part_unit(folder, index)}.done", b"")  # the copied stats came first: marker last
     log.info("reused %s unit %s from %s", stage, key[:12], src_folder)
     return True
 
 
 def record(store: ObjectStore, stage: str, key: str, folder: str, index: int) -> None:
     """Register a completed unit under its key (only after its ``.done`` marker exists)."""
-    if not store.exists(f"{folder}/{part_name(index)}.done"):
+    if not part_done(store, folder, index):
         raise RuntimeError(f"{folder}/{part_name(index)} is not done; refusing to cache it")
     entry = _entry_key(stage, key)
     if not store.exists(entry):

@@ -29,6 +29,11 @@ class AlreadyExistsError(StorageError):
     """A create-only write found the object already there (a racing publisher won)."""
 
 
+class UnitNotDone(PileworksError, FileNotFoundError, RuntimeError):
+    """A step was asked to read a unit (or a folder) whose completion marker is missing: run the step that
+    writes it first. Both a ``FileNotFoundError`` and a ``RuntimeError``, as the steps raised one or the other."""
+
+
 class StageFailed(PileworksError, RuntimeError):
     """A corpus stage failed; the message names the stage and the part so the run page says where to look."""
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import __version__
+from pipeline.config import check_name
 from pipeline.shards import CODE_DTYPES, DTYPE_CODES, SPLITS, dtype_for_vocab
 from pipeline.storage import (
     AlreadyExistsError,
@@ -315,13 +316,6 @@ def _upload_verified(store: ObjectStore, key: str, path: Path, sha256: str) -> N
     store.verify_sha256(key, sha256)
 
 
-def _check_name(name: str) -> None:
-    if not name or not all(c.isalnum() or c in "._-" for c in name) or name.startswith("."):
-        raise ValueError(
-            f"dataset name {name!r} must be non-empty and use only letters, digits, '.', '_', '-'"
-        )
-
-
 def publish_dataset(
     root_store: ObjectStore, name: str, staged: str | Path | Mapping[str, str | Path], manifest: Manifest
 ) -> str:
@@ -331,7 +325,7 @@ def publish_dataset(
     manifest URI. Publishing the same content again is a no-op (the existing URI is returned); a different
     manifest under the same id raises :class:`DatasetConflictError`. ``latest.json`` is updated either way.
     """
-    _check_name(name)
+    check_name(name)
     if manifest.name != name:
         raise ValueError(f"manifest.name {manifest.name!r} != publish name {name!r}")
     manifest.validate()

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, finish_unit, part_done, part_name, part_unit
+from pipeline.units import StageStats, finish_unit, part_name, part_unit, require_done
 
 SCHEMA = pa.schema(
     [
@@ -186,8 +186,7 @@ def write_part_metadata(
 
 def read_part(store: ObjectStore, folder: str, index: int) -> list[Record]:
     """Read a completed part; refuses a part whose completion marker is missing."""
-    if not part_done(store, folder, index):
-        raise FileNotFoundError(f"{folder}/{part_name(index)} has no .done marker (incomplete or missing)")
+    require_done(store, part_unit(folder, index))
     data = store.get_bytes(f"{folder}/{part_name(index)}.parquet")
     return table_to_records(pq.read_table(io.BytesIO(data)))
 
@@ -196,8 +195,7 @@ def iter_part_batches(
     store: ObjectStore, folder: str, index: int, batch_size: int = 2048
 ) -> Iterator[list[Record]]:
     """Stream a completed part in record batches (bounded memory for large parts)."""
-    if not part_done(store, folder, index):
-        raise FileNotFoundError(f"{folder}/{part_name(index)} has no .done marker (incomplete or missing)")
+    require_done(store, part_unit(folder, index))
     data = store.get_bytes(f"{folder}/{part_name(index)}.parquet")
     pf = pq.ParquetFile(io.BytesIO(data))
     for batch in pf.iter_batches(batch_size=batch_size):

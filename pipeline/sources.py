@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
-from pipeline.clean.quality import QualityConfig
+from pipeline.clean.config import QualityConfig
 from pipeline.langid import LangIdConfig
 
 if TYPE_CHECKING:

@@ -47,7 +47,15 @@ from pipeline.shards import (
 from pipeline.sources import SourceConfig, mixture_of_shards, provenance
 from pipeline.storage import ObjectStore, open_store, sha256_bytes, split_uri
 from pipeline.storage.options import S3Options
-from pipeline.units import StageStats, merged_stats, part_done, part_name, read_part_stats
+from pipeline.units import (
+    StageStats,
+    finish_unit,
+    merged_stats,
+    part_done,
+    part_unit,
+    read_part_stats,
+    require_done,
+)
 
 log = logging.getLogger(__name__)
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -345,10 +353,9 @@ def write_token_part(
     sink = io.BytesIO()
     table = pa.concat_tables(tables) if tables else TOKENS_SCHEMA.empty_table()
     pq.write_table(table, sink, compression="zstd", row_group_size=4096)
-    name = part_name(index)
-    store.put_bytes(f"{folder}/{name}.parquet", sink.getvalue())
-    store.put_bytes(f"{folder}/{name}.stats.json", json.dumps(stats.to_json(), indent=1).encode())
-    store.put_bytes(f"{folder}/{name}.done", b"")
+    unit = part_unit(folder, index)
+    store.put_bytes(f"{unit}.parquet", sink.getvalue())
+    finish_unit(store, unit, stats)
 
 
 def run_tokenize_part(
@@ -393,9 +400,9 @@ def iter_token_batches(
     index: int,
     columns: Sequence[str] = ("id", "source", "location", "tokens"),
 ) -> Iterator[pa.RecordBatch]:
-    if not part_done(store, folder, index):
-        raise FileNotFoundError(f"{folder}/{part_name(index)} has no .done marker (incomplete or missing)")
-    pf = pq.ParquetFile(io.BytesIO(store.get_bytes(f"{folder}/{part_name(index)}.parquet")))
+    unit = part_unit(folder, index)
+    require_done(store, unit, "run_tokenize_part")
+    pf = pq.ParquetFile(io.BytesIO(store.get_bytes(f"{unit}.parquet")))
     yield from pf.iter_batches(batch_size=4096, columns=list(columns))
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.errors import UnitNotDone
 from pipeline.storage import ObjectStore
 
 SUCCESS = "_SUCCESS"
@@ -128,17 +129,15 @@ def read_unit_stats(store: ObjectStore, unit: str) -> StageStats:
     return StageStats.from_json(json.loads(store.get_bytes(f"{unit}.stats.json")))
 
 
-def require_done(store: ObjectStore, unit: str) -> None:
+def require_done(store: ObjectStore, unit: str, step: str = "the step that writes it") -> None:
     if not unit_done(store, unit):
-        raise FileNotFoundError(
-            f"{store.uri_of(unit)} has no .done marker: run the step that writes it first"
-        )
+        raise UnitNotDone(f"{store.uri_of(unit)} has no .done marker: run {step} first")
 
 
-def done_stats_or_fail(store: ObjectStore, unit: str) -> StageStats:
+def done_stats_or_fail(store: ObjectStore, unit: str, step: str = "the previous step") -> StageStats:
     stats = unit_stats(store, unit)
     if stats is None:
-        raise FileNotFoundError(f"{store.uri_of(unit)} is not done: run the previous step first")
+        raise UnitNotDone(f"{store.uri_of(unit)} is not done: run {step} first")
     return stats
 
 
@@ -172,18 +171,26 @@ def stage_succeeded(store: ObjectStore, folder: str) -> bool:
     return store.exists(f"{folder}/{SUCCESS}")
 
 
-def finish_folder(store: ObjectStore, folder: str, stats: StageStats) -> StageStats:
-    """A global step's end: ``folder/stats.json``, then ``folder/_SUCCESS``, after its outputs."""
-    store.put_bytes(f"{folder}/stats.json", stats_bytes(stats))
+def finish_folder(
+    store: ObjectStore, folder: str, stats: StageStats, stats_name: str = "stats.json"
+) -> StageStats:
+    """A global step's end: ``folder/<stats_name>``, then ``folder/_SUCCESS``, after its outputs."""
+    store.put_bytes(f"{folder}/{stats_name}", stats_bytes(stats))
     store.put_bytes(f"{folder}/{SUCCESS}", b"")
     return stats
 
 
-def folder_stats(store: ObjectStore, folder: str) -> StageStats | None:
+def folder_stats(store: ObjectStore, folder: str, stats_name: str = "stats.json") -> StageStats | None:
     """The stats of a finished global step (see :func:`finish_folder`), else None."""
     if not stage_succeeded(store, folder):
         return None
-    return StageStats.from_json(json.loads(store.get_bytes(f"{folder}/stats.json")))
+    return StageStats.from_json(json.loads(store.get_bytes(f"{folder}/{stats_name}")))
+
+
+def require_success(store: ObjectStore, folder: str, step: str) -> None:
+    """Refuse to read a global step's outputs before its ``_SUCCESS`` (``step`` names what writes it)."""
+    if not stage_succeeded(store, folder):
+        raise UnitNotDone(f"{store.uri_of(folder)} has no {SUCCESS}: run {step} first")
 
 
 # ---------------------------------------------------------------- arrays

@@ -6,8 +6,10 @@ pagination and error parsing run exactly as against AWS.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -92,3 +94,20 @@ def store(request: pytest.FixtureRequest, tmp_path) -> ObjectStore:
         return open_store(str(tmp_path / "store"), None)
     s3: S3Bucket = request.getfixturevalue("s3_bucket")
     return open_store(s3.uri, s3=s3.options)
+
+
+@pytest.fixture(autouse=True)
+def _log_handlers_on_live_streams() -> Iterator[None]:
+    """Prefect binds its console log handler to ``sys.stderr`` whenever it sets logging up, which can happen
+    inside a test that captures output (``capsys``); that stream is closed when the test ends, and the next flow
+    with ``log_prints=True`` then recurses on it. After each test, point such handlers back at a live stream."""
+    yield
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        for handler in getattr(logger, "handlers", ()):
+            stream = getattr(handler, "stream", None)
+            if stream is not None and getattr(stream, "closed", False):
+                handler.stream = sys.stderr
+                console = getattr(handler, "console", None)  # Prefect's rich console keeps its own reference
+                if console is not None:
+                    console.file = sys.stderr

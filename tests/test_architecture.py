@@ -1,13 +1,24 @@
-"""The import rules of DESIGN.md, enforced by reading the source (so a wrong import fails CI with the rule)."""
+"""The import rules of DESIGN.md, enforced by reading the source (so a wrong import fails CI with the rule).
+
+1. Floors: ``flows/`` over ``training/`` over ``pipeline/``, every import downward, each floor without the
+   libraries it must not need.
+2. No import circle between modules, anywhere in the graph (a check over the whole import graph, counting imports
+   inside functions and under ``TYPE_CHECKING`` too: a circle hidden that way is still a circle).
+3. No function-local import of a project module, except the few in :data:`ALLOWED_LOCAL_IMPORTS`, each for an
+   optional dependency or start-up time (never to get round a circle: move the shared piece down instead).
+"""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PROJECT = ("pipeline", "training", "flows")
 
 RULES = {
     "pipeline": (
@@ -20,30 +31,167 @@ RULES = {
         "training/ runs inside deepspeed/torchrun ranks: no orchestrator and no corpus-only dependencies",
     ),
 }
-TRAINING_MAY_USE_FROM_PIPELINE = {
-    "pipeline",
+TRAINING_MAY_USE_FROM_PIPELINE = (
     "pipeline.manifest",
     "pipeline.shards",
     "pipeline.storage",
     "pipeline.config",
     "pipeline.errors",
-    "pipeline.configload",
+)
+
+# (importing file, imported module prefix) -> why the import sits inside a function.
+ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
+    (
+        "flows/cli/",
+        "flows",
+    ): "start-up time: `pileworks --help` imports every command module; the flows import prefect",
+    (
+        "flows/cli/",
+        "training",
+    ): "start-up time: training modules import torch (seconds) which most commands never use",
+    ("flows/cli/", "pipeline"): "start-up time: the stage modules import pyarrow, tokenizers, ftfy",
+    ("training/preflight/dist.py", "training.config"): (
+        "start-up time: training.config imports the model (torch); the other doctor checks run without torch"
+    ),
 }
 
 
-def imported_modules(path: Path) -> list[tuple[int, str]]:
+@dataclass(frozen=True)
+class Import:
+    line: int
+    module: str  # absolute, resolved to a submodule when ``from package import submodule``
+    local: bool  # inside a function
+
+
+# ---------------------------------------------------------------- reading the source
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _resolve(node: ast.ImportFrom, importer: str, is_package: bool) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = importer.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def _walk(node: ast.AST, in_function: bool = False) -> Iterator[tuple[ast.AST, bool]]:
+    for child in ast.iter_child_nodes(node):
+        inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        yield child, inside
+        yield from _walk(child, inside)
+
+
+def imports_of(path: Path, root: Path = ROOT, known: set[str] | None = None) -> list[Import]:
+    """Every import of ``path`` with its line; ``from pkg import sub`` names ``pkg.sub`` when that is a module."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    importer = module_name(path, root)
     found = []
-    for node in ast.walk(tree):
+    for node, local in _walk(tree):
         if isinstance(node, ast.Import):
-            found.extend((node.lineno, alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.lineno, node.module))
+            found.extend(Import(node.lineno, alias.name, local) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(node, importer, path.name == "__init__.py")
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.append(Import(node.lineno, sub if known and sub in known else base, local))
     return found
 
 
-def sources(room: str) -> list[Path]:
-    return sorted((ROOT / room).rglob("*.py"))
+def sources(room: str, root: Path = ROOT) -> list[Path]:
+    return sorted((root / room).rglob("*.py"))
+
+
+def import_graph(root: Path = ROOT, rooms: tuple[str, ...] = PROJECT) -> dict[str, dict[str, int]]:
+    """module -> {imported project module: first line}, over every file of the rooms."""
+    files = {module_name(p, root): p for room in rooms for p in sources(room, root)}
+    known = set(files)
+    graph: dict[str, dict[str, int]] = {m: {} for m in files}
+    for name, path in files.items():
+        for imp in imports_of(path, root, known):
+            if imp.module in known and imp.module != name:
+                graph[name].setdefault(imp.module, imp.line)
+    return graph
+
+
+def import_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                members = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    members.append(member)
+                    if member == node:
+                        break
+                if len(members) > 1:
+                    cycles.append(sorted(members))
+    return sorted(cycles)
+
+
+def describe_cycle(graph: dict[str, dict[str, int]], members: list[str]) -> str:
+    inside = set(members)
+    edges = [
+        f"  {a} -> {b} (line {line})" for a in members for b, line in sorted(graph[a].items()) if b in inside
+    ]
+    return "import circle between " + ", ".join(members) + ":\n" + "\n".join(edges)
+
+
+def local_import_violations(root: Path = ROOT, rooms: tuple[str, ...] = PROJECT) -> list[str]:
+    known = {module_name(p, root) for room in rooms for p in sources(room, root)}
+    out = []
+    for room in rooms:
+        for path in sources(room, root):
+            rel = path.relative_to(root).as_posix()
+            for imp in imports_of(path, root, known):
+                if not imp.local or imp.module.split(".")[0] not in rooms or _allowed(rel, imp.module):
+                    continue
+                out.append(f"{rel}:{imp.line} imports {imp.module} inside a function")
+    return out
+
+
+def _allowed(rel: str, module: str) -> bool:
+    return any(
+        rel.startswith(where) and (module == prefix or module.startswith(prefix + "."))
+        for where, prefix in ALLOWED_LOCAL_IMPORTS
+    )
+
+
+# ---------------------------------------------------------------- the rules
 
 
 @pytest.mark.parametrize("room", sorted(RULES))
@@ -51,20 +199,22 @@ def test_room_import_rules(room: str) -> None:
     forbidden, why = RULES[room]
     violations = []
     for path in sources(room):
-        for line, module in imported_modules(path):
-            top = module.split(".")[0]
+        for imp in imports_of(path):
+            top = imp.module.split(".")[0]
+            rel = path.relative_to(ROOT)
             if top in forbidden:
-                violations.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
-            if room == "training" and top == "pipeline":
-                allowed = any(
-                    module == m or module.startswith(m + ".")
-                    for m in TRAINING_MAY_USE_FROM_PIPELINE - {"pipeline"}
+                violations.append(f"{rel}:{imp.line} imports {imp.module}")
+            if (
+                room == "training"
+                and top == "pipeline"
+                and not any(
+                    imp.module == m or imp.module.startswith(m + ".") for m in TRAINING_MAY_USE_FROM_PIPELINE
                 )
-                if not allowed:
-                    violations.append(
-                        f"{path.relative_to(ROOT)}:{line} imports {module} "
-                        "(training may use only pipeline.manifest, pipeline.shards, pipeline.storage and pipeline.configload)"
-                    )
+            ):
+                violations.append(
+                    f"{rel}:{imp.line} imports {imp.module} "
+                    f"(training may use only {', '.join(TRAINING_MAY_USE_FROM_PIPELINE)})"
+                )
     assert not violations, f"import rule of {room}/ broken ({why}):\n" + "\n".join(violations)
 
 
@@ -72,19 +222,107 @@ def test_nothing_imports_flows() -> None:
     violations = []
     for room in ("pipeline", "training", "infra"):
         for path in sources(room):
-            for line, module in imported_modules(path):
-                if module.split(".")[0] == "flows":
-                    violations.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+            for imp in imports_of(path):
+                if imp.module.split(".")[0] == "flows":
+                    violations.append(f"{path.relative_to(ROOT)}:{imp.line} imports {imp.module}")
     assert not violations, "nothing imports flows/ (it is the Prefect shell on top):\n" + "\n".join(
         violations
     )
 
 
+def test_errors_module_is_dependency_free() -> None:
+    """pipeline.errors is imported by every floor and the CLI: it may import nothing (not even the project)."""
+    assert [imp.module for imp in imports_of(ROOT / "pipeline" / "errors.py")] == ["__future__"]
+
+
+def test_no_import_circles() -> None:
+    graph = import_graph()
+    assert len(graph) > 80 and sum(map(len, graph.values())) > 150  # the graph really is the project's
+    cycles = import_cycles(graph)
+    assert not cycles, "\n\n".join(describe_cycle(graph, c) for c in cycles) + (
+        "\n\nmove the shared piece down (a config or contract module) instead of importing back up"
+    )
+
+
+def test_no_function_local_imports_of_project_modules() -> None:
+    violations = local_import_violations()
+    assert not violations, (
+        "a function-local import of a project module hides an import circle or a misplaced piece; import it at "
+        "the top (or add it to ALLOWED_LOCAL_IMPORTS with the reason: an optional dependency or start-up time):\n"
+        + "\n".join(violations)
+    )
+
+
+def test_every_allowed_local_import_is_still_used() -> None:
+    """An allow-list entry nothing needs any more would silently allow the next one."""
+    known = {module_name(p) for room in PROJECT for p in sources(room)}
+    used = set()
+    for room in PROJECT:
+        for path in sources(room):
+            rel = path.relative_to(ROOT).as_posix()
+            for imp in imports_of(path, ROOT, known):
+                if imp.local:
+                    used |= {
+                        (where, prefix)
+                        for where, prefix in ALLOWED_LOCAL_IMPORTS
+                        if rel.startswith(where)
+                        and (imp.module == prefix or imp.module.startswith(prefix + "."))
+                    }
+    assert set(ALLOWED_LOCAL_IMPORTS) == used, (
+        f"unused allow-list entries: {set(ALLOWED_LOCAL_IMPORTS) - used}"
+    )
+
+
+# ---------------------------------------------------------------- the checkers catch what they must
+
+
 def test_rule_checker_catches_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import os\nfrom torch import nn\nif True:\n    import prefect.flows\n")
-    modules = [m for _, m in imported_modules(bad)]
+    modules = [imp.module for imp in imports_of(bad, tmp_path)]
     assert modules == ["os", "torch", "prefect.flows"]
+
+
+def _plant(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def test_a_planted_circle_is_found_even_behind_local_and_type_checking_imports(tmp_path: Path) -> None:
+    _plant(
+        tmp_path,
+        {
+            "pipeline/__init__.py": "",
+            "pipeline/stage/__init__.py": "",
+            "pipeline/stage/config.py": "import json\n",
+            # stage -> boilerplate at the top; boilerplate -> stage inside a function (the dodge the issue names)
+            "pipeline/stage/run.py": "from pipeline.stage import boilerplate\nfrom .config import *\n",
+            "pipeline/stage/boilerplate.py": "def f():\n    from pipeline.stage.run import g\n",
+            # a three-module circle through TYPE_CHECKING and a relative import
+            "pipeline/near.py": "from pipeline.clusters import run\n",
+            "pipeline/clusters.py": "from pipeline import audit\n",
+            "pipeline/audit.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .near import Config\n",
+            "pipeline/clean.py": "from pipeline.stage.config import X\n",  # downward only: no circle
+        },
+    )
+    graph = import_graph(tmp_path, ("pipeline",))
+    assert graph["pipeline.stage.run"] == {"pipeline.stage.boilerplate": 1, "pipeline.stage.config": 2}
+    assert import_cycles(graph) == [
+        ["pipeline.audit", "pipeline.clusters", "pipeline.near"],
+        ["pipeline.stage.boilerplate", "pipeline.stage.run"],
+    ]
+    message = describe_cycle(graph, ["pipeline.stage.boilerplate", "pipeline.stage.run"])
+    assert "pipeline.stage.boilerplate -> pipeline.stage.run (line 2)" in message
+    assert local_import_violations(tmp_path, ("pipeline",)) == [
+        "pipeline/stage/boilerplate.py:2 imports pipeline.stage.run inside a function"
+    ]
+
+
+def test_no_circle_is_reported_for_a_layered_graph() -> None:
+    graph = {"a": {"b": 1, "c": 1}, "b": {"c": 2}, "c": {}, "d": {"d": 1}}
+    assert import_cycles(graph) == []
 
 
 # ---------------------------------------------------------------- one store configuration on every path

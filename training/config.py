@@ -1,6 +1,7 @@
 """The one typed training config, its YAML loader, and the only place that spells DeepSpeed config keys.
 
-``TrainConfig`` is frozen and validated at construction (each error names the field and the fix).
+``TrainConfig`` is frozen and validated at construction (each error names the field and the fix); files and
+``--set`` overrides are read by :mod:`pipeline.config`, the loader corpus configs use too.
 ``to_deepspeed_config`` turns it, plus the facts known only at launch (world size, CPU or GPU), into the dict
 ``deepspeed.initialize`` takes; a user's DeepSpeed JSON/YAML (``deepspeed_config``) is deep-merged over it.
 """
@@ -8,18 +9,14 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
-import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal
 
-import yaml
-
-from pipeline.configload import build_config, config_to_dict
+from pipeline.config import build_config, config_to_dict, load_config, load_mapping
 from pipeline.storage import S3Options
 from training.model import PRESETS
 
@@ -239,99 +236,16 @@ def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str
     return merged
 
 
-# ---------------------------------------------------------------- loading
-def load_mapping(path: str | Path) -> dict[str, Any]:
-    """A JSON or YAML file holding one mapping."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
-    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{path} must hold a mapping of config fields; got {type(data).__name__}")
-    return dict(data)
-
-
-def load_train_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
-    """Read a YAML/JSON TrainConfig (``None``: defaults); ``overrides`` win over the file.
-
-    A dotted override (``s3.endpoint_url``) sets one field of a section and keeps the section's others.
-    """
-    data = load_mapping(path) if path else {}
-    for name, value in overrides.items():
-        section, dot, leaf = name.partition(".")
-        if not dot:
-            data[name] = value
-            continue
-        current = data.get(section) or {}
-        if not isinstance(current, Mapping):
-            raise ValueError(f"override {name}: {section} is not a section")
-        data[section] = {**current, leaf: value}
-    return train_config_from_dict(data)
+# ---------------------------------------------------------------- loading (pipeline.config, the one loader)
+def load_train_config(
+    path: str | Path | None = None, overrides: Mapping[str, Any] | None = None, **fields: Any
+) -> TrainConfig:
+    """Read a YAML/JSON TrainConfig (``None``: defaults); dotted ``overrides`` and ``fields`` win over the file."""
+    return load_config(TrainConfig, path, {**(overrides or {}), **fields})
 
 
 def train_config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
-    hints = get_type_hints(TrainConfig)
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(
-            f"unknown TrainConfig field(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}"
-        )
-    return TrainConfig(**{k: _coerce(hints[k], v, k) for k, v in data.items()})
-
-
-def _coerce(tp: Any, value: Any, name: str) -> Any:
-    origin = get_origin(tp)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{name} must be a mapping of {tp.__name__} fields; got {value!r}")
-        return build_config(tp, value, name)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in get_args(tp):
-            return None
-        (inner,) = [a for a in get_args(tp) if a is not type(None)]
-        return _coerce(inner, value, name)
-    if origin is Literal:
-        if value not in get_args(tp):
-            raise ValueError(f"{name} must be one of {', '.join(map(repr, get_args(tp)))}; got {value!r}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)) or len(value) != len(get_args(tp)):
-            raise ValueError(f"{name} must be a list of {len(get_args(tp))} values; got {value!r}")
-        return tuple(_coerce(t, v, name) for t, v in zip(get_args(tp), value, strict=True))
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{name} must be a mapping; got {value!r}")
-        return dict(value)
-    return _coerce_scalar(tp, value, name)
-
-
-def _coerce_scalar(tp: Any, value: Any, name: str) -> Any:
-    if tp is bool and isinstance(value, bool):
-        return value
-    if tp is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if tp is int and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, float) and isinstance(value, str):
-        # PyYAML reads "1e-3" (no dot) as a string; accept numbers spelled that way.
-        try:
-            number = float(value)
-        except ValueError:
-            pass
-        else:
-            return _coerce_scalar(tp, number, name)
-    if tp is str and isinstance(value, str):
-        return value
-    kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
-    raise ValueError(f"{name} must be {kind}; got {value!r}")
+    return build_config(TrainConfig, data)
 
 
 __all__ = [
@@ -339,7 +253,6 @@ __all__ = [
     "Precision",
     "TrainConfig",
     "deep_merge",
-    "load_mapping",
     "load_train_config",
     "lr_multiplier",
     "to_deepspeed_config",

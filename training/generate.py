@@ -1,26 +1,25 @@
 """Text from a checkpoint: verify it, convert it to a plain fp32 state dict, load the model, generate.
 
-``python -m training.generate --checkpoint runs/tiny/checkpoints --prompt "The data"`` samples from the newest
-complete checkpoint (or from a tag folder given directly); ``--to-fp32 model.pt`` writes the consolidated fp32
-state dict (DeepSpeed's ``zero_to_fp32``) next to its model config. Every file is verified against the tag's
-``COMPLETE.json`` before anything is unpickled, and unpickled weights-only.
+``pileworks sample --checkpoint runs/tiny/checkpoints --prompt "The data"`` samples from the newest complete
+checkpoint (or from a tag folder given directly); ``--to-fp32 model.pt`` writes the consolidated fp32 state dict
+(DeepSpeed's ``zero_to_fp32``) next to its model config. Every file is verified against the tag's
+``COMPLETE.json`` before anything is unpickled.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipeline.errors import CheckpointError
+from pipeline.manifest import load_manifest
 from pipeline.storage import S3Options
 from training.checkpoint import select_resume_tag, verify_tag
 from training.model import GPT, ModelConfig
@@ -88,8 +87,6 @@ def _tokenizer(tag_dir: Path, manifest_uri: str | None, s3: S3Options | None) ->
 
     if manifest_uri is None:
         return Tokenizer.from_file(str(tag_dir / "tokenizer.json"))  # verified with the tag
-    from pipeline.manifest import load_manifest
-
     manifest, store = load_manifest(manifest_uri, s3)
     return Tokenizer.from_str(store.get_bytes(manifest.tokenizer.key).decode("utf-8"))
 
@@ -113,42 +110,3 @@ def generate(
         torch.tensor([ids]), max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
     )
     return tokenizer.decode(out[0].tolist(), skip_special_tokens=False)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.generate", description=__doc__)
-    parser.add_argument("--checkpoint", required=True, help="checkpoints folder or one tag folder in it")
-    parser.add_argument("--prompt", default="The")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.8)
-    parser.add_argument("--top-k", type=int, default=50)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--manifest", default=None, help="take the tokenizer from this manifest instead")
-    parser.add_argument(
-        "--to-fp32", default=None, metavar="OUT.pt", help="write the fp32 state dict and stop"
-    )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        if args.to_fp32:
-            print(convert_to_fp32(args.checkpoint, args.to_fp32))
-        else:
-            print(
-                generate(
-                    args.checkpoint,
-                    args.prompt,
-                    args.max_new_tokens,
-                    args.temperature,
-                    args.top_k,
-                    args.seed,
-                    args.manifest,
-                )
-            )
-    except (CheckpointError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,8 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.manifest import load_manifest
 from pipeline.storage import S3Options
 from training.blend import SourceSamples, blend_sources, epoch_order
+from training.cache import ShardCache
+from training.checkpoint import read_record
+from training.data import ShardDataset
+from training.generate import resolve_tag_dir
+from training.metrics import read_metrics
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,8 +77,6 @@ def step_samples(
 
 
 def _start_from_metrics(output_dir: Path, step: int) -> tuple[int, int, int]:
-    from training.metrics import read_metrics
-
     best = (0, 0, 0)
     for rec in read_metrics(output_dir, "train"):
         s = int(rec.get("step", 0))
@@ -99,12 +103,6 @@ def trace_step(
     max_docs: int = 50,
 ) -> dict[str, Any]:
     """Shards and documents that optimizer step ``step`` trained on, for the run that wrote ``checkpoint``."""
-    from pipeline.manifest import load_manifest
-    from training.cache import ShardCache
-    from training.checkpoint import read_record
-    from training.data import ShardDataset
-    from training.generate import resolve_tag_dir
-
     tag_dir = resolve_tag_dir(checkpoint)
     record = read_record(tag_dir)
     check_step_in_checkpoint(step, int(record["step"]), tag_dir)

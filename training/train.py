@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pipeline.config import parse_overrides
 from pipeline.errors import CheckpointError
 from pipeline.manifest import Manifest, load_manifest
 from pipeline.storage import ObjectStore, open_store, sha256_bytes
@@ -83,18 +84,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    import yaml
-
-    overrides = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise ValueError(f"--set takes FIELD=VALUE; got {item!r}")
-        overrides[name.strip()] = yaml.safe_load(value)
-    return overrides
 
 
 @dataclass
@@ -479,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_rank_logging(int(os.environ.get("RANK", "0")))
     try:
-        cfg = load_train_config(args.config, **parse_overrides(args.set))
+        cfg = load_train_config(args.config, parse_overrides(args.set))
     except (ValueError, FileNotFoundError) as exc:
         logger.error("bad training config: %s", exc)
         return EXIT_USER_ERROR

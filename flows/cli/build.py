@@ -5,25 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import yaml
-
 from flows.s3_flags import add_s3_arguments, dotted_s3_overrides
-
-
-def key_value(item: str) -> tuple[str, Any]:
-    """One ``--set KEY=VALUE`` (an argparse type, so a malformed one is a usage error: exit 2)."""
-    key, sep, value = item.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expects KEY=VALUE (a dotted key), got {item!r}")
-    try:
-        return key.strip(), yaml.safe_load(value)
-    except yaml.YAMLError as exc:
-        raise argparse.ArgumentTypeError(f"{item!r}: the value is not valid YAML ({exc})") from exc
-
-
-def parse_overrides(items: list[Any]) -> dict[str, Any]:
-    """``--set clean.normalization=NFKC --set dedup.near.threshold=0.7`` (values parsed as YAML scalars)."""
-    return dict(key_value(i) if isinstance(i, str) else i for i in items)
+from pipeline.config import parse_overrides, split_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,15 +16,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, precheck=precheck)
 
 
-def add_build_arguments(p: argparse.ArgumentParser) -> None:
+def add_build_arguments(
+    p: argparse.ArgumentParser,
+    set_help: str = "override a corpus config field, e.g. dedup.near.threshold=0.7 (repeatable)",
+) -> None:
     p.add_argument("--config", help="corpus YAML (default: the embedded flows/configs/corpus.yaml)")
     p.add_argument("--input", action="append", dest="inputs", help="input path/glob/URI (repeatable)")
     p.add_argument("--output", help="store root: a folder, file:// or s3://bucket/prefix")
     p.add_argument("--name", help="dataset name (default: the config's, `sample` for the bundled corpus)")
-    p.add_argument(
-        "--set", action="append", default=[], type=key_value, metavar="KEY=VALUE",
-        help="override a corpus config field, e.g. dedup.near.threshold=0.7 (repeatable)",
-    )  # fmt: skip
+    add_set_argument(p, set_help)
     p.add_argument(
         "--task-runner", default="local",
         help="local (worker processes on this machine) | threads | dask://host:port (a Dask scheduler)",
@@ -52,9 +35,22 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
     add_s3_arguments(p)
 
 
+def add_set_argument(p: argparse.ArgumentParser, help: str, *aliases: str) -> None:
+    """``--set KEY=VALUE``, the one override syntax of every command (read by ``pipeline.config``)."""
+    p.add_argument("--set", *aliases, action="append", default=[], dest="set", metavar="KEY=VALUE", help=help)
+
+
 def corpus_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """``--set`` values, then the S3 flags (which win) as ``s3.<field>`` overrides of the corpus config."""
     return parse_overrides(args.set) | dotted_s3_overrides(args)
+
+
+def corpus_and_train_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``run``/``serve``: ``--set train.KEY=VALUE`` (and the hidden ``--train-set KEY=VALUE``) go to the training
+    config, the other ``--set`` values and the S3 flags (which win) to the corpus config."""
+    train, corpus = split_overrides(parse_overrides(args.set), "train")
+    train.update(parse_overrides(getattr(args, "train_set", None) or []))
+    return corpus | dotted_s3_overrides(args), train
 
 
 def precheck(args: argparse.Namespace) -> None:

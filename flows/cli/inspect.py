@@ -22,7 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.set_defaults(func=run_dedup)
     m = what.add_parser("mixture", help="tokens, documents and shares per source and language, weights asked")
     m.add_argument("dataset", help="manifest URI, dataset folder or datasets/<name> of a build")
-    m.add_argument("--split", default="train", choices=("train", "valid"))
+    m.add_argument(
+        "--split", default="train", choices=("train", "valid"), help="split to inspect (default train)"
+    )
     m.add_argument("--json", action="store_true", help="print the manifest's mixture section as JSON")
     add_s3_arguments(m)
     m.set_defaults(func=run_mixture)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flows.cli.build import add_build_arguments, corpus_overrides, parse_overrides, print_summary
+from flows.cli.build import add_build_arguments, corpus_and_train_overrides, print_summary
 from flows.cli.train import add_train_arguments, training_lines, training_next_commands
 
 
@@ -14,8 +14,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser(
         "run", help="prepare the corpus and train on it (the one-click flow), then print a sample"
     )
-    add_build_arguments(r)
+    add_build_arguments(
+        r,
+        "override a config field: dedup.near.threshold=0.7 (corpus) or train.lr=1e-3 (training); repeatable",
+    )
     add_train_arguments(r, config_flag="--train-config")
+    # --train-set KEY=VALUE predates --set train.KEY=VALUE: still accepted, not advertised.
+    r.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE", help=argparse.SUPPRESS)
     r.add_argument("--prompt", default="Debian is", help="prompt for the sample printed at the end")
     r.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
     r.set_defaults(func=run_prepare_and_train, precheck=precheck_run)
@@ -25,8 +30,9 @@ def precheck_run(args: argparse.Namespace) -> None:
     from flows.cli.precheck import check_build
     from flows.train import resolved_train_config
 
-    check_build(args.config, args.inputs, args.output, args.name, corpus_overrides(args))
-    resolved_train_config(args.train_config, parse_overrides(args.train_set))
+    corpus_overrides, train_overrides = corpus_and_train_overrides(args)
+    check_build(args.config, args.inputs, args.output, args.name, corpus_overrides)
+    resolved_train_config(args.train_config, train_overrides)
 
 
 def run_prepare_and_train(args: argparse.Namespace) -> int:
@@ -35,10 +41,11 @@ def run_prepare_and_train(args: argparse.Namespace) -> int:
     from flows.runners import prefect_api
     from flows.train import prepare_and_train
 
+    corpus_overrides, train_overrides = corpus_and_train_overrides(args)
     with prefect_api():  # one API for the flow and every worker of its build
         state = prepare_and_train(
             corpus_config=args.config, train_config=args.train_config, inputs=args.inputs, output=args.output,
-            nproc=args.nproc, train_overrides=parse_overrides(args.train_set), corpus_overrides=corpus_overrides(args),
+            nproc=args.nproc, train_overrides=train_overrides, corpus_overrides=corpus_overrides,
             timeout_s=args.timeout, max_restarts=args.max_restarts, name=args.name, return_state=True,
             task_runner=args.task_runner, workers=args.workers,
         )  # fmt: skip

@@ -1,4 +1,4 @@
-"""``pileworks sample``: generate text from a checkpoint."""
+"""``pileworks sample``: generate text from a checkpoint, or convert it to a plain fp32 state dict."""
 
 from __future__ import annotations
 
@@ -16,23 +16,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest tokens (default 50)")
     s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     s.add_argument("--manifest", default=None, help="take the tokenizer from this manifest instead")
+    s.add_argument("--to-fp32", default=None, metavar="OUT.pt", help="write the fp32 state dict and stop")
     add_s3_arguments(s)
     s.set_defaults(func=run_sample)
 
 
 def run_sample(args: argparse.Namespace) -> int:
-    from training.generate import generate
+    from training.generate import convert_to_fp32, generate
 
+    if args.to_fp32:
+        print(convert_to_fp32(args.checkpoint, args.to_fp32))
+        return 0
     print(
         generate(
-            args.checkpoint,
-            args.prompt,
-            args.max_new_tokens,
-            args.temperature,
-            args.top_k,
-            args.seed,
-            manifest_uri=args.manifest,
-            s3=resolve_s3(args),
+            args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
+            manifest_uri=args.manifest, s3=resolve_s3(args),
         )
-    )
+    )  # fmt: skip
     return 0

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flows.s3_flags import add_s3_arguments, dotted_s3_overrides
+from flows.cli.build import add_set_argument, corpus_and_train_overrides
+from flows.s3_flags import add_s3_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,6 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="corpus YAML for the scheduled rebuild (default: the embedded one)")
     p.add_argument("--output", help="store root for the scheduled rebuild")
     p.add_argument("--train-config", help="train YAML for prepare_and_train")
+    add_set_argument(
+        p, "override a config field: dedup.near.threshold=0.7 (corpus) or train.lr=1e-3 (training)"
+    )
     p.add_argument("--dry-run", action="store_true", help="print the deployments and exit")
     add_s3_arguments(p)
     p.set_defaults(func=run)
@@ -29,7 +33,7 @@ def build_deployments(args: argparse.Namespace) -> list[Any]:
     from flows.corpus_config import load_corpus_config
     from flows.train import prepare_and_train
 
-    overrides = dotted_s3_overrides(args)
+    overrides, train_overrides = corpus_and_train_overrides(args)
     # fail now, not at 3 a.m., on a bad config
     load_corpus_config(args.config, output=args.output, overrides=overrides)
     rebuild = build_corpus.to_deployment(
@@ -46,6 +50,7 @@ def build_deployments(args: argparse.Namespace) -> list[Any]:
             "train_config": args.train_config,
             "output": args.output,
             "corpus_overrides": overrides,
+            "train_overrides": train_overrides,
         },
         description="Prepare the corpus and train on it.",
         tags=["pileworks", "training"],

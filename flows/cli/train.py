@@ -6,8 +6,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from flows.cli.build import key_value, parse_overrides
+from flows.cli.build import add_set_argument
 from flows.s3_flags import add_s3_arguments, dotted_s3_overrides
+from pipeline.config import parse_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,6 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--manifest", required=True, help="manifest URI, dataset folder or datasets/<name> (follows latest)"
     )
     add_train_arguments(t)
+    add_set_argument(t, "override a TrainConfig field, e.g. lr=1e-3 (repeatable)", "--train-set")
     t.add_argument(
         "--allow-dataset-change", action="store_true", help="resume a checkpoint made on another dataset"
     )
@@ -34,10 +36,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 def add_train_arguments(p: argparse.ArgumentParser, config_flag: str = "--config") -> None:
     p.add_argument(config_flag, dest="train_config", help="train YAML (default: training/configs/tiny.yaml)")
     p.add_argument("--nproc", type=int, default=2, help="ranks on this machine (default 2)")
-    p.add_argument(
-        "--train-set", action="append", default=[], type=key_value, metavar="KEY=VALUE",
-        help="override a TrainConfig field, e.g. max_steps=50 (repeatable)",
-    )  # fmt: skip
     p.add_argument("--timeout", type=float, default=None, help="kill the job after this many seconds")
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a rank failure")
 
@@ -49,8 +47,8 @@ def precheck_train(args: argparse.Namespace) -> None:
 
 
 def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """``--train-set`` values, then the S3 flags (which win) as ``s3.<field>`` overrides of the train config."""
-    return parse_overrides(args.train_set) | dotted_s3_overrides(args)
+    """``--set`` values, then the S3 flags (which win) as ``s3.<field>`` overrides of the train config."""
+    return parse_overrides(args.set) | dotted_s3_overrides(args)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -64,7 +62,8 @@ def run_train(args: argparse.Namespace) -> int:
     result, run_id = flow_run_outcome(state)
     result = {k: v for k, v in result.items() if k != "history"}
     result["flow_run_url"] = args.api.run_url(run_id)
-    finish_training(result, args.manifest, args.json, output_dir_set="output_dir" in dict(args.train_set))
+    output_dir_set = "output_dir" in parse_overrides(args.set)
+    finish_training(result, args.manifest, args.json, output_dir_set=output_dir_set)
     return 0
 
 
@@ -88,9 +87,9 @@ def training_next_commands(tr: dict[str, Any], manifest: str, output_dir_set: bo
     if not tr["steps"]:
         return []
     ckpts = Path(tr["output_dir"]) / "checkpoints"
-    more = ["--train-set", f"max_steps={2 * int(tr['steps'])}"]
+    more = ["--set", f"max_steps={2 * int(tr['steps'])}"]
     if output_dir_set:
-        more += ["--train-set", f"output_dir={tr['output_dir']}"]
+        more += ["--set", f"output_dir={tr['output_dir']}"]
     return [
         command("sample", "--checkpoint", ckpts, "--prompt", "Debian is"),
         command("trace", "--checkpoint", ckpts, "--step", tr["steps"]),

@@ -21,8 +21,6 @@ that range of every part's array by its fences. Only the kept hashes (the boiler
 
 from __future__ import annotations
 
-import io
-import json
 import math
 from collections import Counter
 from collections.abc import Iterable
@@ -33,7 +31,15 @@ from pipeline.clean.config import CleanConfig
 from pipeline.clean.normalize import line_hash, normalize_text
 from pipeline.records import Record, iter_part_batches
 from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, part_name
+from pipeline.units import (
+    StageStats,
+    done_stats_or_fail,
+    finish_unit,
+    get_npy,
+    part_unit,
+    put_npy,
+    unit_stats,
+)
 
 
 def doc_line_hashes(text: str, min_line_chars: int) -> set[int]:
@@ -51,16 +57,6 @@ def count_lines_part(records: Iterable[Record], cfg: CleanConfig) -> dict[int, i
     return dict(counts)
 
 
-def _npy_bytes(array: np.ndarray) -> bytes:
-    sink = io.BytesIO()
-    np.save(sink, array, allow_pickle=False)
-    return sink.getvalue()
-
-
-def _npy_load(data: bytes) -> np.ndarray:
-    return np.load(io.BytesIO(data), allow_pickle=False)
-
-
 def counts_to_array(counts: dict[int, int]) -> np.ndarray:
     """A 2 x n uint64 array: row 0 the sorted hashes, row 1 their document counts."""
     hashes = np.fromiter(counts.keys(), dtype=np.uint64, count=len(counts))
@@ -73,9 +69,9 @@ def run_boilerplate_count_part(
     store: ObjectStore, in_folder: str, out_folder: str, index: int, cfg: CleanConfig
 ) -> StageStats:
     """Count the line document-frequencies of one input part; a rerun of a done part reads its stats."""
-    name = part_name(index)
-    if store.exists(f"{out_folder}/{name}.done"):
-        return StageStats.from_json(json.loads(store.get_bytes(f"{out_folder}/{name}.stats.json")))
+    unit = part_unit(out_folder, index)
+    if (done := unit_stats(store, unit)) is not None:
+        return done
     counts: Counter[int] = Counter()
     stats = StageStats(stage="boilerplate_count")
     for batch in iter_part_batches(store, in_folder, index):
@@ -84,11 +80,9 @@ def run_boilerplate_count_part(
     stats.docs_out = stats.docs_in
     stats.extra = {"distinct_lines": len(counts)}
     array = counts_to_array(counts)
-    store.put_bytes(f"{out_folder}/{name}.npy", _npy_bytes(array))
-    store.put_bytes(f"{out_folder}/{name}.fences.npy", _npy_bytes(fences_of(array[0])))
-    store.put_bytes(f"{out_folder}/{name}.stats.json", json.dumps(stats.to_json(), indent=1).encode())
-    store.put_bytes(f"{out_folder}/{name}.done", b"")
-    return stats
+    put_npy(store, f"{unit}.npy", array)
+    put_npy(store, f"{unit}.fences.npy", fences_of(array[0]))
+    return finish_unit(store, unit, stats)
 
 
 def boilerplate_threshold(total_docs: int, cfg: CleanConfig) -> int:
@@ -110,15 +104,15 @@ class _PartCounts:
     """One part's sorted (hash, documents) array in the store, read one fence range at a time."""
 
     def __init__(self, store: ObjectStore, folder: str, index: int) -> None:
-        self.store, self.key = store, f"{folder}/{part_name(index)}.npy"
-        fences_key = f"{folder}/{part_name(index)}.fences.npy"
+        unit = part_unit(folder, index)
+        self.store, self.key, fences_key = store, f"{unit}.npy", f"{unit}.fences.npy"
         self.whole: np.ndarray | None = None
         if store.exists(fences_key):
-            self.fences = _npy_load(store.get_bytes(fences_key))
+            self.fences = get_npy(store, fences_key)
             head = store.get_range(self.key, 0, 256)  # the .npy header: magic, version, length, dict
             self.offset = 10 + int.from_bytes(head[8:10], "little")
         else:  # counted by an older version: no fences, read the whole (small) array once
-            self.whole = _npy_load(store.get_bytes(self.key))
+            self.whole = get_npy(store, self.key)
             self.fences = fences_of(self.whole[0])
 
     def size(self, lo: int, hi: int) -> int:
@@ -161,14 +155,11 @@ def merge_boilerplate(
     Idempotent: when ``out_key`` exists it is not recomputed.
     """
     if store.exists(out_key):
-        return len(_npy_load(store.get_bytes(out_key)))
+        return len(get_npy(store, out_key))
     parts, total_docs = [], 0
     for index in range(num_parts):
-        name = part_name(index)
-        if not store.exists(f"{count_folder}/{name}.done"):
-            raise RuntimeError(f"{count_folder}/{name} is not done; run run_boilerplate_count_part first")
-        stats = json.loads(store.get_bytes(f"{count_folder}/{name}.stats.json"))
-        total_docs += int(stats["docs_in"])
+        unit = part_unit(count_folder, index)
+        total_docs += done_stats_or_fail(store, unit, "run_boilerplate_count_part").docs_in
         parts.append(_PartCounts(store, count_folder, index))
     threshold = boilerplate_threshold(total_docs, cfg)
     kept = []
@@ -181,12 +172,12 @@ def merge_boilerplate(
         kept.append(hashes[docs >= threshold])
         del merged, hashes, inverse, docs
     keep = np.concatenate(kept) if kept else np.zeros(0, np.uint64)
-    store.put_bytes(out_key, _npy_bytes(keep.astype(np.uint64)))
+    put_npy(store, out_key, keep.astype(np.uint64))
     return len(keep)
 
 
 def load_boilerplate(store: ObjectStore, key: str) -> frozenset[int]:
-    array = _npy_load(store.get_bytes(key))
+    array = get_npy(store, key)
     if array.dtype != np.uint64 or array.ndim != 1:
         raise ValueError(f"{store.uri_of(key)} is not a 1-d uint64 boilerplate hash array")
     return frozenset(array.tolist())

@@ -6,10 +6,70 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pipeline.clean.quality import QualityConfig
 from pipeline.langid import LangIdConfig
 
 NORMALIZATIONS = ("NFC", "NFKC")
+DEFAULT_TOP_NGRAM = ((2, 0.20), (3, 0.18), (4, 0.16))
+DEFAULT_DUP_NGRAM = ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))
+
+_FRACTION_FIELDS = (
+    "max_symbol_word_ratio",
+    "max_bullet_line_fraction",
+    "max_ellipsis_line_fraction",
+    "max_dup_line_fraction",
+    "max_dup_line_char_fraction",
+    "max_dup_para_fraction",
+    "max_dup_para_char_fraction",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QualityConfig:
+    """Thresholds of the quality rules (Gopher defaults). ``None`` disables a rule; ``enabled=False`` all."""
+
+    enabled: bool = True
+    min_chars: int | None = 100
+    max_chars: int | None = 5_000_000
+    min_words: int | None = 50
+    max_words: int | None = 100_000
+    min_mean_word_length: float | None = 3.0
+    max_mean_word_length: float | None = 10.0
+    max_symbol_word_ratio: float | None = 0.1
+    max_bullet_line_fraction: float | None = 0.9
+    max_ellipsis_line_fraction: float | None = 0.3
+    max_dup_line_fraction: float | None = 0.3
+    max_dup_line_char_fraction: float | None = 0.2
+    max_dup_para_fraction: float | None = 0.3
+    max_dup_para_char_fraction: float | None = 0.2
+    # (n, max fraction of word characters in the most frequent n-gram)
+    top_ngram_max_fraction: tuple[tuple[int, float], ...] = DEFAULT_TOP_NGRAM
+    # (n, max fraction of word characters inside repeated occurrences of n-grams)
+    dup_ngram_max_fraction: tuple[tuple[int, float], ...] = DEFAULT_DUP_NGRAM
+
+    def __post_init__(self) -> None:
+        for name in ("min_chars", "max_chars", "min_words", "max_words"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"QualityConfig.{name} must be a non-negative int or None, got {value!r}")
+        for name in _FRACTION_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"QualityConfig.{name} must be in [0, 1] or None, got {value!r}")
+        for lo, hi in (("min_chars", "max_chars"), ("min_words", "max_words")):
+            a, b = getattr(self, lo), getattr(self, hi)
+            if a is not None and b is not None and a > b:
+                raise ValueError(f"QualityConfig.{lo}={a} is larger than {hi}={b}")
+        a, b = self.min_mean_word_length, self.max_mean_word_length
+        if a is not None and b is not None and not 0 <= a <= b:
+            raise ValueError(f"QualityConfig mean word length range [{a}, {b}] is empty or negative")
+        for name in ("top_ngram_max_fraction", "dup_ngram_max_fraction"):
+            pairs = getattr(self, name)
+            ns = [n for n, _ in pairs]
+            if ns != sorted(set(ns)) or any(n < 1 for n in ns) or any(not 0 <= f <= 1 for _, f in pairs):
+                raise ValueError(
+                    f"QualityConfig.{name} must be (n, fraction) pairs with increasing n >= 1 and "
+                    f"fractions in [0, 1], got {pairs!r}"
+                )
 
 
 @dataclass(frozen=True, kw_only=True)

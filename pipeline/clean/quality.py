@@ -27,99 +27,28 @@ paragraph repetition fractions. The n-gram rules are screened from the word hash
 bounds (:func:`screen_ngrams`). Only documents that a bound cannot clear get the exact computation (the
 repetition rules with ``set``; the n-gram rules from first-occurrence arrays, :func:`_fast_ngram_reason`),
 and documents the scan cannot split like ``str.split`` (CJK, non-ASCII whitespace, lone surrogates) take
-the per-document path. ``_word_reason`` + ``_ngram_reason`` are the straightforward per-document rules;
-``check_quality_batch`` gives exactly their answers on every document (tests/pipeline/clean/test_quality.py).
+the per-document path. The straightforward per-document rules are kept as a reference in
+``tests/pipeline/clean/quality_oracle.py``; ``check_quality_batch`` gives exactly their answers on every document
+(``tests/pipeline/clean/test_quality.py``). The scan itself lives in :mod:`pipeline.clean.wordscan`, the
+thresholds in :class:`pipeline.clean.config.QualityConfig`.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from itertools import chain
-from operator import mul
 
 import numpy as np
 
-# Kana, CJK symbols/punctuation, CJK ideographs (+ ext. A), Yi, Hangul syllables, compatibility ideographs,
-# halfwidth/fullwidth forms and the CJK ideograph extensions in the supplementary planes.
-_CJK_RANGES = (
-    (0x3000, 0x30FF),
-    (0x3400, 0x4DBF),
-    (0x4E00, 0x9FFF),
-    (0xA000, 0xA4CF),
-    (0xAC00, 0xD7A3),
-    (0xF900, 0xFAFF),
-    (0xFF00, 0xFFEF),
-    (0x20000, 0x3134F),
-)
-CJK_RE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _CJK_RANGES) + "]")
+from pipeline.clean.config import QualityConfig
+from pipeline.clean.wordscan import CJK_RANGES, MIX, STEP, scan_chunks
+
+CJK_RE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in CJK_RANGES) + "]")
 BULLETS = ("•", "‣", "◦", "⁃", "●", "▪", "-", "*", "·", "–")
 # A literal "\n" prefix lets the regex engine skip ahead with a fast search (a ^/MULTILINE anchor does not).
 BULLET_LINE_RE = re.compile(r"\n[ \t]*[•‣◦⁃●▪*·–-]")
 ELLIPSES = ("...", "…")
-DEFAULT_TOP_NGRAM = ((2, 0.20), (3, 0.18), (4, 0.16))
-DEFAULT_DUP_NGRAM = ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))
-
-_FRACTION_FIELDS = (
-    "max_symbol_word_ratio",
-    "max_bullet_line_fraction",
-    "max_ellipsis_line_fraction",
-    "max_dup_line_fraction",
-    "max_dup_line_char_fraction",
-    "max_dup_para_fraction",
-    "max_dup_para_char_fraction",
-)
-
-
-@dataclass(frozen=True, kw_only=True)
-class QualityConfig:
-    """Thresholds of the quality rules (Gopher defaults). ``None`` disables a rule; ``enabled=False`` all."""
-
-    enabled: bool = True
-    min_chars: int | None = 100
-    max_chars: int | None = 5_000_000
-    min_words: int | None = 50
-    max_words: int | None = 100_000
-    min_mean_word_length: float | None = 3.0
-    max_mean_word_length: float | None = 10.0
-    max_symbol_word_ratio: float | None = 0.1
-    max_bullet_line_fraction: float | None = 0.9
-    max_ellipsis_line_fraction: float | None = 0.3
-    max_dup_line_fraction: float | None = 0.3
-    max_dup_line_char_fraction: float | None = 0.2
-    max_dup_para_fraction: float | None = 0.3
-    max_dup_para_char_fraction: float | None = 0.2
-    # (n, max fraction of word characters in the most frequent n-gram)
-    top_ngram_max_fraction: tuple[tuple[int, float], ...] = DEFAULT_TOP_NGRAM
-    # (n, max fraction of word characters inside repeated occurrences of n-grams)
-    dup_ngram_max_fraction: tuple[tuple[int, float], ...] = DEFAULT_DUP_NGRAM
-
-    def __post_init__(self) -> None:
-        for name in ("min_chars", "max_chars", "min_words", "max_words"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"QualityConfig.{name} must be a non-negative int or None, got {value!r}")
-        for name in _FRACTION_FIELDS:
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value <= 1.0:
-                raise ValueError(f"QualityConfig.{name} must be in [0, 1] or None, got {value!r}")
-        for lo, hi in (("min_chars", "max_chars"), ("min_words", "max_words")):
-            a, b = getattr(self, lo), getattr(self, hi)
-            if a is not None and b is not None and a > b:
-                raise ValueError(f"QualityConfig.{lo}={a} is larger than {hi}={b}")
-        a, b = self.min_mean_word_length, self.max_mean_word_length
-        if a is not None and b is not None and not 0 <= a <= b:
-            raise ValueError(f"QualityConfig mean word length range [{a}, {b}] is empty or negative")
-        for name in ("top_ngram_max_fraction", "dup_ngram_max_fraction"):
-            pairs = getattr(self, name)
-            ns = [n for n, _ in pairs]
-            if ns != sorted(set(ns)) or any(n < 1 for n in ns) or any(not 0 <= f <= 1 for _, f in pairs):
-                raise ValueError(
-                    f"QualityConfig.{name} must be (n, fraction) pairs with increasing n >= 1 and "
-                    f"fractions in [0, 1], got {pairs!r}"
-                )
 
 
 def count_words(text: str, words: list[str] | None = None) -> tuple[int, int]:
@@ -184,63 +113,6 @@ def _repetition_reason(text: str, cfg: QualityConfig) -> str | None:
     return None
 
 
-def _ngrams(words: list[str], n: int) -> list[tuple[str, ...]]:
-    return list(zip(*(words[i:] for i in range(n)), strict=False))  # shorter tails end it
-
-
-def _top_ngram_reason(words: list[str], total_chars: int, cfg: QualityConfig) -> str | None:
-    """Most frequent n-gram's characters (count x length) over all word characters.
-
-    Bound first: an n-gram's count times its length is at most n times the largest count x length of a
-    single word, so the n-gram counting runs only for documents where that bound can exceed the threshold.
-    """
-    unigrams = Counter(words)
-    top_word = max(map(mul, unigrams.values(), map(len, unigrams)), default=0)
-    for n, max_frac in cfg.top_ngram_max_fraction:
-        if n * top_word <= max_frac * total_chars or len(words) < n:
-            continue
-        counts = Counter(_ngrams(words, n))
-        gram, count = counts.most_common(1)[0]
-        if count > 1 and count * sum(map(len, gram)) > max_frac * total_chars:
-            return f"top_{n}gram_fraction"
-    return None
-
-
-def _dup_ngram_fraction(words: list[str], lengths: np.ndarray, n: int) -> float:
-    """Fraction of word characters covered by n-gram occurrences that repeat an earlier occurrence."""
-    m = len(words) - n + 1
-    if m <= 1:
-        return 0.0
-    grams = _ngrams(words, n)
-    first = dict(
-        zip(reversed(grams), range(m - 1, -1, -1), strict=True)
-    )  # the earliest index of each n-gram wins
-    if len(first) == m:
-        return 0.0
-    repeats = np.fromiter(map(first.__getitem__, grams), dtype=np.int64, count=m) != np.arange(m)
-    # word j is covered when a repeated occurrence starts at some k in [j - n + 1, j]
-    before = np.concatenate(([0], np.cumsum(repeats)))
-    j = np.arange(len(words))
-    covered = before[np.minimum(j, m - 1) + 1] - before[np.maximum(j - n + 1, 0)] > 0
-    return float(lengths[covered].sum()) / max(float(lengths.sum()), 1.0)
-
-
-def _dup_ngram_reason(words: list[str], cfg: QualityConfig) -> str | None:
-    """Duplicate n-gram character fractions. Covered(n+1) is a subset of covered(n), so the fraction can
-    only fall as n grows: stop as soon as it is at or below every remaining threshold."""
-    pairs = cfg.dup_ngram_max_fraction
-    if not pairs or len(words) <= pairs[0][0]:
-        return None
-    lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
-    for i, (n, max_frac) in enumerate(pairs):
-        frac = _dup_ngram_fraction(words, lengths, n)
-        if frac > max_frac:
-            return f"dup_{n}gram_fraction"
-        if frac <= min(f for _, f in pairs[i:]):
-            return None
-    return None
-
-
 def _first_occurrences(words: list[str], max_n: int) -> Iterator[np.ndarray]:
     """For n = 1..max_n (while there is an n-gram): per n-gram start, the start of its first occurrence.
 
@@ -259,7 +131,8 @@ def _first_occurrences(words: list[str], max_n: int) -> Iterator[np.ndarray]:
 
 
 def _fast_ngram_reason(words: list[str], cfg: QualityConfig) -> str | None:
-    """The answer of ``_ngram_reason``, from first-occurrence arrays instead of Counters of tuples."""
+    """The answer of the reference n-gram rules (``tests/pipeline/clean/quality_oracle.py``), from first-occurrence
+    arrays instead of Counters of tuples."""
     top = dict(cfg.top_ngram_max_fraction)
     pairs = cfg.dup_ngram_max_fraction
     lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
@@ -301,8 +174,6 @@ def _fast_ngram_reason(words: list[str], cfg: QualityConfig) -> str | None:
 # certain; the few others get the exact per-document computation. So the batch answer equals the
 # per-document one. The repeated n-gram screen sorts 64-bit keys instead (see _covered_chars).
 
-_MIX = np.uint64(0x9E3779B97F4A7C15)
-_STEP = np.uint64(0xD6E8FEB86659FD93)
 _CHUNK_WORDS = 1 << 17
 _SLACK = 1.0 - 1e-9  # float rounding must never turn a failing document into a passing one
 
@@ -322,17 +193,17 @@ def _chunks(sizes: list[int]) -> list[tuple[int, int]]:
 def _ngram_keys(word_hash: np.ndarray, doc: np.ndarray, max_n: int) -> Iterator[np.ndarray]:
     """For n = 1..max_n: the 64-bit key of every n-gram start (the document index is mixed in); each from
     the previous one."""
-    key = word_hash + doc.astype(np.uint64) * _STEP
+    key = word_hash + doc.astype(np.uint64) * STEP
     yield key
     for n in range(2, max_n + 1):
         m = len(word_hash) - n + 1
-        key = key[:m] * _STEP + word_hash[n - 1 :]
+        key = key[:m] * STEP + word_hash[n - 1 :]
         yield key
 
 
 def _bucket_counts(key: np.ndarray, valid: np.ndarray, bits: int) -> np.ndarray:
     """For every n-gram start: its bucket's count (0 where the n-gram crosses into the next document)."""
-    bucket = np.where(valid, (key * _MIX) >> np.uint64(64 - bits), 1 << bits).astype(np.intp)
+    bucket = np.where(valid, (key * MIX) >> np.uint64(64 - bits), 1 << bits).astype(np.intp)
     counts = np.bincount(bucket, minlength=(1 << bits) + 1)
     counts[1 << bits] = 0
     return counts[bucket]
@@ -380,7 +251,7 @@ def _screen_arrays(
     dup_n = pairs[0][0] if pairs else 0
     max_n = min(max([dup_n, *top]), total)
     counts: np.ndarray | None = None  # bucket counts of the last top n-gram rule
-    for n, key in enumerate(_ngram_keys(word_hash * _MIX, doc, max_n), start=1):
+    for n, key in enumerate(_ngram_keys(word_hash * MIX, doc, max_n), start=1):
         valid = doc[: len(key)] == doc[n - 1 :]
         if n in top:
             # an n-gram occurs at most as often as its prefix: the shorter rule's counts bound it first
@@ -423,167 +294,6 @@ def screen_ngrams(word_lists: list[list[str]], cfg: QualityConfig) -> list[bool]
     return _screen_words(word_hash, lengths, sizes, cfg).tolist()
 
 
-# ---------------------------------------------------------------- byte-level word scan
-# ``text.split()`` builds a str object per word (~75 MB/s). The batch path instead finds the words of all its
-# documents at once in their UTF-8 bytes: whitespace bytes come from one ``bytes.translate``, word bounds
-# from where the mask flips, character lengths are byte lengths less the UTF-8 continuation bytes, and a
-# word's hash mixes its byte length with its first and last 8 bytes (equal words hash equal; the rare long
-# words that collide only make the n-gram screen more cautious). This gives exactly ``text.split()``'s words
-# when the only whitespace is ASCII (str.split's ASCII whitespace: \t \n \v \f \r, \x1c-\x1f, space) and
-# there is no CJK character; other documents take the per-document path.
-
-_WS_TABLE = bytes(int(chr(b).isspace()) for b in range(128)) + bytes(128)
-_NON_ASCII_SPACES = [c for c in range(0x80, 0x3001) if chr(c).isspace()]
-_PER_DOC_RANGES = sorted([*((c, c) for c in _NON_ASCII_SPACES), (0xD800, 0xDFFF), *_CJK_RANGES])
-_PER_DOC_RE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _PER_DOC_RANGES) + "]")
-# code point c is one of them iff searchsorted(_PER_DOC_EDGES, c, "right") is odd
-_PER_DOC_EDGES = np.array([e for a, b in _PER_DOC_RANGES for e in (a, b + 1)], dtype=np.int64)
-_M1 = np.uint64(0xFF51AFD7ED558CCD)
-_M2 = np.uint64(0xC4CEB9FE1A85EC53)
-_BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)  # the first k bytes
-_SCAN_BYTES = 1 << 19
-
-
-def _fast_words(text: str) -> bool:
-    """Whether the byte-level scan finds exactly ``text.split()`` (and the words are the n-gram words);
-    the scan decides it for itself, from the code points it decodes (see ``_per_doc_flags``)."""
-    return text.isascii() or _PER_DOC_RE.search(text) is None
-
-
-def _word_hashes(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of each word ``buf[start:end]`` (buf ends with at least 8 padding bytes)."""
-    blen = ends - starts
-    mask = _BYTE_MASKS[np.minimum(blen, 8)]
-    u64 = np.ndarray(shape=(len(buf) - 7,), dtype="<u8", buffer=buf, strides=(1,))  # unaligned view
-    first = u64[starts] & mask
-    last = u64[np.maximum(ends - 8, starts)] & mask
-    return (first * _M1) ^ (last * _M2) ^ blen.astype(np.uint64)  # the screen mixes the bits further
-
-
-def _per_doc_flags(buf: bytes, doc_start: np.ndarray, n_docs: int) -> np.ndarray:
-    """Per document: whether it holds a character ``_PER_DOC_RE`` matches (decoded from the UTF-8 bytes)."""
-    b = np.frombuffer(buf, dtype=np.uint8)
-    lead = np.flatnonzero(b >= 0xC0)
-    flags = np.zeros(n_docs, dtype=bool)
-    if len(lead):
-        b0 = b[lead].astype(np.int64)
-        b1, b2, b3 = ((b[lead + k] & 0x3F).astype(np.int64) for k in (1, 2, 3))
-        cp = np.where(
-            b0 < 0xE0,
-            ((b0 & 0x1F) << 6) | b1,
-            np.where(
-                b0 < 0xF0,
-                ((b0 & 0x0F) << 12) | (b1 << 6) | b2,
-                ((b0 & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3,
-            ),
-        )
-        bad = lead[np.searchsorted(_PER_DOC_EDGES, cp, side="right") % 2 == 1]
-        flags[np.searchsorted(doc_start, bad, side="right") - 1] = True
-    return flags
-
-
-def _segment_dups(
-    seg: tuple[np.ndarray, np.ndarray],
-    doc_start: np.ndarray,
-    words: tuple[np.ndarray, np.ndarray],
-    cont: np.ndarray | None,
-) -> tuple[np.ndarray, ...]:
-    """For the non-empty byte ranges ``seg = (s, e)`` (lines or paragraphs): document index, characters and
-    whether a range with the same key came earlier. The key mixes the document, the range's byte length and
-    the sum of its words' hashes: equal ranges of a document get equal keys, so "repeats" can only be too
-    many."""
-    s, e = seg[0][seg[1] > seg[0]], seg[1][seg[1] > seg[0]]
-    word_starts, cum_hash = words
-    word_sum = cum_hash[np.searchsorted(word_starts, e)] - cum_hash[np.searchsorted(word_starts, s)]
-    doc = np.searchsorted(doc_start, s, side="right") - 1
-    key = ((word_sum * _M2) ^ (e - s).astype(np.uint64)) * _MIX + doc.astype(np.uint64) * _STEP
-    chars = e - s
-    if cont is not None:
-        chars = chars - (np.searchsorted(cont, e) - np.searchsorted(cont, s))
-    order = np.argsort(key, kind="stable")  # equal keys stay in position order: the first is no repeat
-    repeat = np.zeros(len(s), dtype=bool)
-    sorted_key = key[order]
-    repeat[order[1:][sorted_key[1:] == sorted_key[:-1]]] = True
-    return doc, chars, repeat
-
-
-def _repetition_passes(
-    buf: bytes,
-    doc_start: np.ndarray,
-    words: tuple[np.ndarray, np.ndarray],
-    cont: np.ndarray | None,
-    cfg: QualityConfig,
-) -> np.ndarray:
-    """Per document: True when upper bounds prove that it passes the four repetition rules. Lines are the
-    ranges between newlines, paragraphs those between runs of >= 2 newlines or a document's ends (the caller
-    trusts no proof for a document that starts or ends with a newline: ``_paragraphs`` keeps that newline)."""
-    nl = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == 10)
-    run = nl[1:] == nl[:-1] + 1
-    brk = np.concatenate((run, [True])) | np.concatenate(([True], run))  # in a run of >= 2 newlines
-    brk[np.searchsorted(nl, doc_start - 1)] = True  # the newline before each document
-    paras = nl[brk]
-    ok = np.ones(len(doc_start), dtype=bool)
-    kinds = (
-        ((nl[:-1] + 1, nl[1:]), cfg.max_dup_line_fraction, cfg.max_dup_line_char_fraction),
-        ((paras[:-1] + 1, paras[1:]), cfg.max_dup_para_fraction, cfg.max_dup_para_char_fraction),
-    )
-    for seg, max_frac, max_char_frac in kinds:
-        if max_frac is None and max_char_frac is None:
-            continue
-        doc, chars, repeat = _segment_dups(seg, doc_start, words, cont)
-        n = len(doc_start)
-        items = np.bincount(doc, minlength=n)
-        total = np.bincount(doc, weights=chars, minlength=n)
-        if max_frac is not None:
-            ok &= ~(np.bincount(doc, weights=repeat, minlength=n) / np.maximum(items, 1) > max_frac)
-        if max_char_frac is not None:
-            ok &= ~(
-                np.bincount(doc, weights=chars * repeat, minlength=n) / np.maximum(total, 1) > max_char_frac
-            )
-    return ok
-
-
-def _scan_chunk(
-    encoded: list[bytes], ascii_only: bool, cfg: QualityConfig
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    buf = b"\n" + b"\n".join(encoded) + b"\n" * 9  # the padding lets every word read 8 bytes
-    doc_start = np.cumsum([1] + [len(e) + 1 for e in encoded])[:-1]
-    space = np.frombuffer(buf.translate(_WS_TABLE), dtype=np.bool_)
-    edges = np.flatnonzero(space[1:] != space[:-1]) + 1
-    starts, ends = edges[0::2], edges[1::2]
-    lengths = ends - starts
-    per_doc = np.zeros(len(encoded), dtype=bool)
-    cont = None
-    if not ascii_only:
-        cont = np.flatnonzero((np.frombuffer(buf, dtype=np.uint8) & 0xC0) == 0x80)
-        word = np.searchsorted(starts, cont, side="right") - 1
-        lengths = lengths - np.bincount(word, minlength=len(starts))
-        per_doc = _per_doc_flags(buf, doc_start, len(encoded))
-    sizes = np.bincount(np.searchsorted(doc_start, starts, side="right") - 1, minlength=len(encoded))
-    hashes = _word_hashes(buf, starts, ends)
-    words = (starts, np.concatenate((np.zeros(1, dtype=np.uint64), np.cumsum(hashes))))
-    return hashes, lengths, sizes, per_doc, _repetition_passes(buf, doc_start, words, cont, cfg)
-
-
-def _scan_chunks(
-    texts: list[str], cfg: QualityConfig
-) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """Words of ``texts`` in chunks of ~0.5 MB, which keep numpy's temporaries in cache: ``(lo, hi, hashes,
-    lengths, sizes, per_doc, repetition_ok)`` for texts lo..hi-1: per word its hash and character length
-    (concatenated in order), per document its word count, whether it must take the per-document path
-    instead (then its words here are not ``text.split()``'s) and whether it passes the repetition rules
-    for certain (see ``_repetition_passes``)."""
-    encoded: list[bytes] = []
-    lo, size, ascii_only = 0, 0, True
-    for i, text in enumerate(texts):
-        encoded.append(text.encode("utf-8", "surrogatepass"))
-        size += len(encoded[-1])
-        ascii_only = ascii_only and len(encoded[-1]) == len(text)
-        if size >= _SCAN_BYTES or i == len(texts) - 1:
-            yield lo, i + 1, *_scan_chunk(encoded, ascii_only, cfg)
-            encoded, lo, size, ascii_only = [], i + 1, 0, True
-
-
 def _counted_reason(
     text: str, n_words: int, n_plain: int, plain_chars: int, cfg: QualityConfig, repetition_ok: bool = False
 ) -> str | None:
@@ -622,11 +332,6 @@ def _word_reason(text: str, cfg: QualityConfig) -> tuple[str | None, list[str]]:
     return None, words
 
 
-def _ngram_reason(words: list[str], cfg: QualityConfig) -> str | None:
-    """The exact n-gram rules of one document (top n-grams, then duplicate n-grams)."""
-    return _top_ngram_reason(words, len("".join(words)), cfg) or _dup_ngram_reason(words, cfg)
-
-
 def _length_reason(text: str, cfg: QualityConfig) -> str | None:
     if cfg.min_chars is not None and len(text) < cfg.min_chars:
         return "too_short_chars"
@@ -640,7 +345,7 @@ def _fast_batch(texts: list[str], cfg: QualityConfig) -> tuple[list[str | None],
     (their reasons are left None)."""
     reasons: list[str | None] = []
     others: list[int] = []
-    for lo, hi, hashes, lengths, sizes, per_doc, rep_ok in _scan_chunks(texts, cfg):
+    for lo, hi, hashes, lengths, sizes, per_doc, rep_ok in scan_chunks(texts, cfg):
         cum = np.concatenate(([0], np.cumsum(lengths)))
         bounds = np.concatenate(([0], np.cumsum(sizes)))
         chars = cum[bounds[1:]] - cum[bounds[:-1]]

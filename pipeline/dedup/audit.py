@@ -24,7 +24,7 @@ from pipeline.dedup.lsh import s_curve, split_refs
 from pipeline.dedup.minhash import estimated_jaccard, set_jaccard
 from pipeline.dedup.signatures import gather_signatures, load_signatures
 from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, folder_key, part_done, part_name
+from pipeline.units import StageStats, folder_key, part_name, part_unit, require_done
 
 HIGH_REMOVAL_RATE = 0.5
 
@@ -34,8 +34,7 @@ def read_texts(store: ObjectStore, in_folder: str, refs: np.ndarray) -> dict[int
     is_index, part, row = split_refs(refs)
     out: dict[int, str] = {}
     for p in sorted(set(part[~is_index].tolist())):
-        if not part_done(store, in_folder, p):
-            raise FileNotFoundError(f"{in_folder}/{part_name(p)} has no .done marker (incomplete or missing)")
+        require_done(store, part_unit(in_folder, p))
         wanted = dict(
             zip(row[(part == p) & ~is_index].tolist(), refs[(part == p) & ~is_index].tolist(), strict=True)
         )

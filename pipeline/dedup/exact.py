@@ -18,17 +18,29 @@ Every unit is skipped on a rerun when its marker exists.
 
 from __future__ import annotations
 
-import io
-import json
-
 import numpy as np
 import xxhash
 
 from pipeline.records import Record, iter_part_batches, write_part
 from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, part_done, part_name, read_part_stats
+from pipeline.units import (
+    StageStats,
+    finish_folder,
+    finish_unit,
+    folder_stats,
+    get_npy,
+    part_done,
+    part_name,
+    part_unit,
+    put_npy,
+    read_part_stats,
+    require_done,
+    require_success,
+    unit_stats,
+)
 
 DROP_REASON = "exact_duplicate"
+RESOLVE_STATS = "resolve.stats.json"
 
 
 def text_hashes(records: list[Record]) -> np.ndarray:
@@ -37,32 +49,16 @@ def text_hashes(records: list[Record]) -> np.ndarray:
     return np.frombuffer(digests, dtype=">u8").reshape(-1, 2).astype(np.uint64)
 
 
-def _put_npy(store: ObjectStore, key: str, array: np.ndarray) -> None:
-    sink = io.BytesIO()
-    np.save(sink, array, allow_pickle=False)
-    store.put_bytes(key, sink.getvalue())
-
-
-def _get_npy(store: ObjectStore, key: str) -> np.ndarray:
-    return np.load(io.BytesIO(store.get_bytes(key)), allow_pickle=False)
-
-
-def _put_stats(store: ObjectStore, key: str, stats: StageStats) -> None:
-    store.put_bytes(key, json.dumps(stats.to_json(), indent=1).encode())
-
-
 def run_exact_hash_part(store: ObjectStore, in_folder: str, hash_folder: str, index: int) -> StageStats:
     """Hash every record of one part (in order); a rerun of a done part reads its stats."""
-    name = part_name(index)
-    if store.exists(f"{hash_folder}/{name}.done"):
-        return StageStats.from_json(json.loads(store.get_bytes(f"{hash_folder}/{name}.stats.json")))
+    unit = part_unit(hash_folder, index)
+    if (done := unit_stats(store, unit)) is not None:
+        return done
     chunks = [text_hashes(batch) for batch in iter_part_batches(store, in_folder, index)]
     hashes = np.concatenate(chunks) if chunks else np.zeros((0, 2), np.uint64)
     stats = StageStats(stage="exact_hash", docs_in=len(hashes), docs_out=len(hashes))
-    _put_npy(store, f"{hash_folder}/{name}.npy", hashes)
-    _put_stats(store, f"{hash_folder}/{name}.stats.json", stats)
-    store.put_bytes(f"{hash_folder}/{name}.done", b"")
-    return stats
+    put_npy(store, f"{unit}.npy", hashes)
+    return finish_unit(store, unit, stats)
 
 
 def find_duplicates(
@@ -84,14 +80,13 @@ def resolve_exact_duplicates(
     store: ObjectStore, hash_folder: str, num_parts: int, out_folder: str
 ) -> StageStats:
     """Decide globally which records are exact duplicates; write one drop list per part."""
-    if store.exists(f"{out_folder}/_SUCCESS"):
-        return StageStats.from_json(json.loads(store.get_bytes(f"{out_folder}/resolve.stats.json")))
+    if (done := folder_stats(store, out_folder, RESOLVE_STATS)) is not None:
+        return done
     arrays = []
     for index in range(num_parts):
-        name = part_name(index)
-        if not store.exists(f"{hash_folder}/{name}.done"):
-            raise RuntimeError(f"{hash_folder}/{name} is not done; run run_exact_hash_part first")
-        arrays.append(_get_npy(store, f"{hash_folder}/{name}.npy"))
+        unit = part_unit(hash_folder, index)
+        require_done(store, unit, "run_exact_hash_part")
+        arrays.append(get_npy(store, f"{unit}.npy"))
     sizes = [len(a) for a in arrays]
     hashes = np.concatenate(arrays) if arrays else np.zeros((0, 2), np.uint64)
     parts = np.repeat(np.arange(num_parts, dtype=np.int64), sizes)
@@ -100,19 +95,16 @@ def resolve_exact_duplicates(
     rows = np.stack([parts[dup], positions[dup], parts[kept], positions[kept]], axis=1)
     rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
     for index in range(num_parts):
-        _put_npy(store, f"{out_folder}/{part_name(index)}.npy", rows[rows[:, 0] == index][:, 1:].copy())
+        put_npy(store, f"{out_folder}/{part_name(index)}.npy", rows[rows[:, 0] == index][:, 1:].copy())
     stats = StageStats(stage="exact_dedup", docs_in=len(hashes), docs_out=len(hashes) - len(dup))
     stats.drop(DROP_REASON, len(dup))
     stats.extra = {"duplicate_groups": len(np.unique(kept)), "parts": num_parts}
-    _put_stats(store, f"{out_folder}/resolve.stats.json", stats)
-    store.put_bytes(f"{out_folder}/_SUCCESS", b"")
-    return stats
+    return finish_folder(store, out_folder, stats, RESOLVE_STATS)
 
 
 def load_drop_positions(store: ObjectStore, drop_folder: str, index: int) -> np.ndarray:
-    if not store.exists(f"{drop_folder}/_SUCCESS"):
-        raise RuntimeError(f"{drop_folder} has no _SUCCESS; run resolve_exact_duplicates first")
-    rows = _get_npy(store, f"{drop_folder}/{part_name(index)}.npy")
+    require_success(store, drop_folder, "resolve_exact_duplicates")
+    rows = get_npy(store, f"{drop_folder}/{part_name(index)}.npy")
     return rows[:, 0] if len(rows) else np.zeros(0, np.int64)
 
 

@@ -40,6 +40,7 @@ from pipeline.units import (
     part_done,
     part_name,
     read_part_stats,
+    require_success,
 )
 
 
@@ -49,8 +50,7 @@ def run_near_filter_part(
     """Copy one docs part without its near-duplicates (the drop list of the clusters step)."""
     if part_done(store, out_folder, index):
         return read_part_stats(store, out_folder, index)
-    if not store.exists(f"{clusters_folder}/_SUCCESS"):
-        raise FileNotFoundError(f"{store.uri_of(clusters_folder)} has no _SUCCESS: run run_clusters first")
+    require_success(store, clusters_folder, "run_clusters")
     drop = get_npz(store, f"{clusters_folder}/drop/{part_name(index)}.npz")
     kept, row = [], 0
     stats = StageStats(stage="near_dedup")

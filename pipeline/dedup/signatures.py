@@ -29,6 +29,7 @@ from pipeline.units import (
     part_name,
     put_npz,
     require_done,
+    require_success,
     unit_stats,
 )
 
@@ -137,8 +138,7 @@ def save_index(store: ObjectStore, work: str, num_parts: int, cfg: NearDedupConf
     signature parameters, which a later build must match. Returns the number of indexed documents.
     """
     folder = folder_key(work, "clusters")
-    if not store.exists(f"{folder}/_SUCCESS"):
-        raise FileNotFoundError(f"{store.uri_of(folder)} has no _SUCCESS: run run_clusters before save_index")
+    require_success(store, folder, "run_clusters before save_index")
     istore = open_store(index_uri, store.s3)  # the build store's s3 settings, never boto3's defaults
     total = 0
     for i in range(num_parts):

@@ -2,17 +2,52 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
+import os
 import posixpath
+import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from pipeline.errors import StorageError
 from pipeline.storage.options import S3Options
 from pipeline.storage.uploads import NO_JOURNAL, UploadJournal
+
+TMP_PREFIX = ".pw-tmp-"  # temp files of an unfinished write (the janitor removes stale ones)
+
+
+def write_local_file(
+    dest: Path, writer: Callable[[BinaryIO], Any], publish: Callable[[str, Path], None] = os.replace
+) -> None:
+    """Write a local file whole or not at all: a temp file beside ``dest`` gets the bytes, is flushed and
+    fsynced, then ``publish(tmp, dest)`` puts it in place (``os.replace``; a create-only store links it);
+    on any failure the temp file is removed, and a full disk or quota is one line naming ``dest``."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            writer(f)
+            f.flush()
+            os.fsync(f.fileno())
+        publish(tmp, dest)
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            # One line with the path and the fix; the errno stays, so nothing retries it (retry.is_permanent).
+            raise OSError(
+                exc.errno, f"no space left writing {dest}: free disk space or choose another folder/store"
+            ) from None
+        raise
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 @dataclass(frozen=True)

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shutil
-import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from pipeline.errors import AlreadyExistsError
-from pipeline.storage.base import ObjectInfo, ObjectStore, normalize_key
+from pipeline.storage.base import TMP_PREFIX, ObjectInfo, ObjectStore, normalize_key, write_local_file
 from pipeline.storage.options import S3Options
-
-TMP_PREFIX = ".pw-tmp-"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -55,39 +51,17 @@ class FileStore(ObjectStore):
             raise ValueError(f"key {key!r} resolves outside the store root {self.root}")
         return path
 
-    def _write_atomic(self, path: Path, writer, exclusive: bool = False) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                writer(f)
-                f.flush()
-                os.fsync(f.fileno())
-            if exclusive:
-                # link() fails if the target exists: an atomic create-only publish on POSIX.
-                try:
-                    os.link(tmp, path)
-                except FileExistsError:
-                    raise AlreadyExistsError(
-                        f"{self.uri}/{path.relative_to(self.root)} already exists"
-                    ) from None
-                os.unlink(tmp)
-            else:
-                os.replace(tmp, path)
-            _fsync_dir(path.parent)
-        except OSError as exc:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                # One line with the path and the fix; the errno stays, so nothing retries it (retry.is_permanent).
-                raise OSError(
-                    exc.errno, f"no space left writing {path}: free disk space or choose another folder/store"
-                ) from None
-            raise
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+    def _write_atomic(self, path: Path, writer: Callable[[BinaryIO], Any], exclusive: bool = False) -> None:
+        def link_once(tmp: str, dest: Path) -> None:
+            # link() fails if the target exists: an atomic create-only publish on POSIX.
+            try:
+                os.link(tmp, dest)
+            except FileExistsError:
+                raise AlreadyExistsError(f"{self.uri}/{dest.relative_to(self.root)} already exists") from None
+            os.unlink(tmp)
+
+        write_local_file(path, writer, link_once if exclusive else os.replace)
+        _fsync_dir(path.parent)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self._write_atomic(self._path(key), lambda f: f.write(data))
@@ -120,21 +94,7 @@ class FileStore(ObjectStore):
             with open(src, "rb") as s:
                 shutil.copyfileobj(s, f, 1 << 20)
 
-        self._write_atomic_outside(dest, copy)
-
-    def _write_atomic_outside(self, dest: Path, writer) -> None:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                writer(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, dest)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_local_file(dest, copy)
 
     def open_read(self, key: str) -> BinaryIO:
         return open(self._path(key), "rb")

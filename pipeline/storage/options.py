@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.configload import build_config
+from pipeline.config import build_config
 
 
 @dataclass(frozen=True, kw_only=True)

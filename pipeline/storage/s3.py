@@ -12,13 +12,12 @@ import io
 import logging
 import os
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import boto3
 import botocore.config
@@ -30,6 +29,7 @@ from pipeline.storage.base import (
     ObjectStore,
     join_key,
     normalize_key,
+    write_local_file,
 )
 from pipeline.storage.options import S3Options
 from pipeline.storage.retry import STATS, PermanentStorageError, backoff_s, call_with_retries
@@ -427,20 +427,12 @@ class S3Store(ObjectStore):
             return io.BufferedReader(raw).read()
 
     def get_file(self, key: str, path: str | Path) -> None:
-        dest = Path(path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".pw-tmp-", dir=dest.parent)
-        try:
-            with os.fdopen(fd, "wb") as out, self.open_read(key) as src:
+        def copy(out: BinaryIO) -> None:
+            with self.open_read(key) as src:
                 while block := src.read(1 << 20):
                     out.write(block)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, dest)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+
+        write_local_file(Path(path), copy)
 
     def open_read(self, key: str) -> io.BufferedReader:
         """A buffered binary reader that resumes (ranged GET pinned to the ETag) after a dropped connection."""

@@ -13,10 +13,18 @@ import hashlib
 import json
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # base.py holds a journal per store: the type only, at check time
-    from pipeline.storage.base import ObjectStore
+
+class JournalStore(Protocol):
+    """What the journal needs of a store (base.ObjectStore holds a journal, so this module cannot import it)."""
+
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+    def get_bytes(self, key: str) -> bytes: ...
+    def delete(self, key: str) -> None: ...
+    def list(self, prefix: str = "") -> Iterable[Any]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +34,7 @@ UPLOADS_FOLDER = "work/uploads"
 class UploadJournal:
     """Records ``(bucket, key, upload id)`` under ``folder`` of ``store``; ``None`` store: records nothing."""
 
-    def __init__(self, store: ObjectStore | None, folder: str = UPLOADS_FOLDER):
+    def __init__(self, store: JournalStore | None, folder: str = UPLOADS_FOLDER):
         self.store, self.folder = store, folder.strip("/")
 
     def _record_key(self, upload_id: str) -> str:

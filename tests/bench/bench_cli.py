@@ -89,12 +89,12 @@ def main() -> None:
         finally:
             subprocess.run([*cli, "server", "stop"], env=env, cwd=root, capture_output=True, timeout=120)
     load = os.getloadavg()[0]
-    print(
-        f"bench_cli: wall seconds, median of {args.repeat} (load average {load:.1f} on {os.cpu_count()} cores)"
-    )
+    print(f"bench_cli: median of {args.repeat} (load average {load:.1f} on {os.cpu_count()} cores)")
+    print(f"  {'':<45} {'wall s':>7} {'cpu s':>7}  wall min-max")
     for name, values in figures.items():
-        spread = f"  (min {min(values):.2f}, max {max(values):.2f})" if len(values) > 1 else ""
-        print(f"  {name:<45} {statistics.median(values):7.2f}{spread}")
+        spread = f"  {min(values):.2f}-{max(values):.2f}" if len(values) > 1 else ""
+        cpu = statistics.median(CPU.get(name, [0.0]))
+        print(f"  {name:<45} {statistics.median(values):7.2f} {cpu:7.2f}{spread}")
 
 
 if __name__ == "__main__":

@@ -34,13 +34,20 @@ def test_prefect_yaml_deployments_are_valid() -> None:
 
 
 def test_serve_builds_a_cron_rebuild_and_a_one_click_deployment() -> None:
+    from flows.build import build_corpus
     from flows.cli.serve import build_deployments
+    from flows.train import prepare_and_train
 
     args = argparse.Namespace(
-        cron="*/30 * * * *", timezone="UTC", config=None, output="/tmp/x", train_config=None
-    )
+        cron="*/30 * * * *", timezone="UTC", config=None, output="/tmp/x", train_config=None,
+        set=["dedup.near.threshold=0.7", "train.lr=1e-3"],
+    )  # fmt: skip
     rebuild, one_click = build_deployments(args)
     assert rebuild.name == "scheduled-rebuild" and rebuild.parameters["output"] == "/tmp/x"
+    assert rebuild.parameters["overrides"] == {"dedup.near.threshold": 0.7}  # one --set feeds both configs
+    assert one_click.parameters["train_overrides"] == {"lr": "1e-3"}
+    for deployment, flow in ((rebuild, build_corpus), (one_click, prepare_and_train)):
+        flow.validate_parameters(deployment.parameters)
     assert rebuild.schedules[0].schedule.cron == "*/30 * * * *"
     assert one_click.name == "one-click" and not one_click.schedules
 
@@ -51,7 +58,7 @@ def test_serve_rejects_a_bad_config_before_serving(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("dedup:\n  near:\n    treshold: 0.5\n")
     args = argparse.Namespace(
-        cron="0 3 * * *", timezone="UTC", config=str(bad), output=None, train_config=None
+        cron="0 3 * * *", timezone="UTC", config=str(bad), output=None, train_config=None, set=[]
     )
     with pytest.raises(ValueError, match=r"dedup\.near\.treshold"):
         build_deployments(args)

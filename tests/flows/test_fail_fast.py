@@ -15,9 +15,10 @@ from flows.cli.main import main as cli
 
 pytestmark = [pytest.mark.s3]
 
-# The target is 5 s (measured on a quiet machine: see tests/bench figures in the README); CI's loaded 2 cores get
-# a margin. Either way far below what a retry costs: Prefect's task retries alone wait 2 + 10 + 30 s.
-FAST = 10.0
+# The target is 5 s on a quiet machine (tests/bench/bench_cli.py measures it); this bound only has to rule out
+# Prefect's whole retry chain (2 + 10 + 30 s), with room for a loaded 2-core CI machine (22 s seen at load 10).
+# That no retry happens at all for these errors is asserted directly by test_prefect_retries_only_what_may_succeed.
+FAST = 30.0
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,9 @@ def test_prepare_and_train_records_lineage_and_traces_steps(
     } <= keys
     curve = next(a for a in artifacts if a.key == "training-curve")
     assert "loss" in str(curve.data)
-    assert isinstance(generate(ckpts, "the", max_new_tokens=5), str)
+    text = generate(ckpts, "the", max_new_tokens=5, seed=1)
+    assert text.startswith("the") and len(text) > len("the")  # the prompt, then sampled tokens
+    assert generate(ckpts, "the", max_new_tokens=5, seed=1) == text  # seeded: the same sample again
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any(m["kind"] == "train" and "consumed_in_epoch" in m for m in metrics)
 

@@ -8,9 +8,8 @@ from collections import Counter
 
 import pytest
 
-from pipeline.clean.config import CleanConfig
+from pipeline.clean.config import CleanConfig, QualityConfig
 from pipeline.clean.normalize import normalize_text
-from pipeline.clean.quality import QualityConfig
 from pipeline.clean.stage import clean_batch
 from pipeline.langid import STATE_DEPTH, FastIdentifier, LangIdConfig, _identifier, identify, language_verdict
 from pipeline.records import Record

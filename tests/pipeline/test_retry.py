@@ -8,7 +8,7 @@ import random
 import botocore.exceptions
 import pytest
 
-from pipeline.configload import ConfigError
+from pipeline.errors import ConfigError
 from pipeline.storage import S3Options, StorageError
 from pipeline.storage.retry import (
     PermanentStorageError,

@@ -29,7 +29,7 @@ from pipeline.storage import (
     open_store,
     sha256_file,
 )
-from pipeline.storage.local import TMP_PREFIX
+from pipeline.storage.base import TMP_PREFIX
 from pipeline.storage.s3 import RedactSecretsFilter, S3Store, _S3RawReader, client_for
 
 MiB = 1 << 20

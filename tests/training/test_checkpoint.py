@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.errors import CheckpointError
 from training.checkpoint import (
     RECORD_NAME,
-    CheckpointError,
     capture_rng_state,
     list_tags,
     load_checkpoint,

@@ -102,8 +102,9 @@ def test_stream_output_returns_the_exit_code_and_every_line() -> None:
     lines: list[str] = []
     assert stream_output(proc, lines.append, timeout_s=60) == 3
     assert lines == ["a", "b"]
-    kill_process_group(proc)  # already gone: a no-op, not an error
-    assert isinstance(proc, subprocess.Popen)
+    t0 = time.monotonic()
+    kill_process_group(proc, grace_s=30)  # already gone and reaped: returns at once, raises nothing
+    assert time.monotonic() - t0 < 5 and proc.returncode == 3
 
 
 def test_rank_prefix_on_every_line_of_records_and_prints() -> None:

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from training.model import (
     GPT,
     PRESETS,
+    Attention,
     ModelConfig,
     apply_rotary,
     count_params,
@@ -73,13 +73,28 @@ def test_partial_rotary_leaves_the_rest_untouched() -> None:
     assert not torch.allclose(y[..., : cfg.rotary_dim], x[..., : cfg.rotary_dim])
 
 
-def test_sdpa_matches_explicit_causal_softmax() -> None:
+def test_attention_is_causal_rotary_softmax_attention() -> None:
+    """The project's Attention module against the formula written out from its own weights: q/k/v split per
+    head, rotary on q and k, causal softmax(q k^T / sqrt(d)), heads merged, output projection."""
     torch.manual_seed(3)
-    q, k, v = (torch.randn(2, 4, 9, 8) for _ in range(3))
-    mask = torch.ones(9, 9, dtype=torch.bool).tril()
-    scores = (q @ k.transpose(-1, -2)) / 8**0.5
-    manual = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
-    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, is_causal=True), manual)
+    cfg = small(rotary_pct=0.5)
+    attn = Attention(cfg).eval()
+    cos, sin = rotary_tables(cfg)
+    x = torch.randn(2, 9, cfg.d_model)
+    b, t, h, hd = 2, 9, cfg.n_head, cfg.head_dim
+    q, k, v = (x @ attn.qkv.weight.T + attn.qkv.bias).split(cfg.d_model, dim=-1)
+    q, k, v = (z.reshape(b, t, h, hd).transpose(1, 2) for z in (q, k, v))
+    q, k = (apply_rotary(z, cos[:t], sin[:t], cfg.rotary_dim) for z in (q, k))
+    mask = torch.ones(t, t, dtype=torch.bool).tril()
+    weights = ((q @ k.transpose(-1, -2)) / hd**0.5).masked_fill(~mask, float("-inf")).softmax(-1)
+    manual = (weights @ v).transpose(1, 2).reshape(b, t, cfg.d_model) @ attn.out.weight.T + attn.out.bias
+    with torch.no_grad():
+        out = attn(x, cos, sin)
+        torch.testing.assert_close(out, manual, rtol=1e-5, atol=1e-5)
+        # causal: changing the last position changes no earlier output
+        later = x.clone()
+        later[:, -1] += 1.0
+        torch.testing.assert_close(attn(later, cos, sin)[:, :-1], out[:, :-1])
 
 
 def test_tied_and_untied_embeddings() -> None:

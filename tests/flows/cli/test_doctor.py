@@ -55,5 +55,6 @@ def test_cli_during(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = json.loads(capsys.readouterr().out)
     assert report["steps"] == 4 and report["comm_share"] == pytest.approx(0.1)
     assert report["comm_source"] == "logged by the trainer"
-    assert cli_main(["doctor", "--during", str(tmp_path / "nothing")]) == 2
+    # A missing run folder is a missing input, like `build --input ./nope`: exit 1, one line.
+    assert cli_main(["doctor", "--during", str(tmp_path / "nothing")]) == 1
     assert "is {} a training output_dir".format(tmp_path / "nothing") in capsys.readouterr().err

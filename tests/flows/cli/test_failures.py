@@ -78,7 +78,7 @@ def test_a_dead_prefect_api_url_fails_at_once(home: Path, tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["build", "--set", "dedup"], "argument --set: expects KEY=VALUE"),
+        (["build", "--set", "dedup"], "--set expects KEY=VALUE"),
         (["run", "--name"], "argument --name: expected one argument"),
         (["reap", "--watch", "0"], "--watch must be > 0"),
     ],

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.cli.main import USAGE_ERRORS
 from pipeline.errors import ConfigError, PileworksError
 from pipeline.manifest import DatasetConflictError
 
@@ -20,6 +21,17 @@ def test_cli_reports_a_config_error_with_the_field(
     assert main(["build", "--config", str(bad), "--output", str(tmp_path / "store")]) == 2
     err = capsys.readouterr().err
     assert "clean.normalisation" in err and "known fields of clean" in err
+    assert err.startswith("pileworks build: error: bad.yaml: ") and "did you mean clean.normalization?" in err
+
+
+def test_cli_refuses_a_bad_dataset_name_before_any_compute(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flows.cli.main import main
+
+    assert main(["build", "--name", ".hidden", "--output", str(tmp_path / "store")]) == 2
+    assert "dataset name '.hidden'" in capsys.readouterr().err
+    assert not (tmp_path / "store").exists()  # refused at load: no work folder, no Prefect run
 
 
 def test_version_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
@@ -47,12 +59,13 @@ def _family(cls: type[PileworksError]) -> list[type[PileworksError]]:
 
 
 # Every member of the family, found by walking the classes (a new subclass is covered without editing this list).
-OUR_FAILURES = [c for c in _family(PileworksError) if not issubclass(c, ConfigError)]
+# Config and usage errors exit 2 (tested below); every other member of the family exits 1.
+OUR_FAILURES = [c for c in _family(PileworksError) if not issubclass(c, USAGE_ERRORS)]
 
 
 def test_the_family_holds_the_failures_the_cli_reports() -> None:
     names = {c.__name__ for c in OUR_FAILURES}
-    assert {"StorageError", "StageFailed", "CheckpointError", "TrainingFailed"} <= names
+    assert {"StorageError", "StageFailed", "CheckpointError", "TrainingFailed", "UnitNotDone"} <= names
     assert DatasetConflictError in OUR_FAILURES  # a subclass defined outside pipeline.errors is found too
 
 

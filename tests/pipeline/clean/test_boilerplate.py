@@ -4,7 +4,6 @@ removed by clean from every document where they repeat, kept where they are uniq
 from __future__ import annotations
 
 import io
-import json
 import random
 
 import numpy as np
@@ -17,9 +16,8 @@ from pipeline.clean.boilerplate import (
     merge_boilerplate,
     run_boilerplate_count_part,
 )
-from pipeline.clean.config import BoilerplateConfig, CleanConfig
+from pipeline.clean.config import BoilerplateConfig, CleanConfig, QualityConfig
 from pipeline.clean.normalize import line_hash
-from pipeline.clean.quality import QualityConfig
 from pipeline.clean.stage import run_clean_part
 from pipeline.records import Record, read_part, write_part
 from pipeline.units import StageStats
@@ -118,7 +116,8 @@ def _random_counts(store, parts: int, seed: int = 3) -> dict[int, int]:
     """Parts of random line hashes, some shared by many parts; returns the true document counts."""
     from collections import Counter
 
-    from pipeline.clean.boilerplate import _npy_bytes, counts_to_array, fences_of
+    from pipeline.clean.boilerplate import counts_to_array, fences_of
+    from pipeline.units import finish_unit, put_npy
 
     rng = np.random.default_rng(seed)
     shared = rng.integers(0, 2**64 - 1, size=300, dtype=np.uint64)
@@ -131,11 +130,9 @@ def _random_counts(store, parts: int, seed: int = 3) -> dict[int, int]:
         total.update(counts)
         array = counts_to_array(counts)
         name = f"bp-counts/part-{index:05d}"
-        store.put_bytes(f"{name}.npy", _npy_bytes(array))
-        store.put_bytes(f"{name}.fences.npy", _npy_bytes(fences_of(array[0])))
-        docs = int(array[1].sum())
-        store.put_bytes(f"{name}.stats.json", json.dumps({"stage": "bp", "docs_in": docs}).encode())
-        store.put_bytes(f"{name}.done", b"")
+        put_npy(store, f"{name}.npy", array)
+        put_npy(store, f"{name}.fences.npy", fences_of(array[0]))
+        finish_unit(store, name, StageStats(stage="bp", docs_in=int(array[1].sum())))
     return dict(total)
 
 

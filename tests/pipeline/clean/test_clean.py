@@ -15,9 +15,8 @@ import zstandard
 from ftfy.badness import BADNESS_RE
 
 from pipeline.clean import normalize as clean
-from pipeline.clean.config import BoilerplateConfig, CleanConfig
+from pipeline.clean.config import BoilerplateConfig, CleanConfig, QualityConfig
 from pipeline.clean.normalize import FTFY_CONFIG, needs_ftfy, normalize_text
-from pipeline.clean.quality import QualityConfig
 from pipeline.clean.stage import clean_batch, run_clean_part
 from pipeline.records import Record, read_part, write_part
 from pipeline.sample_corpus import sample_corpus_path

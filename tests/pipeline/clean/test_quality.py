@@ -12,12 +12,13 @@ from collections import Counter
 import pytest
 import zstandard
 
-from pipeline.clean import quality
-from pipeline.clean.config import CleanConfig
-from pipeline.clean.quality import QualityConfig, check_quality, check_quality_batch, count_words
+from pipeline.clean import quality, wordscan
+from pipeline.clean.config import CleanConfig, QualityConfig
+from pipeline.clean.quality import check_quality, check_quality_batch, count_words
 from pipeline.clean.stage import clean_batch
 from pipeline.records import Record
 from pipeline.sample_corpus import sample_corpus_path
+from tests.pipeline.clean.quality_oracle import fast_words, ngram_reason, reference_reason
 
 WORD_TEXT = (
     "the of and to in is was that for on with as by at from his her which an have are were this be had "
@@ -171,15 +172,6 @@ def test_config_validation_names_the_field(kwargs, field):
         QualityConfig(**kwargs)
 
 
-def exact_reference(text: str, cfg: QualityConfig) -> str | None:
-    """The per-document rules with no screen: what the batch must reproduce."""
-    reason = quality._length_reason(text, cfg)
-    if reason:
-        return reason
-    reason, words = quality._word_reason(text, cfg)
-    return reason if reason or len(words) < 2 else quality._ngram_reason(words, cfg)
-
-
 def borderline_docs(n_docs: int, seed: int) -> list[str]:
     """Random docs with repeated spans and frequent n-grams of random size: many sit near a threshold."""
     rng = random.Random(seed)
@@ -204,7 +196,7 @@ def test_batch_screen_gives_the_exact_per_document_answers(monkeypatch):
     monkeypatch.setattr(quality, "_CHUNK_WORDS", 3000)  # several chunks per batch
     docs = borderline_docs(600, seed=1) + [t for texts in PLANTED.values() for t in texts] + NORMAL
     cfg = QualityConfig(max_words=None, max_chars=None)
-    expected = [exact_reference(t, cfg) for t in docs]
+    expected = [reference_reason(t, cfg) for t in docs]
     assert check_quality_batch(docs, cfg) == expected
     reasons = Counter(expected)
     assert reasons[None] > 50 and sum(v for k, v in reasons.items() if k and "gram" in k) > 50
@@ -268,19 +260,19 @@ def mixed_script_docs(n_docs: int, seed: int) -> list[str]:
 
 
 def test_byte_level_word_scan_gives_the_exact_per_document_answers(monkeypatch):
-    monkeypatch.setattr(quality, "_SCAN_BYTES", 4000)  # several scan chunks per batch
+    monkeypatch.setattr(wordscan, "SCAN_BYTES", 4000)  # several scan chunks per batch
     monkeypatch.setattr(quality, "_CHUNK_WORDS", 3000)
     docs = [*mixed_script_docs(500, seed=7), CHINESE * 3, JAPANESE * 3, GERMAN * 2]
     cfg = QualityConfig(max_words=None, max_chars=None)
-    expected = [exact_reference(t, cfg) for t in docs]
+    expected = [reference_reason(t, cfg) for t in docs]
     assert check_quality_batch(docs, cfg) == expected
     reasons = Counter(expected)
     assert reasons[None] > 30 and sum(v for k, v in reasons.items() if k and "gram" in k) > 30
-    assert sum(not quality._fast_words(t) for t in docs) > 30  # the per-document path is exercised too
+    assert sum(not fast_words(t) for t in docs) > 30  # the per-document path is exercised too
     for text in docs[:200]:  # and so is the word scan itself
         words = text.split()
-        ((_, _, _, lengths, sizes, per_doc, _),) = quality._scan_chunks([text], cfg)
-        assert per_doc.tolist() == [not quality._fast_words(text)]
+        ((_, _, _, lengths, sizes, per_doc, _),) = wordscan.scan_chunks([text], cfg)
+        assert per_doc.tolist() == [not fast_words(text)]
         if not per_doc[0]:
             assert sizes.tolist() == [len(words)] and lengths.tolist() == [len(w) for w in words]
 
@@ -292,10 +284,10 @@ def test_sample_corpus_batch_equals_per_document_rules():
             data = zstandard.ZstdDecompressor().stream_reader(f).read()
         texts += [json.loads(line)["text"] for line in data.splitlines()]
     for cfg in (QualityConfig(), CFG):
-        assert check_quality_batch(texts, cfg) == [exact_reference(t, cfg) for t in texts]
+        assert check_quality_batch(texts, cfg) == [reference_reason(t, cfg) for t in texts]
     # and the scan's repetition bounds spare nearly every passing document the exact set-based rules
     cfg = QualityConfig()
-    proven = [ok for chunk in quality._scan_chunks(texts, cfg) for ok in chunk[6].tolist()]
+    proven = [ok for chunk in wordscan.scan_chunks(texts, cfg) for ok in chunk[6].tolist()]
     passing = [quality._repetition_reason(t, cfg) is None for t in texts]
     assert sum(p and not ok for p, ok in zip(passing, proven, strict=True)) <= 0.05 * len(texts)
 
@@ -317,4 +309,4 @@ def test_fast_exact_ngram_rules_equal_the_counter_based_ones():
                 (n, rng.uniform(0.0, 0.5)) for n in sorted(rng.sample(range(2, 12), 4))
             ),
         )
-        assert quality._fast_ngram_reason(words, cfg) == quality._ngram_reason(words, cfg), (text, cfg)
+        assert quality._fast_ngram_reason(words, cfg) == ngram_reason(words, cfg), (text, cfg)

@@ -1,0 +1,183 @@
+"""The byte-level word scan of the quality rules (``pipeline.clean.quality.check_quality_batch``).
+
+``text.split()`` builds a str object per word (~75 MB/s). The batch path instead finds the words of all its
+documents at once in their UTF-8 bytes: whitespace bytes come from one ``bytes.translate``, word bounds
+from where the mask flips, character lengths are byte lengths less the UTF-8 continuation bytes, and a
+word's hash mixes its byte length with its first and last 8 bytes (equal words hash equal; the rare long
+words that collide only make the n-gram screen more cautious). This gives exactly ``text.split()``'s words
+when the only whitespace is ASCII (str.split's ASCII whitespace: \t \n \v \f \r, \x1c-\x1f, space) and
+there is no CJK character; other documents take the per-document path.
+code point c is one of them iff searchsorted(_PER_DOC_EDGES, c, "right") is odd
+
+The scan is proven against ``text.split()`` and the per-document rules in ``tests/pipeline/clean/test_quality.py``
+(the reference rules live in ``tests/pipeline/clean/quality_oracle.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import numpy as np
+
+from pipeline.clean.config import QualityConfig
+
+# Kana, CJK symbols/punctuation, CJK ideographs (+ ext. A), Yi, Hangul syllables, compatibility ideographs,
+# halfwidth/fullwidth forms and the CJK ideograph extensions in the supplementary planes.
+CJK_RANGES = (
+    (0x3000, 0x30FF),
+    (0x3400, 0x4DBF),
+    (0x4E00, 0x9FFF),
+    (0xA000, 0xA4CF),
+    (0xAC00, 0xD7A3),
+    (0xF900, 0xFAFF),
+    (0xFF00, 0xFFEF),
+    (0x20000, 0x3134F),
+)
+# 64-bit mixing constants shared with the n-gram screen of ``quality``.
+MIX = np.uint64(0x9E3779B97F4A7C15)
+STEP = np.uint64(0xD6E8FEB86659FD93)
+_WS_TABLE = bytes(int(chr(b).isspace()) for b in range(128)) + bytes(128)
+_NON_ASCII_SPACES = [c for c in range(0x80, 0x3001) if chr(c).isspace()]
+_PER_DOC_RANGES = sorted([*((c, c) for c in _NON_ASCII_SPACES), (0xD800, 0xDFFF), *CJK_RANGES])
+_PER_DOC_RE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _PER_DOC_RANGES) + "]")
+# code point c is one of them iff searchsorted(_PER_DOC_EDGES, c, "right") is odd
+_PER_DOC_EDGES = np.array([e for a, b in _PER_DOC_RANGES for e in (a, b + 1)], dtype=np.int64)
+_M1 = np.uint64(0xFF51AFD7ED558CCD)
+_M2 = np.uint64(0xC4CEB9FE1A85EC53)
+_BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)  # the first k bytes
+SCAN_BYTES = 1 << 19
+
+
+def _word_hashes(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each word ``buf[start:end]`` (buf ends with at least 8 padding bytes)."""
+    blen = ends - starts
+    mask = _BYTE_MASKS[np.minimum(blen, 8)]
+    u64 = np.ndarray(shape=(len(buf) - 7,), dtype="<u8", buffer=buf, strides=(1,))  # unaligned view
+    first = u64[starts] & mask
+    last = u64[np.maximum(ends - 8, starts)] & mask
+    return (first * _M1) ^ (last * _M2) ^ blen.astype(np.uint64)  # the screen mixes the bits further
+
+
+def _per_doc_flags(buf: bytes, doc_start: np.ndarray, n_docs: int) -> np.ndarray:
+    """Per document: whether it holds a character ``_PER_DOC_RE`` matches (decoded from the UTF-8 bytes)."""
+    b = np.frombuffer(buf, dtype=np.uint8)
+    lead = np.flatnonzero(b >= 0xC0)
+    flags = np.zeros(n_docs, dtype=bool)
+    if len(lead):
+        b0 = b[lead].astype(np.int64)
+        b1, b2, b3 = ((b[lead + k] & 0x3F).astype(np.int64) for k in (1, 2, 3))
+        cp = np.where(
+            b0 < 0xE0,
+            ((b0 & 0x1F) << 6) | b1,
+            np.where(
+                b0 < 0xF0,
+                ((b0 & 0x0F) << 12) | (b1 << 6) | b2,
+                ((b0 & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3,
+            ),
+        )
+        bad = lead[np.searchsorted(_PER_DOC_EDGES, cp, side="right") % 2 == 1]
+        flags[np.searchsorted(doc_start, bad, side="right") - 1] = True
+    return flags
+
+
+def _segment_dups(
+    seg: tuple[np.ndarray, np.ndarray],
+    doc_start: np.ndarray,
+    words: tuple[np.ndarray, np.ndarray],
+    cont: np.ndarray | None,
+) -> tuple[np.ndarray, ...]:
+    """For the non-empty byte ranges ``seg = (s, e)`` (lines or paragraphs): document index, characters and
+    whether a range with the same key came earlier. The key mixes the document, the range's byte length and
+    the sum of its words' hashes: equal ranges of a document get equal keys, so "repeats" can only be too
+    many."""
+    s, e = seg[0][seg[1] > seg[0]], seg[1][seg[1] > seg[0]]
+    word_starts, cum_hash = words
+    word_sum = cum_hash[np.searchsorted(word_starts, e)] - cum_hash[np.searchsorted(word_starts, s)]
+    doc = np.searchsorted(doc_start, s, side="right") - 1
+    key = ((word_sum * _M2) ^ (e - s).astype(np.uint64)) * MIX + doc.astype(np.uint64) * STEP
+    chars = e - s
+    if cont is not None:
+        chars = chars - (np.searchsorted(cont, e) - np.searchsorted(cont, s))
+    order = np.argsort(key, kind="stable")  # equal keys stay in position order: the first is no repeat
+    repeat = np.zeros(len(s), dtype=bool)
+    sorted_key = key[order]
+    repeat[order[1:][sorted_key[1:] == sorted_key[:-1]]] = True
+    return doc, chars, repeat
+
+
+def _repetition_passes(
+    buf: bytes,
+    doc_start: np.ndarray,
+    words: tuple[np.ndarray, np.ndarray],
+    cont: np.ndarray | None,
+    cfg: QualityConfig,
+) -> np.ndarray:
+    """Per document: True when upper bounds prove that it passes the four repetition rules. Lines are the
+    ranges between newlines, paragraphs those between runs of >= 2 newlines or a document's ends (the caller
+    trusts no proof for a document that starts or ends with a newline: ``_paragraphs`` keeps that newline)."""
+    nl = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == 10)
+    run = nl[1:] == nl[:-1] + 1
+    brk = np.concatenate((run, [True])) | np.concatenate(([True], run))  # in a run of >= 2 newlines
+    brk[np.searchsorted(nl, doc_start - 1)] = True  # the newline before each document
+    paras = nl[brk]
+    ok = np.ones(len(doc_start), dtype=bool)
+    kinds = (
+        ((nl[:-1] + 1, nl[1:]), cfg.max_dup_line_fraction, cfg.max_dup_line_char_fraction),
+        ((paras[:-1] + 1, paras[1:]), cfg.max_dup_para_fraction, cfg.max_dup_para_char_fraction),
+    )
+    for seg, max_frac, max_char_frac in kinds:
+        if max_frac is None and max_char_frac is None:
+            continue
+        doc, chars, repeat = _segment_dups(seg, doc_start, words, cont)
+        n = len(doc_start)
+        items = np.bincount(doc, minlength=n)
+        total = np.bincount(doc, weights=chars, minlength=n)
+        if max_frac is not None:
+            ok &= ~(np.bincount(doc, weights=repeat, minlength=n) / np.maximum(items, 1) > max_frac)
+        if max_char_frac is not None:
+            ok &= ~(
+                np.bincount(doc, weights=chars * repeat, minlength=n) / np.maximum(total, 1) > max_char_frac
+            )
+    return ok
+
+
+def _scan_chunk(
+    encoded: list[bytes], ascii_only: bool, cfg: QualityConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    buf = b"\n" + b"\n".join(encoded) + b"\n" * 9  # the padding lets every word read 8 bytes
+    doc_start = np.cumsum([1] + [len(e) + 1 for e in encoded])[:-1]
+    space = np.frombuffer(buf.translate(_WS_TABLE), dtype=np.bool_)
+    edges = np.flatnonzero(space[1:] != space[:-1]) + 1
+    starts, ends = edges[0::2], edges[1::2]
+    lengths = ends - starts
+    per_doc = np.zeros(len(encoded), dtype=bool)
+    cont = None
+    if not ascii_only:
+        cont = np.flatnonzero((np.frombuffer(buf, dtype=np.uint8) & 0xC0) == 0x80)
+        word = np.searchsorted(starts, cont, side="right") - 1
+        lengths = lengths - np.bincount(word, minlength=len(starts))
+        per_doc = _per_doc_flags(buf, doc_start, len(encoded))
+    sizes = np.bincount(np.searchsorted(doc_start, starts, side="right") - 1, minlength=len(encoded))
+    hashes = _word_hashes(buf, starts, ends)
+    words = (starts, np.concatenate((np.zeros(1, dtype=np.uint64), np.cumsum(hashes))))
+    return hashes, lengths, sizes, per_doc, _repetition_passes(buf, doc_start, words, cont, cfg)
+
+
+def scan_chunks(
+    texts: list[str], cfg: QualityConfig
+) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Words of ``texts`` in chunks of ~0.5 MB, which keep numpy's temporaries in cache: ``(lo, hi, hashes,
+    lengths, sizes, per_doc, repetition_ok)`` for texts lo..hi-1: per word its hash and character length
+    (concatenated in order), per document its word count, whether it must take the per-document path
+    instead (then its words here are not ``text.split()``'s) and whether it passes the repetition rules
+    for certain (see ``_repetition_passes``)."""
+    encoded: list[bytes] = []
+    lo, size, ascii_only = 0, 0, True
+    for i, text in enumerate(texts):
+        encoded.append(text.encode("utf-8", "surrogatepass"))
+        size += len(encoded[-1])
+        ascii_only = ascii_only and len(encoded[-1]) == len(text)
+        if size >= SCAN_BYTES or i == len(texts) - 1:
+            yield lo, i + 1, *_scan_chunk(encoded, ascii_only, cfg)
+            encoded, lo, size, ascii_only = [], i + 1, 0, True
