@@ -41,8 +41,13 @@ def _doc(rng: random.Random, words: int) -> str:
     return "\n".join(sentences)
 
 
-def write_tiny_corpus(folder: Path, *, files: int = 3, docs_per_file: int = 12, seed: int = 7) -> list[str]:
-    """Write ``files`` JSONL files of ``docs_per_file`` documents; returns their paths (as strings)."""
+def write_tiny_corpus(
+    folder: Path, *, files: int = 3, docs_per_file: int = 12, seed: int = 7, ids: bool = False
+) -> list[str]:
+    """Write ``files`` JSONL files of ``docs_per_file`` documents; returns their paths (as strings).
+
+    ``ids``: every record gets an ``id`` field (``f<file>-d<n>``). With ``ingest.id_field=id`` the document ids,
+    and so the train/valid split, no longer depend on the folder the corpus was written to."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -54,8 +59,10 @@ def write_tiny_corpus(folder: Path, *, files: int = 3, docs_per_file: int = 12, 
             lines[len(lines) // 2] += " zeppelin"  # one word added: a near duplicate
             docs.append("\n".join(lines))
         path = folder / f"part-{f}.jsonl"
-        path.write_text(
-            "".join(json.dumps({"text": d, "meta": {"file": f}}) + "\n" for d in docs), encoding="utf-8"
-        )
+        records = [
+            {"text": d, "meta": {"file": f}} | ({"id": f"f{f}-d{n}"} if ids else {})
+            for n, d in enumerate(docs)
+        ]
+        path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
         paths.append(str(path))
     return paths
