@@ -14,8 +14,7 @@ import json
 import time
 from typing import Any
 
-from prefect import flow, get_run_logger, unmapped
-from prefect.futures import as_completed
+from prefect import flow, get_run_logger
 
 from flows import artifacts, run_names, unitcache
 from flows.build_decontam import run_decontam
@@ -44,7 +43,7 @@ from flows.build_tasks import (
 )
 from flows.corpus_config import CorpusConfig, load_corpus_config
 from flows.heartbeat import with_heartbeat
-from flows.profile import BuildProfile
+from flows.passes import Passes
 from flows.progress import stage_progress
 from flows.runners import make_task_runner, worker_count
 from pipeline.storage import open_store
@@ -56,56 +55,6 @@ __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
 
 
 # ---------------------------------------------------------------- the flow
-
-
-class Passes:
-    """Runs the flow's passes: a chunk task per run of ``size`` parts (``fan_out``) or one global task (``once``),
-    timing each for the build profile and collecting every part's unit results by step name, in part order."""
-
-    def __init__(self, ctx: dict[str, Any], num_parts: int, size: int) -> None:
-        self.ctx, self.n, self.size = ctx, num_parts, size
-        self.profile = BuildProfile()
-        self.units: dict[str, list[dict[str, Any]]] = {}
-        self.reuse: dict[str, list[int]] = {}
-
-    def index_chunks(self, count: int | None = None) -> list[list[int]]:
-        return chunks(list(range(self.n if count is None else count)), self.size)
-
-    def fan_out(self, name: str, task: Any, *mapped: list[Any], **fixed: Any) -> list[dict[str, Any]]:
-        with self.profile.run_pass(name) as entry:
-            args = [unmapped(self.ctx), *mapped, *(unmapped(v) for v in fixed.values())]
-            futures = task.map(*args)
-            for done in as_completed(futures):  # the terminal's bars move as chunks finish
-                for units in done.result():
-                    for step in units:
-                        stage_progress.advance(step)
-            results = [r for chunk in futures.result() for r in chunk]
-            self.profile.add_results(
-                entry, [u for r in results for u in r.values()], task_runs=len(mapped[0])
-            )
-        for step in results[0] if results else ():
-            self.units[step] = [r[step] for r in results]
-        return results
-
-    def once(self, name: str, task: Any, *args: Any) -> Any:
-        with self.profile.run_pass(name):
-            return task(*args)
-
-    def keyed(self, step: str) -> list[list[str]]:
-        """The unit keys of ``step``, one list per chunk (the next pass's upstream keys)."""
-        return chunks([u["key"] for u in self.units[step]], self.size)
-
-    def merged(self, step: str, stage: str | None = None) -> StageStats:
-        total = StageStats(stage=stage or step)
-        for u in self.units[step]:
-            total.merge(StageStats.from_json(u["stats"]))
-        return total
-
-    def note_reuse(self, *steps: str) -> None:
-        """Count, per step, the units restored from earlier builds (rebuilds report it in the summary)."""
-        for step in steps:
-            units = self.units[step]
-            self.reuse[step] = [sum(bool(u.get("reused")) for u in units), len(units)]
 
 
 def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]], plans: list[dict[str, Any]]) -> str:

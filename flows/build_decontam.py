@@ -8,7 +8,7 @@ parts against it (each part its own cached unit); a last task merges the parts' 
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -16,11 +16,9 @@ from prefect.cache_policies import NO_CACHE
 from flows import profile, run_names, unitcache
 from flows.build_tasks import IO_RETRIES, _ctx, _unit, _unit_key, stage_errors
 from flows.corpus_config import CorpusConfig
+from flows.passes import Passes
 from pipeline import decontam
 from pipeline.units import StageStats, mark_stage_success
-
-if TYPE_CHECKING:
-    from flows.build import Passes
 
 
 @task(name="decontam-index", task_run_name="decontam: index", cache_policy=NO_CACHE, **IO_RETRIES)

@@ -6,6 +6,8 @@ threads count), its wall seconds, the process id and the process's peak RSS so f
 their records with their results; global steps, which run in the flow's own process, leave theirs in
 :data:`LOCAL_RECORDS`. The flow folds both into :class:`BuildProfile`, whose JSON goes into the build summary
 (``summary["profile"]``): what ``tests/bench/bench_scale.py`` reads to separate stage work from orchestration.
+``profile["storage"]`` counts the build's S3 calls over every process: attempts, retries by reason and
+give-ups (``pipeline.storage.retry.STATS``, per process: worker processes report theirs with each unit).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from pipeline.storage.retry import STATS
 
 LOCAL_RECORDS: list[dict[str, Any]] = []
 
@@ -32,7 +36,7 @@ def peak_rss_mb() -> float:
 def measure(step: str, sink: list[dict[str, Any]] | None = None) -> Iterator[dict[str, Any]]:
     """Time the block; the yielded record is filled in on exit and appended to ``sink`` (default: local)."""
     record: dict[str, Any] = {"step": step}
-    cpu0, wall0 = time.process_time(), time.perf_counter()
+    cpu0, wall0, storage0 = time.process_time(), time.perf_counter(), STATS.snapshot()
     try:
         yield record
     finally:
@@ -42,7 +46,18 @@ def measure(step: str, sink: list[dict[str, Any]] | None = None) -> Iterator[dic
             pid=os.getpid(),
             rss_mb=round(peak_rss_mb(), 1),
         )
+        if storage := counter_delta(storage0, STATS.snapshot()):
+            record["storage"] = storage  # S3 calls, retries by reason, give-ups made in the block
         (LOCAL_RECORDS if sink is None else sink).append(record)
+
+
+def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+
+
+def add_counts(total: dict[str, int], more: dict[str, int]) -> None:
+    for k, v in more.items():
+        total[k] = total.get(k, 0) + v
 
 
 def drain_local() -> list[dict[str, Any]]:
@@ -59,6 +74,10 @@ class BuildProfile:
     steps: dict[str, dict[str, float]] = field(default_factory=dict)
     passes: list[dict[str, Any]] = field(default_factory=list)
     processes: dict[int, float] = field(default_factory=dict)
+    # S3 calls made by units in worker processes (the flow's own process is counted whole, at the end).
+    worker_storage: dict[str, int] = field(default_factory=dict)
+    flow_pid: int = field(default_factory=os.getpid)
+    flow_storage0: dict[str, int] = field(default_factory=STATS.snapshot)
 
     def add_records(self, records: list[dict[str, Any]]) -> None:
         for r in records:
@@ -68,6 +87,14 @@ class BuildProfile:
             s["units"] += 1
             s["rss_mb"] = max(s["rss_mb"], r["rss_mb"])
             self.processes[r["pid"]] = max(self.processes.get(r["pid"], 0.0), r["rss_mb"])
+            if r["pid"] != self.flow_pid:  # in-process units are inside the flow process's own count
+                add_counts(self.worker_storage, r.get("storage", {}))
+
+    def storage(self) -> dict[str, int]:
+        """The build's S3 calls, retries (by reason) and give-ups, over every process (all zero on a local store)."""
+        total = counter_delta(self.flow_storage0, STATS.snapshot())
+        add_counts(total, self.worker_storage)
+        return dict(sorted(total.items()))
 
     @contextlib.contextmanager
     def run_pass(self, name: str) -> Iterator[dict[str, Any]]:
@@ -97,4 +124,5 @@ class BuildProfile:
             "task_runs": sum(p["task_runs"] for p in self.passes),
             "work_cpu_s": round(sum(s["cpu_s"] for s in self.steps.values()), 3),
             "process_peak_rss_mb": {str(k): v for k, v in self.processes.items()},
+            "storage": self.storage(),
         }
