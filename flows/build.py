@@ -45,7 +45,7 @@ from flows.corpus_config import CorpusConfig, load_corpus_config
 from flows.heartbeat import with_heartbeat
 from flows.passes import Passes
 from flows.progress import stage_progress
-from flows.runners import make_task_runner, worker_count
+from flows.runners import make_task_runner, use_cores, worker_count
 from pipeline.storage import open_store
 from pipeline.storage.s3 import abort_recorded_uploads
 from pipeline.storage.uploads import UploadJournal
@@ -175,6 +175,7 @@ def build_corpus(
     work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
     ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n).to_json()
     workers = worker_count()
+    use_cores(workers)  # tokenizer training, in this process between passes, uses the workers' cores
     run = Passes(ctx, n, parts_per_task(n, workers))
     run.profile.passes.append({"name": "plan-inputs", "start": plan_started, "end": time.time(), "task_runs": 1,
                                "work_cpu_s": 0.0})  # fmt: skip

@@ -2,6 +2,9 @@
 
 ``local`` (default; ``process`` and ``dask`` are the same) starts a Dask ``LocalCluster`` of ``workers`` processes
 with one thread each: the stages are CPU-bound Python, so threads would share one core through the GIL.
+``workers`` is the number of cores the build uses: each worker process also encodes with one thread
+(``PILEWORKS_THREADS=1``, ``RAYON_NUM_THREADS=1``), and the steps that run in the flow's own process between
+passes (tokenizer training) use ``workers`` threads (:func:`use_cores`).
 ``dask://host:port`` (or ``tcp://host:port``) sends the same tasks to an existing Dask scheduler, whose workers
 need pileworks installed and access to the store (``s3://`` across machines). ``threads`` keeps everything in
 the flow's process (debugging).
@@ -47,9 +50,20 @@ def make_task_runner(spec: str = "local", workers: int | None = None) -> Any:
         raise ValueError("worker processes need `pip install pileworks[dask]` (dask, distributed)") from exc
     if "://" in spec:
         return DaskTaskRunner(address="tcp://" + spec.split("://", 1)[1])
-    return DaskTaskRunner(
-        cluster_kwargs={"n_workers": n, "threads_per_worker": 1, "processes": True, "dashboard_address": None}
-    )
+    one_thread = {"PILEWORKS_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    cluster = {"n_workers": n, "threads_per_worker": 1, "processes": True, "dashboard_address": None}
+    return DaskTaskRunner(cluster_kwargs=cluster | {"env": one_thread})
+
+
+_USER_RAYON = os.environ.get("RAYON_NUM_THREADS")  # a user's own setting wins
+
+
+def use_cores(workers: int) -> None:
+    """Size this process's Rust thread pools (``tokenizers`` training) to the build's workers, at most the
+    cores here, unless the user set ``RAYON_NUM_THREADS``. Takes effect when the pool starts (its first use in
+    the process), which for a build's flow process is tokenizer training."""
+    if _USER_RAYON is None:
+        os.environ["RAYON_NUM_THREADS"] = str(max(1, min(workers, default_workers())))
 
 
 def with_task_runner(flow: Any, spec: str = "local", workers: int | None = None) -> Any:

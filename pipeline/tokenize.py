@@ -234,6 +234,15 @@ def _safe(texts: Sequence[str]) -> list[str]:
     return out
 
 
+THREADS_ENV = "PILEWORKS_THREADS"  # threads per process for encoding; set to 1 in each build worker process
+
+
+def encoder_threads(cfg: TokenizeConfig) -> int:
+    """``tokenize.num_threads``, else ``$PILEWORKS_THREADS`` (a build's worker processes run with 1: N workers
+    use N cores), else every core."""
+    return cfg.num_threads or int(os.environ.get(THREADS_ENV) or 0) or os.cpu_count() or 1
+
+
 class Encoder:
     """Encodes batches of documents to uint32 arrays ending in EOS, with the fastest encoder that agrees."""
 
@@ -243,7 +252,7 @@ class Encoder:
         self.reference = tok if self.special else _ordinary(tok)
         self.fast = None
         self.name = "tokenizers"
-        self.num_threads = cfg.num_threads or os.cpu_count() or 1
+        self.num_threads = encoder_threads(cfg)
         if cfg.fast_path:
             sample = list(_capped(sample[: cfg.verify_docs], cfg.verify_bytes))
             self.fast, reason = self._build_fast(tok, _safe(sample))
@@ -290,7 +299,7 @@ def _encoder_key(tok_bytes: bytes, cfg: TokenizeConfig) -> tuple[object, ...]:
         cfg.fast_path,
         cfg.verify_docs,
         cfg.verify_bytes,
-        cfg.num_threads,
+        encoder_threads(cfg),
     )
 
 

@@ -153,9 +153,11 @@ def corpus_for(cache: Path, mb: float) -> tuple[Path, int]:
 class TreeSampler(threading.Thread):
     """Polls a process and its descendants: CPU seconds per pid (last seen), peak RSS per pid and for the tree."""
 
-    def __init__(self, pid: int, every: float = 0.2) -> None:
+    def __init__(self, pid: int, every: float = 0.2, extra: tuple[int, ...] = ()) -> None:
         super().__init__(daemon=True)
         self.root, self.every = psutil.Process(pid), every
+        self.extra = [psutil.Process(p) for p in extra]  # the long-running local Prefect server
+        self.cpu0 = {p.pid: sum(p.cpu_times()[:2]) for p in self.extra}  # its CPU before this build
         self.cpu: dict[int, float] = {}
         self.rss: dict[int, float] = {}
         self.names: dict[int, str] = {}
@@ -169,7 +171,7 @@ class TreeSampler(threading.Thread):
 
     def sample(self) -> None:
         try:
-            procs = [self.root, *self.root.children(recursive=True)]
+            procs = [self.root, *self.root.children(recursive=True), *self.extra]
         except psutil.NoSuchProcess:
             return
         total_rss = 0.0
@@ -181,7 +183,7 @@ class TreeSampler(threading.Thread):
                         self.names[p.pid] = " ".join(p.cmdline()[:4])[-70:]
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-            self.cpu[p.pid] = t.user + t.system
+            self.cpu[p.pid] = t.user + t.system - self.cpu0.get(p.pid, 0.0)
             self.rss[p.pid] = max(self.rss.get(p.pid, 0.0), rss)
             total_rss += rss
         self.tree_rss = max(self.tree_rss, total_rss)
@@ -195,6 +197,16 @@ class TreeSampler(threading.Thread):
         return max(0.0, at(end) - at(start))
 
 
+def server_pids() -> tuple[int, ...]:
+    """The local Prefect server the builds report to (``pileworks`` keeps one running per PREFECT_HOME): its CPU
+    during a build is orchestration, so it is sampled with the build's tree."""
+    from flows.local_server import prefect_home, read_state, resolve_api
+
+    resolve_api(start=True)  # started before the first build, so both builds pay the same (nothing)
+    state = read_state(prefect_home())
+    return (state.pid,) if state else ()
+
+
 def run_build(
     corpus: Path, store: Path, workers: int, extra: list[str]
 ) -> tuple[dict[str, Any], TreeSampler, float]:
@@ -204,7 +216,7 @@ def run_build(
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env, cwd=REPO)
-        sampler = TreeSampler(proc.pid)
+        sampler = TreeSampler(proc.pid, extra=server_pids())
         sampler.start()
         rc = proc.wait(timeout=6 * 3600)
         wall = time.perf_counter() - t0
@@ -249,7 +261,7 @@ def report(label: str, mb: float, summary: dict[str, Any], tree: TreeSampler, wa
     for pid, rss in sorted(tree.rss.items(), key=lambda kv: -kv[1])[:8]:
         print(f"  {rss:8.0f} MB  cpu {tree.cpu.get(pid, 0):7.1f} s  {tree.names.get(pid, '')}")
     servers = sum(("prefect" in n and "server" in n) or "uvicorn" in n for n in tree.names.values())
-    print(f"Prefect server processes in the tree: {servers}")
+    print(f"Prefect server processes sampled (the local server, started before the builds): {servers}")
     return {"wall": wall, "passes": rows, "dataset_id": summary["dataset_id"], "tree_cpu": tree_cpu, "work": work,
             "peak_rss": max(tree.rss.values()), "tree_rss": tree.tree_rss}  # fmt: skip
 

@@ -86,3 +86,38 @@ def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_datas
             runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
             assert len(runs) == summary["profile"]["task_runs"] > 0
             assert all(r.state is not None and r.state.is_completed() for r in runs)
+
+
+def _thread_env() -> tuple[str | None, str | None]:
+    return os.environ.get("PILEWORKS_THREADS"), os.environ.get("RAYON_NUM_THREADS")
+
+
+def test_n_workers_use_n_cores_one_thread_per_worker_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each worker process encodes with one thread (N workers = N cores, no oversubscription); the flow
+    process's tokenizer training gets the workers' count, capped at the cores here."""
+    from distributed import Client, LocalCluster
+
+    from flows import runners
+    from pipeline.tokenize import TokenizeConfig, encoder_threads
+
+    with (
+        LocalCluster(**runners.make_task_runner("local", 2).cluster_kwargs) as cluster,
+        Client(cluster) as client,
+    ):
+        seen = client.run(_thread_env)
+    assert len(seen) == 2 and set(seen.values()) == {("1", "1")}
+
+    monkeypatch.setenv("PILEWORKS_THREADS", "1")
+    assert encoder_threads(TokenizeConfig()) == 1 and encoder_threads(TokenizeConfig(num_threads=3)) == 3
+    monkeypatch.delenv("PILEWORKS_THREADS")
+    assert encoder_threads(TokenizeConfig()) == (os.cpu_count() or 1)
+
+    monkeypatch.setattr(runners, "_USER_RAYON", None)
+    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
+    runners.use_cores(1)
+    assert os.environ["RAYON_NUM_THREADS"] == "1"
+    runners.use_cores(10_000)
+    assert os.environ["RAYON_NUM_THREADS"] == str(runners.default_workers())
+    monkeypatch.setattr(runners, "_USER_RAYON", "3")  # the user's own setting is left alone
+    runners.use_cores(1)
+    assert os.environ["RAYON_NUM_THREADS"] == str(runners.default_workers())
