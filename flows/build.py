@@ -112,15 +112,17 @@ def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> t
         return folder, step
     run.note_reuse("signatures")
     plan = run.once("near-plan", near_plan_task, run.ctx, n, [])
-    run.fan_out("lsh-bands", bands_task, run.index_chunks(), plan=plan)
+    run.fan_out("lsh-bands", bands_task, run.index_chunks(light=True), plan=plan)
     if plan["index_parts"]:
-        run.fan_out("lsh-bands-index", bands_task, run.index_chunks(plan["index_parts"]), plan=plan,
+        run.fan_out("lsh-bands-index", bands_task, run.index_chunks(plan["index_parts"], light=True), plan=plan,
                     from_index=True)  # fmt: skip
-    run.fan_out("lsh-edges", edges_task, run.index_chunks(plan["num_partitions"]), plan=plan, wait=[])
+    run.fan_out(
+        "lsh-edges", edges_task, run.index_chunks(plan["num_partitions"], light=True), plan=plan, wait=[]
+    )
     exact_json = stats["exact_dedup"].to_json() if "exact_dedup" in stats else None
     clusters = run.once("near-clusters", clusters_task, run.ctx, folder, n, exact_json, [])
-    chunked = run.index_chunks()
-    run.fan_out("near-filter", near_filter_chunk_task, chunked, [folder] * len(chunked), run.keyed(step),
+    chunked = run.index_chunks(light=True)
+    run.fan_out("near-filter", near_filter_chunk_task, chunked, [folder] * len(chunked), run.keyed(step, True),
                 clusters=clusters)  # fmt: skip
     stats["near_dedup"] = run.merged("near dedup", "near_dedup")
     report_key = c.folder("near/clusters/dedup_report.json")
@@ -176,7 +178,7 @@ def build_corpus(
     ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n).to_json()
     workers = worker_count()
     use_cores(workers)  # tokenizer training, in this process between passes, uses the workers' cores
-    run = Passes(ctx, n, parts_per_task(n, workers))
+    run = Passes(ctx, n, parts_per_task(n, workers), parts_per_task(n, workers, per_worker=1))
     run.profile.passes.append({"name": "plan-inputs", "start": plan_started, "end": time.time(), "task_runs": 1,
                                "work_cpu_s": 0.0})  # fmt: skip
     get_run_logger().info("build %s: %d input object(s) in %d part(s), %d per task, %d worker(s); work folder %s",

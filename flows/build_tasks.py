@@ -146,11 +146,11 @@ def chunks(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def parts_per_task(num_parts: int, workers: int, max_parts: int = 64) -> int:
-    """Parts per task: about four tasks per worker in each pass (so a slow task does not leave the others
-    idle at the end), never more than ``max_parts`` (64 parts of the default 4 MiB: ~256 MiB per task), so a
-    100 GB build has a few hundred tasks per pass rather than one per part."""
-    return max(1, min(max_parts, -(-num_parts // (4 * max(1, workers)))))
+def parts_per_task(num_parts: int, workers: int, max_parts: int = 64, per_worker: int = 4) -> int:
+    """Parts per task: about ``per_worker`` tasks per worker in each pass (four for the heavy passes, so a
+    slow task does not leave the others idle at the end), never more than ``max_parts`` (64 parts of the
+    default 4 MiB: ~256 MiB per task), so a 100 GB build has a few hundred tasks per pass, not one per part."""
+    return max(1, min(max_parts, -(-num_parts // (per_worker * max(1, workers)))))
 
 
 @task(name="plan-inputs", task_run_name="plan inputs", cache_policy=NO_CACHE, **IO_RETRIES)

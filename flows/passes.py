@@ -19,14 +19,19 @@ class Passes:
     """Runs the flow's passes: a chunk task per run of ``size`` parts (``fan_out``) or one global task (``once``),
     timing each for the build profile and collecting every part's unit results by step name, in part order."""
 
-    def __init__(self, ctx: dict[str, Any], num_parts: int, size: int) -> None:
-        self.ctx, self.n, self.size = ctx, num_parts, size
+    def __init__(self, ctx: dict[str, Any], num_parts: int, size: int, light_size: int | None = None) -> None:
+        # ``size``: parts per task of the heavy passes (several tasks per worker, so none idles at the end);
+        # ``light_size``: of the cheap ones (LSH bands and edges, the near filter), one task per worker, as
+        # each task run costs about 0.1-0.2 s of CPU in Prefect and Dask whatever it does.
+        self.ctx, self.n, self.size, self.light_size = ctx, num_parts, size, light_size or size
         self.profile = BuildProfile()
         self.units: dict[str, list[dict[str, Any]]] = {}
         self.reuse: dict[str, list[int]] = {}
 
-    def index_chunks(self, count: int | None = None) -> list[list[int]]:
-        return chunks(list(range(self.n if count is None else count)), self.size)
+    def index_chunks(self, count: int | None = None, light: bool = False) -> list[list[int]]:
+        return chunks(
+            list(range(self.n if count is None else count)), self.light_size if light else self.size
+        )
 
     def fan_out(self, name: str, task: Any, *mapped: list[Any], **fixed: Any) -> list[dict[str, Any]]:
         with self.profile.run_pass(name) as entry:
@@ -48,9 +53,9 @@ class Passes:
         with self.profile.run_pass(name):
             return task(*args)
 
-    def keyed(self, step: str) -> list[list[str]]:
+    def keyed(self, step: str, light: bool = False) -> list[list[str]]:
         """The unit keys of ``step``, one list per chunk (the next pass's upstream keys)."""
-        return chunks([u["key"] for u in self.units[step]], self.size)
+        return chunks([u["key"] for u in self.units[step]], self.light_size if light else self.size)
 
     def merged(self, step: str, stage: str | None = None) -> StageStats:
         total = StageStats(stage=stage or step)

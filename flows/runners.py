@@ -50,9 +50,28 @@ def make_task_runner(spec: str = "local", workers: int | None = None) -> Any:
         raise ValueError("worker processes need `pip install pileworks[dask]` (dask, distributed)") from exc
     if "://" in spec:
         return DaskTaskRunner(address="tcp://" + spec.split("://", 1)[1])
+    quiet_dask()
     one_thread = {"PILEWORKS_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     cluster = {"n_workers": n, "threads_per_worker": 1, "processes": True, "dashboard_address": None}
     return DaskTaskRunner(cluster_kwargs=cluster | {"env": one_thread})
+
+
+# Dask's background loops cost about 7% of a core on an idle 2-worker cluster (measured: 1.38 CPU-s per 20 s;
+# 0.39 with these), most of it the statistical profiler sampling every worker's stack every 10 ms, which
+# also taxes every task. Nanny ships this config to the worker processes it starts.
+QUIET_DASK = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.system-monitor.interval": "5s",
+    "distributed.worker.memory.monitor-interval": "1s",
+    "distributed.admin.tick.interval": "1s",
+}
+
+
+def quiet_dask() -> None:
+    """Apply :data:`QUIET_DASK` in this process (and so in the local cluster's workers)."""
+    import dask
+
+    dask.config.set(QUIET_DASK)
 
 
 _USER_RAYON = os.environ.get("RAYON_NUM_THREADS")  # a user's own setting wins
