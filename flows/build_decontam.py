@@ -14,7 +14,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows import profile, run_names, unitcache
-from flows.build_tasks import IO_RETRIES, _ctx, _unit, _unit_key, stage_errors
+from flows.build_tasks import IO_RETRIES, _ctx, one_step_chunk, stage_errors
 from flows.corpus_config import CorpusConfig
 from flows.passes import Passes
 from pipeline import decontam
@@ -36,15 +36,14 @@ def decontam_chunk_task(
     ctx: dict[str, Any], indices: list[int], in_folder: str, upstream: list[str], index_key: str
 ) -> list[dict[str, Any]]:
     c = _ctx(ctx)
-    store, cfg, out = c.store(), c.cfg, []
+    store = c.store()
     index_hash = unitcache.content_hash(store, index_key)
-    for index, up in zip(indices, upstream, strict=True):
-        out.append({"decontam": _unit(store, "decontam", _unit_key(c, "decontam", up, index_hash),
-                                      c.folder("decontam/out"), index,
-                                      partial(decontam.run_decontam_part, in_folder=in_folder,
-                                              out_folder=c.folder("decontam/out"), index=index,
-                                              index_key=index_key, cfg=cfg.decontam))})  # fmt: skip
-    return out
+    return one_step_chunk(
+        c, store, "decontam", "decontam", indices, upstream, c.folder("decontam/out"),
+        partial(decontam.run_decontam_part, in_folder=in_folder, out_folder=c.folder("decontam/out"),
+                index_key=index_key, cfg=c.cfg.decontam),
+        lambda store, index: index_hash,
+    )  # fmt: skip
 
 
 @task(name="decontam-report", task_run_name="decontam: report", cache_policy=NO_CACHE)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
@@ -255,20 +255,38 @@ def signatures_chunk_task(
     return out
 
 
+def one_step_chunk(
+    c: BuildContext,
+    store: ObjectStore,
+    step: str,
+    key_stage: str,
+    indices: list[int],
+    upstream: list[str],
+    out_folder: str,
+    run_part: Callable[..., StageStats],
+    extra: Callable[[ObjectStore, int], str],
+) -> list[dict[str, Any]]:
+    """A chunk task of one step per part: each part's unit keyed by its upstream key and ``extra(store, index)`` (the
+    content hash of what the step reads besides its part), run as ``run_part(store, index=...)``."""
+    return [
+        {step: _unit(store, step, _unit_key(c, key_stage, up, extra(store, index)), out_folder, index,
+                     partial(run_part, index=index))}
+        for index, up in zip(indices, upstream, strict=True)
+    ]  # fmt: skip
+
+
 @task(name="near-filter", task_run_name=run_names.parts("near-dedup: filter"), cache_policy=NO_CACHE)
 def near_filter_chunk_task(
     ctx: dict[str, Any], indices: list[int], in_folder: str, upstream: list[str], _wait: Any
 ) -> list[dict[str, Any]]:
     c = _ctx(ctx)
-    store, out = c.store(), []
-    for index, up in zip(indices, upstream, strict=True):
-        drop = unitcache.content_hash(store, f"{c.folder('near/clusters/drop')}/{part_name(index)}.npz")
-        out.append({"near dedup": _unit(store, "near dedup", _unit_key(c, "near-filter", up, drop),
-                                        c.folder("dedup"), index,
-                                        partial(near.run_near_filter_part, in_folder=in_folder,
-                                                out_folder=c.folder("dedup"), index=index,
-                                                clusters_folder=c.folder("near/clusters")))})  # fmt: skip
-    return out
+    drops = c.folder("near/clusters/drop")
+    return one_step_chunk(
+        c, c.store(), "near dedup", "near-filter", indices, upstream, c.folder("dedup"),
+        partial(near.run_near_filter_part, in_folder=in_folder, out_folder=c.folder("dedup"),
+                clusters_folder=c.folder("near/clusters")),
+        lambda store, index: unitcache.content_hash(store, f"{drops}/{part_name(index)}.npz"),
+    )  # fmt: skip
 
 
 @task(name="tokenize", task_run_name=run_names.parts("tokenize"), cache_policy=NO_CACHE)
@@ -276,15 +294,14 @@ def tokenize_chunk_task(
     ctx: dict[str, Any], indices: list[int], in_folder: str, upstream: list[str], tokenizer_key: str
 ) -> list[dict[str, Any]]:
     c = _ctx(ctx)
-    store, cfg, out = c.store(), c.cfg, []
+    store = c.store()
     tok_hash = unitcache.content_hash(store, tokenizer_key)
-    for index, up in zip(indices, upstream, strict=True):
-        out.append({"tokenize": _unit(store, "tokenize", _unit_key(c, "tokenize", up, tok_hash),
-                                      c.folder("tokens"), index,
-                                      partial(tokenize.run_tokenize_part, in_folder=in_folder,
-                                              out_folder=c.folder("tokens"), index=index,
-                                              tokenizer_key=tokenizer_key, cfg=cfg.tokenize))})  # fmt: skip
-    return out
+    return one_step_chunk(
+        c, store, "tokenize", "tokenize", indices, upstream, c.folder("tokens"),
+        partial(tokenize.run_tokenize_part, in_folder=in_folder, out_folder=c.folder("tokens"),
+                tokenizer_key=tokenizer_key, cfg=c.cfg.tokenize),
+        lambda store, index: tok_hash,
+    )  # fmt: skip
 
 
 @task(name="boilerplate-merge", task_run_name="boilerplate: merge", cache_policy=NO_CACHE)

@@ -219,3 +219,16 @@ def put_npz(store: ObjectStore, key: str, **arrays: np.ndarray) -> None:
 def get_npz(store: ObjectStore, key: str) -> dict[str, np.ndarray]:
     with np.load(io.BytesIO(store.get_bytes(key)), allow_pickle=False) as data:
         return {name: data[name] for name in data.files}
+
+
+def packed_ranges(sizes: list[int], budget: int) -> list[tuple[int, int]]:
+    """Consecutive ``[lo, hi)`` ranges of items whose sizes add up to at most ``budget`` each (an item larger
+    than the budget forms a range alone); always at least one range. Used to bound what one step holds at once."""
+    out, lo, acc = [], 0, 0
+    for i, size in enumerate(sizes):
+        if acc and acc + size > budget:
+            out.append((lo, i))
+            lo, acc = i, 0
+        acc += size
+    out.append((lo, len(sizes)))
+    return out

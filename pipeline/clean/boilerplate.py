@@ -36,6 +36,7 @@ from pipeline.units import (
     done_stats_or_fail,
     finish_unit,
     get_npy,
+    packed_ranges,
     part_unit,
     put_npy,
     unit_stats,
@@ -131,15 +132,7 @@ class _PartCounts:
 def merge_ranges(parts: list[_PartCounts], budget_bytes: int) -> list[tuple[int, int]]:
     """Consecutive fence ranges, each holding at most ``budget_bytes`` of (hash, count) pairs (one fence
     range at least, whatever its size)."""
-    sizes = [sum(p.size(f, f + 1) for p in parts) * 16 for f in range(FENCES)]
-    ranges, lo, acc = [], 0, 0
-    for f, size in enumerate(sizes):
-        if acc and acc + size > budget_bytes:
-            ranges.append((lo, f))
-            lo, acc = f, 0
-        acc += size
-    ranges.append((lo, FENCES))
-    return ranges
+    return packed_ranges([sum(p.size(f, f + 1) for p in parts) * 16 for f in range(FENCES)], budget_bytes)
 
 
 def merge_boilerplate(

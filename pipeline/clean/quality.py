@@ -43,6 +43,7 @@ import numpy as np
 
 from pipeline.clean.config import QualityConfig
 from pipeline.clean.wordscan import CJK_RANGES, MIX, STEP, scan_chunks
+from pipeline.units import packed_ranges
 
 CJK_RE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in CJK_RANGES) + "]")
 BULLETS = ("•", "‣", "◦", "⁃", "●", "▪", "-", "*", "·", "–")
@@ -180,14 +181,7 @@ _SLACK = 1.0 - 1e-9  # float rounding must never turn a failing document into a 
 
 def _chunks(sizes: list[int]) -> list[tuple[int, int]]:
     """[lo, hi) ranges of documents holding about _CHUNK_WORDS words each (a huge document alone)."""
-    out, lo, words = [], 0, 0
-    for i, size in enumerate(sizes):
-        if words and words + size > _CHUNK_WORDS:
-            out.append((lo, i))
-            lo, words = i, 0
-        words += size
-    out.append((lo, len(sizes)))
-    return out
+    return packed_ranges(sizes, _CHUNK_WORDS)
 
 
 def _ngram_keys(word_hash: np.ndarray, doc: np.ndarray, max_n: int) -> Iterator[np.ndarray]:

@@ -159,3 +159,11 @@ def test_arrays_never_pickle(tmp_path: Path) -> None:
     # a merge over unmarked count units refuses, naming the unit and the step to run
     with pytest.raises(UnitNotDone, match="part-00000 is not done: run run_boilerplate_count_part first"):
         merge_boilerplate(store, "bp", 1, CleanConfig(), "bp/lines.npy")
+
+
+def test_packed_ranges_keep_each_range_within_the_budget_and_cover_every_item() -> None:
+    from pipeline.units import packed_ranges
+
+    assert packed_ranges([3, 3, 3, 10, 1], 6) == [(0, 2), (2, 3), (3, 4), (4, 5)]  # 10 > budget: alone
+    assert packed_ranges([1, 1, 1], 100) == [(0, 3)]
+    assert packed_ranges([], 5) == [(0, 0)]
