@@ -44,6 +44,7 @@ from flows.build_tasks import (
 from flows.corpus_config import CorpusConfig, load_corpus_config
 from flows.heartbeat import with_heartbeat
 from flows.passes import Passes
+from flows.profile import BuildProfile
 from flows.progress import stage_progress
 from flows.runners import make_task_runner, use_cores, worker_count
 from pipeline.storage import open_store
@@ -168,9 +169,10 @@ def build_corpus(
     """Build and publish a dataset; returns the summary (manifest URI, dataset id, per-stage stats)."""
     started = time.perf_counter()
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
-    plan_started = time.time()
+    build_profile = BuildProfile()
     stage_progress.stage("listing inputs")
-    planned = plan_inputs(cfg.to_dict())
+    with build_profile.run_pass("plan-inputs"):
+        planned = plan_inputs(cfg.to_dict())
     n, store = len(planned["plans"]), open_store(cfg.output, cfg.s3)
     # Uploads still recorded belong to earlier runs that died: abort them now rather than after an hour.
     abort_recorded_uploads(UploadJournal(store), cfg.s3)
@@ -178,9 +180,7 @@ def build_corpus(
     ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n).to_json()
     workers = worker_count()
     use_cores(workers)  # tokenizer training, in this process between passes, uses the workers' cores
-    run = Passes(ctx, n, parts_per_task(n, workers), parts_per_task(n, workers, per_worker=1))
-    run.profile.passes.append({"name": "plan-inputs", "start": plan_started, "end": time.time(), "task_runs": 1,
-                               "work_cpu_s": 0.0})  # fmt: skip
+    run = Passes(ctx, n, parts_per_task(n, workers), parts_per_task(n, workers, per_worker=1), build_profile)
     get_run_logger().info("build %s: %d input object(s) in %d part(s), %d per task, %d worker(s); work folder %s",
                           cfg.name, len(planned["inputs"]), n, run.size, workers, store.uri_of(work))  # fmt: skip
     stages = build_stages(cfg)  # the terminal's bars and the UI's progress artifact count the same stages

@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import PileworksError
 
@@ -33,6 +34,22 @@ LOG_FILE = "pileworks-server.log"
 PREFERRED_PORT = 4200
 STARTUP_TIMEOUT_S = 180.0  # a fresh SQLite database migrates first: 20-70 s on a loaded 2-core machine
 HEALTH_TIMEOUT_S = 3.0
+
+
+# Prefect's server polls its background-task queue (docket) every 250 ms and runs most housekeeping services
+# every 5 s: about 8% of a core while idle on a 2-core machine (measured), which every build pays as
+# orchestration. The local server is one user's: with these it idles at about 4%, and a run is marked late, a
+# pause expires or a lease is revoked up to 30 s later than Prefect's defaults would. Settings the user exported
+# win; the poll interval is not a Prefect setting, so :func:`serve` sets it.
+QUIET_SERVER_SETTINGS = {
+    f"PREFECT_SERVER_SERVICES_{name}": "30"
+    for name in (
+        "LATE_RUNS_LOOP_SECONDS", "PAUSE_EXPIRATIONS_LOOP_SECONDS", "CLEANUP_RECONCILER_LOOP_SECONDS",
+        "SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS", "REPOSSESSOR_LOOP_SECONDS", "FOREMAN_LOOP_SECONDS",
+    )
+}  # fmt: skip
+BACKGROUND_POLL_S = 2.0
+SERVER_MODULE = "flows.local_server"  # `python -m` this module starts the server (:func:`serve`)
 
 
 class PrefectApiUnavailable(PileworksError, RuntimeError):
@@ -102,7 +119,9 @@ def _is_our_server(state: ServerState) -> bool:
         cmdline = " ".join(psutil.Process(state.pid).cmdline())
     except (psutil.Error, OSError):
         return False
-    return "prefect" in cmdline and "server" in cmdline and str(state.port) in cmdline
+    # started by `prefect server start` or by :func:`serve`
+    ours = "prefect" in cmdline or SERVER_MODULE in cmdline
+    return ours and "server" in cmdline and str(state.port) in cmdline
 
 
 def _free_port(preferred: int = PREFERRED_PORT) -> int:
@@ -148,15 +167,14 @@ def start_server(
                 _wait_healthy(state, on_wait)  # another command started it a moment ago
             return state
         port = _free_port(port)
-        env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+        env = QUIET_SERVER_SETTINGS | {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
         env |= {
             "PREFECT_HOME": str(home),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             # the UI asks the API here, which otherwise defaults to port 4200, not --port
             "PREFECT_SERVER_UI_API_URL": f"http://127.0.0.1:{port}/api",
         }
-        prefect = Path(sys.executable).with_name("prefect")
-        cmd = [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+        cmd = [sys.executable, "-m", SERVER_MODULE, "server", "start", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
         with (home / LOG_FILE).open("ab") as log:
             proc = subprocess.Popen(
                 cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -275,3 +293,32 @@ def using_api(api: Api) -> Iterator[Api]:
                 os.environ.pop("PREFECT_API_URL", None)
             else:
                 os.environ["PREFECT_API_URL"] = before
+
+
+def serve(argv: list[str]) -> None:
+    """``prefect <argv>`` (``server start ...``) with the server's background-task worker polling every
+    :data:`BACKGROUND_POLL_S` seconds instead of docket's 250 ms (Prefect passes no interval and has no setting
+    for it). When docket's ``Worker`` no longer takes these arguments, Prefect's defaults stay."""
+    import inspect
+    from datetime import timedelta
+
+    from docket.worker import Worker
+
+    init = Worker.__init__
+    if {"minimum_check_interval", "scheduling_resolution"} <= inspect.signature(init).parameters.keys():
+        poll = timedelta(seconds=BACKGROUND_POLL_S)
+
+        def quiet_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("minimum_check_interval", poll)
+            kwargs.setdefault("scheduling_resolution", poll)
+            init(self, *args, **kwargs)
+
+        Worker.__init__ = quiet_init  # type: ignore[method-assign]
+    from prefect.cli import app
+
+    sys.argv = ["prefect", *argv]
+    app()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1:])

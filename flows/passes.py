@@ -19,12 +19,19 @@ class Passes:
     """Runs the flow's passes: a chunk task per run of ``size`` parts (``fan_out``) or one global task (``once``),
     timing each for the build profile and collecting every part's unit results by step name, in part order."""
 
-    def __init__(self, ctx: dict[str, Any], num_parts: int, size: int, light_size: int | None = None) -> None:
+    def __init__(
+        self,
+        ctx: dict[str, Any],
+        num_parts: int,
+        size: int,
+        light_size: int | None = None,
+        profile: BuildProfile | None = None,
+    ) -> None:
         # ``size``: parts per task of the heavy passes (several tasks per worker, so none idles at the end);
         # ``light_size``: of the cheap ones (LSH bands and edges, the near filter), one task per worker, as
         # each task run costs about 0.1-0.2 s of CPU in Prefect and Dask whatever it does.
         self.ctx, self.n, self.size, self.light_size = ctx, num_parts, size, light_size or size
-        self.profile = BuildProfile()
+        self.profile = profile or BuildProfile()  # the flow's, when it timed passes before this (planning)
         self.units: dict[str, list[dict[str, Any]]] = {}
         self.reuse: dict[str, list[int]] = {}
 

@@ -17,6 +17,7 @@ Prefect ships to the workers with each task.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -48,12 +49,44 @@ def make_task_runner(spec: str = "local", workers: int | None = None) -> Any:
         from prefect_dask import DaskTaskRunner
     except ImportError as exc:
         raise ValueError("worker processes need `pip install pileworks[dask]` (dask, distributed)") from exc
+    runner = _unhashed(DaskTaskRunner)
     if "://" in spec:
-        return DaskTaskRunner(address="tcp://" + spec.split("://", 1)[1])
+        return runner(address="tcp://" + spec.split("://", 1)[1])
     quiet_dask()
     one_thread = {"PILEWORKS_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     cluster = {"n_workers": n, "threads_per_worker": 1, "processes": True, "dashboard_address": None}
-    return DaskTaskRunner(cluster_kwargs=cluster | {"env": one_thread})
+    return runner(cluster_kwargs=cluster | {"env": one_thread})
+
+
+def __getattr__(name: str) -> Any:
+    """``UnhashedDaskTaskRunner`` on first use, in any process (a worker unpickling a flow run's context)."""
+    if name == "UnhashedDaskTaskRunner":
+        from prefect_dask import DaskTaskRunner
+
+        return _unhashed(DaskTaskRunner)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _unhashed(dask_runner: Any) -> Any:
+    """``DaskTaskRunner`` whose client submits tasks as impure. Prefect's client submits them as pure, so Dask
+    derives each key by hashing every argument (the task, its parameters and Prefect's whole serialised
+    context): about 20 ms of the flow process's CPU per task run, for a key that is unique anyway (each
+    submission carries a new task-run id). Defined once, as this module's ``UnhashedDaskTaskRunner``, so it
+    pickles by name like any class."""
+    if (cls := globals().get("UnhashedDaskTaskRunner")) is not None:
+        return cls
+
+    class UnhashedDaskTaskRunner(dask_runner):  # type: ignore[misc, valid-type]
+        @property
+        def client(self) -> Any:
+            client = super().client  # created on first use
+            if "submit" not in vars(client):
+                client.submit = functools.partial(type(client).submit, client, pure=False)
+            return client
+
+    UnhashedDaskTaskRunner.__qualname__ = "UnhashedDaskTaskRunner"
+    globals()["UnhashedDaskTaskRunner"] = UnhashedDaskTaskRunner
+    return UnhashedDaskTaskRunner
 
 
 # Dask's background loops cost about 7% of a core on an idle 2-worker cluster (measured: 1.38 CPU-s per 20 s;
@@ -64,14 +97,35 @@ QUIET_DASK = {
     "distributed.admin.system-monitor.interval": "5s",
     "distributed.worker.memory.monitor-interval": "1s",
     "distributed.admin.tick.interval": "1s",
+    # a build's tasks return small records, never replicated data to reduce, and wait queued on the scheduler
+    # until a worker is free, so there is little to steal
+    "distributed.scheduler.active-memory-manager.start": False,
+    "distributed.scheduler.work-stealing-interval": "5s",
 }
 
 
+# A Dask scheduler asks up to 10 workers for a heartbeat every 0.5 s (``distributed.scheduler.heartbeat_interval``,
+# not a config key): a third of an idle worker's CPU. Task results do not wait for heartbeats (they travel on
+# the batched stream), and a dead worker's nanny or closed connection reports it at once, so the local
+# cluster's scheduler, which lives in the flow's process, asks every 5 s.
+LOCAL_HEARTBEAT_S = 5.0
+
+
 def quiet_dask() -> None:
-    """Apply :data:`QUIET_DASK` in this process (and so in the local cluster's workers)."""
+    """Apply :data:`QUIET_DASK` in this process (and so in the local cluster's workers), and space the heartbeats
+    of the schedulers started here (the local cluster's) to at least :data:`LOCAL_HEARTBEAT_S`."""
     import dask
+    import distributed.scheduler
 
     dask.config.set(QUIET_DASK)
+    dask_interval = distributed.scheduler.heartbeat_interval
+    if not getattr(dask_interval, "pileworks", False):
+
+        def heartbeat_interval(n: int) -> float:
+            return max(LOCAL_HEARTBEAT_S, dask_interval(n))
+
+        heartbeat_interval.pileworks = True  # type: ignore[attr-defined]
+        distributed.scheduler.heartbeat_interval = heartbeat_interval
 
 
 _USER_RAYON = os.environ.get("RAYON_NUM_THREADS")  # a user's own setting wins

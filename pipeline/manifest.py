@@ -55,6 +55,7 @@ VOLATILE_CONFIG_KEYS = frozenset(
         "log_level",
         "run_name",
         "build_key",
+        "memory_budget_mb",  # how the LSH work is split in memory, not what it finds
     }
 )
 # Manifest fields that may differ between two publishes of the same content.

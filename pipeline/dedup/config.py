@@ -33,7 +33,10 @@ class NearDedupConfig:
     fp_weight: float = 0.5
     fn_weight: float = 0.5
     verify: bool = True  # keep only candidate pairs whose estimated Jaccard >= threshold
-    memory_budget_mb: int = 1024
+    # Memory of one LSH bucket partition in a worker (the edges step): the partitions multiply until each
+    # fits, so a worker's peak does not grow with the corpus. Files: parts x partitions; on S3 with tens of
+    # thousands of parts, a larger budget means fewer, larger objects.
+    memory_budget_mb: int = 256
     bucket_window: int = 64
     max_clusters_in_report: int = 20
     pair_samples: int = 20

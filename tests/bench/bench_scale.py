@@ -2,15 +2,20 @@
 
 The corpus is real text found on this machine (the bundled sample, /usr/share/doc, the licences and docs
 shipped in the virtual environment), cut into documents of a few KB. Past the size of that pool it repeats
-as *perturbed copies*: copy k swaps the ASCII letters through its own random permutation, a bijection that
-keeps every statistic the pipeline cares about (line lengths, repeated lines, near-duplicate pairs, word
-frequencies) while making each copy a distinct text, so exact and near dedup do not simply delete it.
+as *perturbed copies*: copy k maps every word to another word of the pool's own vocabulary of about the same
+frequency (a random permutation within each band of 32 frequency ranks, fixed by k). Each copy is a distinct
+text (its word 5-grams and lines are new, so exact and near dedup and the boilerplate count do not simply
+delete it) that keeps what the pipeline's costs depend on: line and document lengths, the word-frequency
+curve, stop words, and a vocabulary that does not grow with the corpus, as a real corpus's barely does. (An
+earlier letter cipher gave every copy a vocabulary of its own: at 4 GB the tokenizer's training sample held
+ten times the distinct words of 400 MB, which no real corpus does.)
 
 Each build runs as its own ``pileworks build --json --workers W`` process; a sampler polls the process tree
 (the flow process, its Prefect server, the Dask workers) every 0.2 s for CPU time and RSS. The build's own
 profile (``summary["profile"]``: CPU per step, measured where the step runs) separates stage work from
 orchestration: orchestration = tree CPU - stage CPU (task-run bookkeeping, the Prefect server, process
-start-up, Dask). Printed per pass (each fan-out or global step): wall, tree CPU, stage CPU, orchestration CPU,
+start-up, Dask). The server runs whether or not a build does; its idle rate is measured for 30 s before the
+builds, and the share of orchestration is printed with and without that idle background. Printed per pass (each fan-out or global step): wall, tree CPU, stage CPU, orchestration CPU,
 task runs, parallel efficiency (wall at 1 / (N x wall at N)); per step: CPU, MB/s per core, peak RSS of the
 process that ran it; per process and for the tree: peak RSS.
 
@@ -25,8 +30,8 @@ import io
 import json
 import os
 import random
+import re
 import shutil
-import string
 import subprocess
 import sys
 import tempfile
@@ -97,28 +102,45 @@ def base_pool() -> list[str]:
     return [d for d in docs if d.strip()]
 
 
-def _cipher(copy: int) -> dict[int, int]:
-    rng = random.Random(1000 + copy)
-    lower = list(string.ascii_lowercase)
-    rng.shuffle(lower)
-    table = str.maketrans(
-        string.ascii_lowercase + string.ascii_uppercase, "".join(lower) + "".join(lower).upper()
-    )
-    return table
+WORD = re.compile(r"([^\W\d_]+)")  # runs of letters (any script); what lies between them stays as it is
+BAND = 32  # words are swapped only with words of nearby frequency rank
+
+
+def _vocabulary(split_pool: list[list[str]]) -> list[str]:
+    counts: dict[str, int] = {}
+    for pieces in split_pool:
+        for w in pieces[1::2]:
+            counts[w] = counts.get(w, 0) + 1
+    return sorted(counts, key=lambda w: (-counts[w], w))
+
+
+def _word_map(vocab: list[str], copy: int) -> dict[str, str]:
+    """Copy ``copy``'s bijection of the vocabulary: a random permutation within each band of frequency ranks."""
+    rng, out = random.Random(1000 + copy), {}
+    for start in range(0, len(vocab), BAND):
+        band = vocab[start : start + BAND]
+        shuffled = band[:]
+        rng.shuffle(shuffled)
+        out.update(zip(band, shuffled, strict=True))
+    return out
 
 
 def write_corpus(folder: Path, target_mb: float) -> tuple[int, int]:
     """JSONL files of ``FILE_BYTES`` under ``folder`` until ``target_mb``; returns (documents, bytes)."""
     folder.mkdir(parents=True, exist_ok=True)
     pool, target = base_pool(), int(target_mb * MB)
+    split_pool = [WORD.split(text) for text in pool]  # [gap, word, gap, word, ..., gap]
+    vocab = _vocabulary(split_pool)
     written, docs, copy, file_no = 0, 0, 0, 0
     sink = io.StringIO()
     while written < target:
-        table = _cipher(copy) if copy else None
-        for i, text in enumerate(pool):
-            line = json.dumps(
-                {"text": text.translate(table) if table else text, "meta": {"copy": copy, "i": i}}
-            )
+        words = _word_map(vocab, copy) if copy else None
+        for i, (text, pieces) in enumerate(zip(pool, split_pool, strict=True)):
+            if words is not None:
+                pieces = pieces[:]
+                pieces[1::2] = [words[w] for w in pieces[1::2]]
+                text = "".join(pieces)
+            line = json.dumps({"text": text, "meta": {"copy": copy, "i": i}})
             sink.write(line + "\n")
             written += len(line.encode("utf-8")) + 1
             docs += 1
@@ -134,7 +156,7 @@ def write_corpus(folder: Path, target_mb: float) -> tuple[int, int]:
 
 
 def corpus_for(cache: Path, mb: float) -> tuple[Path, int]:
-    folder = cache / f"corpus-{mb:g}MB"
+    folder = cache / f"words-{mb:g}MB"  # "corpus-*": the letter-cipher copies of earlier versions
     done = folder / ".done"
     if not done.exists():
         shutil.rmtree(folder, ignore_errors=True)
@@ -207,6 +229,15 @@ def server_pids() -> tuple[int, ...]:
     return (state.pid,) if state else ()
 
 
+def idle_server_rate(seconds: float = 30.0) -> float:
+    """CPU seconds per second the local Prefect server spends with no build running (its own loops)."""
+    procs = [psutil.Process(p) for p in server_pids()]
+    time.sleep(20.0)  # past a fresh server's start-up work (its first service loops)
+    cpu0 = sum(sum(p.cpu_times()[:2]) for p in procs)
+    time.sleep(seconds)
+    return (sum(sum(p.cpu_times()[:2]) for p in procs) - cpu0) / seconds
+
+
 def run_build(
     corpus: Path, store: Path, workers: int, extra: list[str]
 ) -> tuple[dict[str, Any], TreeSampler, float]:
@@ -235,7 +266,9 @@ def run_build(
 # ---------------------------------------------------------------- reporting
 
 
-def report(label: str, mb: float, summary: dict[str, Any], tree: TreeSampler, wall: float) -> dict[str, Any]:
+def report(
+    label: str, mb: float, summary: dict[str, Any], tree: TreeSampler, wall: float, idle_rate: float
+) -> dict[str, Any]:
     prof = summary["profile"]
     tree_cpu = sum(tree.cpu.values())
     work = prof["work_cpu_s"]
@@ -260,8 +293,13 @@ def report(label: str, mb: float, summary: dict[str, Any], tree: TreeSampler, wa
     print(f"peak RSS: tree {tree.tree_rss:.0f} MB; per process:")
     for pid, rss in sorted(tree.rss.items(), key=lambda kv: -kv[1])[:8]:
         print(f"  {rss:8.0f} MB  cpu {tree.cpu.get(pid, 0):7.1f} s  {tree.names.get(pid, '')}")
-    servers = sum(("prefect" in n and "server" in n) or "uvicorn" in n for n in tree.names.values())
-    print(f"Prefect server processes sampled (the local server, started before the builds): {servers}")
+    print(
+        f"Prefect server processes sampled (the local server, started before the builds): {len(tree.extra)}"
+    )
+    idle = idle_rate * wall
+    print(f"of the orchestration, {idle:.1f} CPU-s is the Prefect server idling ({idle_rate:.1%} of a core, "
+          f"measured before the builds, x {wall:.0f} s): without it {orch - idle:.1f} CPU-s "
+          f"({(orch - idle) / (tree_cpu - idle):.1%} of the build's CPU)")  # fmt: skip
     return {"wall": wall, "passes": rows, "dataset_id": summary["dataset_id"], "tree_cpu": tree_cpu, "work": work,
             "peak_rss": max(tree.rss.values()), "tree_rss": tree.tree_rss}  # fmt: skip
 
@@ -292,11 +330,13 @@ def main() -> None:
     mb = size / MB
     extra = [x for s in args.set for x in ("--set", s)]
     counts = [args.only] if args.only else [1, args.workers]
+    idle_rate = idle_server_rate()
+    print(f"local Prefect server, idle: {idle_rate:.1%} of a core")
     with tempfile.TemporaryDirectory(dir=args.keep) as tmp:
         results = {}
         for w in counts:
             summary, tree, wall = run_build(corpus, Path(tmp) / f"store-{w}", w, extra)
-            results[w] = report(f"{w} worker(s)", mb, summary, tree, wall)
+            results[w] = report(f"{w} worker(s)", mb, summary, tree, wall, idle_rate)
         if len(counts) == 2:
             compare(results[1], results[args.workers], args.workers)
 

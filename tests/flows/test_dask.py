@@ -8,6 +8,7 @@ shard for shard. Task runs happen in the worker processes and are recorded by th
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,10 @@ def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_datas
     assert len(worker_pids(one) - {me}) == 1
     assert len(worker_pids(two) - {me}) == 2
     assert worker_pids(ext) - {me} <= external_workers and len(worker_pids(ext) - {me}) >= 1
+    # Listing the inputs and saving the dedup index are stage work too, timed in the flow's process.
+    steps = one["profile"]["steps"]
+    assert steps["plan-inputs"]["units"] == steps["save-dedup-index"]["units"] == 1
+    assert one["profile"]["passes"][0]["name"] == "plan-inputs"
 
     # ... and they reported their task runs to this test's Prefect server (no server of their own).
     with get_client(sync_client=True) as client:
@@ -92,6 +97,14 @@ def _thread_env() -> tuple[str | None, str | None]:
     return os.environ.get("PILEWORKS_THREADS"), os.environ.get("RAYON_NUM_THREADS")
 
 
+def _background(dask_worker: Any) -> dict[str, Any]:
+    import dask
+
+    callbacks = dask_worker.periodic_callbacks
+    return {"heartbeat_ms": callbacks["heartbeat"].callback_time, "profile": dask.config.get(
+        "distributed.worker.profile.enabled")}  # fmt: skip
+
+
 def test_n_workers_use_n_cores_one_thread_per_worker_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each worker process encodes with one thread (N workers = N cores, no oversubscription); the flow
     process's tokenizer training gets the workers' count, capped at the cores here."""
@@ -105,7 +118,24 @@ def test_n_workers_use_n_cores_one_thread_per_worker_process(monkeypatch: pytest
         Client(cluster) as client,
     ):
         seen = client.run(_thread_env)
+        deadline = (
+            time.monotonic() + 15
+        )  # a worker takes the scheduler's interval from its first heartbeat (1 s)
+        while (background := client.run(_background)) and time.monotonic() < deadline:
+            if all(b["heartbeat_ms"] != 1000 for b in background.values()):
+                break
+            time.sleep(0.2)
+        scheduler_loops = set(cluster.scheduler.periodic_callbacks)
     assert len(seen) == 2 and set(seen.values()) == {("1", "1")}
+    # the local cluster's background loops are spaced out: heartbeats every 5 s (Dask: 0.5 s for up to 10
+    # workers), no statistical profiler, no active memory manager
+    assert [b["heartbeat_ms"] for b in background.values()] == [runners.LOCAL_HEARTBEAT_S * 1000] * 2
+    assert not any(b["profile"] for b in background.values())
+    assert not any(name.startswith("amm") for name in scheduler_loops)
+    import distributed.scheduler
+
+    assert distributed.scheduler.heartbeat_interval(2) == runners.LOCAL_HEARTBEAT_S
+    assert distributed.scheduler.heartbeat_interval(10_000) > runners.LOCAL_HEARTBEAT_S  # Dask's, when larger
 
     monkeypatch.setenv("PILEWORKS_THREADS", "1")
     assert encoder_threads(TokenizeConfig()) == 1 and encoder_threads(TokenizeConfig(num_threads=3)) == 3

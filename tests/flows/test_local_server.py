@@ -46,8 +46,14 @@ def test_no_server_and_no_start_says_how_to_start_one(private_home: Path) -> Non
         resolve_api(start=False)
 
 
+USER_SET = "PREFECT_SERVER_SERVICES_LATE_RUNS_LOOP_SECONDS"
+
+
 @pytest.mark.slow
-def test_the_local_server_is_started_once_reused_and_stopped(private_home: Path) -> None:
+def test_the_local_server_is_started_once_reused_and_stopped(
+    private_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(USER_SET, "7")
     port = free_port()
     waits: list[str] = []
     state = start_server(private_home, on_wait=waits.append, port=port)
@@ -57,7 +63,37 @@ def test_the_local_server_is_started_once_reused_and_stopped(private_home: Path)
     assert (api.url, api.source) == (f"http://127.0.0.1:{port}/api", "local server")
     assert api.run_url("abc") == f"http://127.0.0.1:{port}/runs/flow-run/abc"
     assert start_server(private_home, port=free_port()) == state  # already running: reused
+    import psutil
+
+    from flows.local_server import QUIET_SERVER_SETTINGS, SERVER_MODULE
+
+    server = psutil.Process(state.pid)
+    assert SERVER_MODULE in " ".join(server.cmdline())  # serve(): docket polling every 2 s
+    env = server.environ()
+    assert all(env[k] == v for k, v in QUIET_SERVER_SETTINGS.items() if k != USER_SET)
+    assert env[USER_SET] == "7"  # a setting the user exported wins
     assert stop_server(private_home) == state
     assert server_status(private_home) == (None, False)
     assert read_state(private_home) is None
     assert stop_server(private_home) is None  # nothing left to stop
+
+
+def test_serve_polls_the_background_queue_every_two_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve`` runs Prefect's CLI with docket's Worker polling every BACKGROUND_POLL_S, not every 250 ms."""
+    from datetime import timedelta
+
+    import prefect.cli
+    from docket.worker import Worker
+
+    from flows import local_server
+
+    ran: list[list[str]] = []
+    monkeypatch.setattr(Worker, "__init__", Worker.__init__)  # restored after the test
+    monkeypatch.setattr(prefect.cli, "app", lambda: ran.append(list(local_server.sys.argv)))
+    monkeypatch.setattr(local_server.sys, "argv", ["x"])
+    local_server.serve(["server", "start", "--port", "1"])
+    assert ran == [["prefect", "server", "start", "--port", "1"]]
+    worker = Worker(object())  # type: ignore[arg-type]
+    poll = timedelta(seconds=local_server.BACKGROUND_POLL_S)
+    assert worker.minimum_check_interval == poll and worker.scheduling_resolution == poll
+    assert Worker(object(), scheduling_resolution=timedelta(seconds=9)).scheduling_resolution.seconds == 9  # type: ignore[arg-type]

@@ -70,6 +70,14 @@ def test_dataset_id_ignores_created_at_lineage_and_volatile_config(tiny) -> None
         manifest, config=manifest.config | {"output": "s3://elsewhere", "workers": 64}
     )
     assert compute_dataset_id(moved) == manifest.dataset_id
+    budget = dataclasses.replace(  # how the LSH work is split in memory changes nothing it finds
+        manifest, config=manifest.config | {"dedup": {"near": {"memory_budget_mb": 64}}}
+    )
+    assert compute_dataset_id(budget) == compute_dataset_id(
+        dataclasses.replace(
+            manifest, config=manifest.config | {"dedup": {"near": {"memory_budget_mb": 4096}}}
+        )
+    )
     changed = dataclasses.replace(manifest, config=manifest.config | {"clean": {"min_chars": 10}})
     assert compute_dataset_id(changed) != manifest.dataset_id
     shard = dataclasses.replace(manifest.shards[0], sha256="0" * 64)
