@@ -15,9 +15,10 @@ Each build runs as its own ``pileworks build --json --workers W`` process; a sam
 profile (``summary["profile"]``: CPU per step, measured where the step runs) separates stage work from
 orchestration: orchestration = tree CPU - stage CPU (task-run bookkeeping, the Prefect server, process
 start-up, Dask). The server runs whether or not a build does; its idle rate is measured for 30 s before the
-builds, and the share of orchestration is printed with and without that idle background. Printed per pass (each fan-out or global step): wall, tree CPU, stage CPU, orchestration CPU,
-task runs, parallel efficiency (wall at 1 / (N x wall at N)); per step: CPU, MB/s per core, peak RSS of the
-process that ran it; per process and for the tree: peak RSS.
+builds, and the share of orchestration is printed with and without the server's CPU. Printed per pass (each
+fan-out or global step): wall, tree CPU, stage CPU, orchestration CPU, task runs, parallel efficiency (wall at 1
+/ (N x wall at N)); per step: CPU, MB/s per core, peak RSS of the process that ran it; per process and for the
+tree: peak RSS.
 
     .venv/bin/python tests/bench/bench_scale.py --mb 40 [--workers 2] [--only N] [--keep DIR]
 """
@@ -296,10 +297,10 @@ def report(
     print(
         f"Prefect server processes sampled (the local server, started before the builds): {len(tree.extra)}"
     )
-    idle = idle_rate * wall
-    print(f"of the orchestration, {idle:.1f} CPU-s is the Prefect server idling ({idle_rate:.1%} of a core, "
-          f"measured before the builds, x {wall:.0f} s): without it {orch - idle:.1f} CPU-s "
-          f"({(orch - idle) / (tree_cpu - idle):.1%} of the build's CPU)")  # fmt: skip
+    server = sum(tree.cpu.get(p.pid, 0.0) for p in tree.extra)
+    print(f"of the orchestration, {server:.1f} CPU-s is the Prefect server ({server / wall:.1%} of a core during the "
+          f"build; {idle_rate:.1%} idle before the builds): without the server, orchestration is "
+          f"{orch - server:.1f} CPU-s, {(orch - server) / (tree_cpu - server):.1%} of the build's CPU")  # fmt: skip
     return {"wall": wall, "passes": rows, "dataset_id": summary["dataset_id"], "tree_cpu": tree_cpu, "work": work,
             "peak_rss": max(tree.rss.values()), "tree_rss": tree.tree_rss}  # fmt: skip
 
