@@ -46,10 +46,9 @@ def make_task_runner(spec: str = "local", workers: int | None = None) -> Any:
     if spec not in RUNNERS and not spec.startswith(("dask://", "tcp://")):
         raise ValueError(f"--task-runner must be local, threads or dask://host:port; got {spec!r}")
     try:
-        from prefect_dask import DaskTaskRunner
+        runner = _unhashed_runner()
     except ImportError as exc:
         raise ValueError("worker processes need `pip install pileworks[dask]` (dask, distributed)") from exc
-    runner = _unhashed(DaskTaskRunner)
     if "://" in spec:
         return runner(address="tcp://" + spec.split("://", 1)[1])
     quiet_dask()
@@ -61,13 +60,11 @@ def make_task_runner(spec: str = "local", workers: int | None = None) -> Any:
 def __getattr__(name: str) -> Any:
     """``UnhashedDaskTaskRunner`` on first use, in any process (a worker unpickling a flow run's context)."""
     if name == "UnhashedDaskTaskRunner":
-        from prefect_dask import DaskTaskRunner
-
-        return _unhashed(DaskTaskRunner)
+        return _unhashed_runner()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _unhashed(dask_runner: Any) -> Any:
+def _unhashed_runner() -> Any:
     """``DaskTaskRunner`` whose client submits tasks as impure. Prefect's client submits them as pure, so Dask
     derives each key by hashing every argument (the task, its parameters and Prefect's whole serialised
     context): about 20 ms of the flow process's CPU per task run, for a key that is unique anyway (each
@@ -75,8 +72,9 @@ def _unhashed(dask_runner: Any) -> Any:
     pickles by name like any class."""
     if (cls := globals().get("UnhashedDaskTaskRunner")) is not None:
         return cls
+    from prefect_dask import DaskTaskRunner
 
-    class UnhashedDaskTaskRunner(dask_runner):  # type: ignore[misc, valid-type]
+    class UnhashedDaskTaskRunner(DaskTaskRunner):  # type: ignore[misc]
         @property
         def client(self) -> Any:
             client = super().client  # created on first use
