@@ -139,11 +139,19 @@ def _fast_ngram_reason(words: list[str], cfg: QualityConfig) -> str | None:
     lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
     cum = np.concatenate(([0], np.cumsum(lengths)))
     total = int(cum[-1])
-    firsts = list(_first_occurrences(words, max([1, *top, *(n for n, _ in pairs)])))
+    levels = _first_occurrences(words, max([1, *top, *(n for n, _ in pairs)]))
+    firsts: list[np.ndarray] = []
+
+    def level(n: int) -> np.ndarray | None:
+        """The first-occurrence array of the n-grams (computed up to n only when asked: most documents
+        that reach this exact check are decided by the shorter n-grams), None past the document's length."""
+        while len(firsts) < n and (nxt := next(levels, None)) is not None:
+            firsts.append(nxt)
+        return firsts[n - 1] if n <= len(firsts) else None
+
     for n in top:
-        if n > len(firsts):
+        if (first := level(n)) is None:
             continue
-        first = firsts[n - 1]
         counts = np.bincount(first, minlength=len(first))
         count = int(counts.max())
         start = int(np.argmax(counts == count))  # Counter.most_common: ties go to the earliest n-gram
@@ -155,8 +163,8 @@ def _fast_ngram_reason(words: list[str], cfg: QualityConfig) -> str | None:
     for i, (n, max_frac) in enumerate(pairs):
         m = len(words) - n + 1
         frac = 0.0
-        if m > 1:
-            before = np.concatenate(([0], np.cumsum(firsts[n - 1] != np.arange(m))))
+        if m > 1 and (first := level(n)) is not None:
+            before = np.concatenate(([0], np.cumsum(first != np.arange(m))))
             covered = before[np.minimum(j, m - 1) + 1] - before[np.maximum(j - n + 1, 0)] > 0
             frac = float(lengths[covered].sum()) / max(float(total), 1.0)
         if frac > max_frac:
@@ -242,9 +250,10 @@ def _screen_arrays(
     flagged = np.zeros(n_docs, dtype=bool)
     top = dict(cfg.top_ngram_max_fraction)
     pairs = cfg.dup_ngram_max_fraction
-    dup_n = pairs[0][0] if pairs else 0
-    max_n = min(max([dup_n, *top]), total)
+    dup = {n: (frac, min(f for _, f in pairs[i:])) for i, (n, frac) in enumerate(pairs)}
+    max_n = min(max([0, *dup, *top]), total)
     counts: np.ndarray | None = None  # bucket counts of the last top n-gram rule
+    undecided = np.ones(n_docs, dtype=bool)  # documents the repeated n-gram bounds have not settled yet
     for n, key in enumerate(_ngram_keys(word_hash * MIX, doc, max_n), start=1):
         valid = doc[: len(key)] == doc[n - 1 :]
         if n in top:
@@ -256,9 +265,15 @@ def _screen_arrays(
                 exact = _bucket_counts(key, valid, bits)
                 counts = exact if counts is None else np.minimum(counts[: len(key)], exact)
                 flagged |= _top_scores(counts, cum, n, starts) > top[n] * doc_chars
-        if n == dup_n:
-            covered_chars = _covered_chars(key, valid, doc, lengths)
-            flagged |= covered_chars > min(f for _, f in pairs) * doc_chars
+        if n in dup and undecided.any():
+            # the rules in order, as the exact check runs them: a bound over this n's threshold flags the
+            # document, a bound at most the smallest threshold still to come clears it (coverage can only
+            # shrink as n grows), anything between is decided by the next n's bound
+            frac, least = dup[n]
+            covered_chars = _covered_chars(key, valid & undecided[doc[: len(key)]], doc, lengths)
+            over = covered_chars > frac * doc_chars
+            flagged |= undecided & over
+            undecided &= ~over & (covered_chars > least * doc_chars)
     return flagged
 
 
