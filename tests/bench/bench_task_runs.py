@@ -26,11 +26,9 @@ FEW = 5
 
 def _server_cpu() -> float:
     import psutil
+    from bench_scale import server_pids  # this folder is the script's first import path
 
-    from flows.local_server import prefect_home, read_state
-
-    state = read_state(prefect_home())
-    return sum(psutil.Process(state.pid).cpu_times()[:2]) if state else 0.0
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in server_pids())
 
 
 def child(tasks: int, workers: int) -> None:
