@@ -126,23 +126,24 @@ def test_fast_identifier_matches_py3langid() -> None:
         want = model.classify(text)
         got = fast.classify(text)
         assert got[0] == want[0] and abs(got[1] - want[1]) < 1e-4, text
-    data = (CHINESE + ENGLISH).encode()
-    walked, state = [], 0
-    for byte in data:  # py3langid's own loop
-        state = model.tk_nextmove[model._rowbase[state] + byte]
-        walked.append(state)
-    assert fast.states(data).tolist() == walked
+    for data in [(CHINESE + ENGLISH).encode(), b"", b"a", bytes(range(256)) * 3, texts[-1].encode()]:
+        emitted, state = [], 0
+        for byte in data:  # py3langid's own loop
+            state = model.tk_nextmove[model._rowbase[state] + byte]
+            emitted.append(model.tk_output[state])
+        assert fast.features(data).tolist() == emitted
 
 
 def test_state_depth_is_the_automatons_deepest_state() -> None:
     """Breadth-first from the start state: a state's distance is the length of the n-gram it stands for."""
     import numpy as np
 
-    fast = FastIdentifier(_identifier())
-    depth = np.full(len(fast.row_base), -1)
+    model = _identifier()
+    next_state, row = np.asarray(model.tk_nextmove), np.asarray(model._rowbase)
+    depth = np.full(len(row), -1)
     depth[0], frontier, d = 0, np.array([0]), 0
     while frontier.size:
-        reached = fast.next_state[(fast.row_base[frontier][:, None] + np.arange(256)[None, :]).ravel()]
+        reached = next_state[(row[frontier][:, None] + np.arange(256)[None, :]).ravel()]
         reached = np.unique(reached)
         reached = reached[depth[reached] < 0]
         d += 1
