@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -24,6 +25,7 @@ from flows.corpus_config import CorpusConfig, config_from_dict
 from pipeline import tokenize
 from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
+from pipeline.clean.normalize import normalizer
 from pipeline.dedup import candidates, clusters, exact, near, signatures
 from pipeline.errors import StageFailed
 from pipeline.ingest import config as ingest_config
@@ -123,13 +125,17 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
     any other field (the near-dedup threshold, the boilerplate frequency, the shard size) reuses the unit."""
     clean, near, tok = config["clean"], config["dedup"]["near"], config["tokenize"]
     bp = clean["boilerplate"]
-    normalise = _without(clean, "boilerplate", "quality")
-    if stage == "ingest":  # a source's per-source overrides change what its documents become
-        return {"ingest": config["ingest"], "sources": config["sources"]}
-    if stage == "boilerplate":  # normalises as clean does, then hashes the long lines
-        return normalise | {"min_line_chars": bp["min_line_chars"]}
+    if (
+        stage == "ingest"
+    ):  # a source's per-source overrides change what its documents become; ingest normalises
+        return {"ingest": config["ingest"], "sources": config["sources"]} | _without(
+            clean, "boilerplate", "quality", "langid"
+        )
+    if stage == "boilerplate":  # hashes the long lines of the normalised text
+        return {"min_line_chars": bp["min_line_chars"]}
     if stage == "clean":  # the repeated-line set itself is keyed by its content hash
-        return normalise | {
+        return {
+            "langid": clean["langid"],
             "quality": clean["quality"],
             "boilerplate": _without(bp, "min_docs", "min_fraction"),
             "sources": config["sources"],
@@ -184,6 +190,19 @@ def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
 # task returns one dict per part: step name -> the unit's stats, key, reuse flag and profile.
 
 
+class _Written:
+    """The ingest normaliser that also keeps each text it returns: the part's texts, for its line count."""
+
+    def __init__(self, normalize: Callable[[str, Counter[str]], str]) -> None:
+        self.normalize = normalize
+        self.texts: list[str] = []
+
+    def __call__(self, text: str, counts: Counter[str]) -> str:
+        text = self.normalize(text, counts)
+        self.texts.append(text)
+        return text
+
+
 @task(
     name="ingest",
     task_run_name=run_names.parts("ingest + count", "plans"),
@@ -193,18 +212,21 @@ def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
 def ingest_chunk_task(
     ctx: dict[str, Any], plans: list[dict[str, Any]], keys: list[str]
 ) -> list[dict[str, Any]]:
-    """Ingest each part, then count its lines for the corpus-wide boilerplate set."""
+    """Ingest each part (its text normalised as the clean config says, once for the count and clean), then count
+    its lines for the corpus-wide boilerplate set."""
     c = _ctx(ctx)
     store, cfg, out = c.store(), c.cfg, []
     ing, bp = c.folder("ingest"), c.folder("boilerplate")
     for plan, key in zip(plans, keys, strict=True):
-        part = ingest_config.PartPlan.from_json(plan)
+        part, written = ingest_config.PartPlan.from_json(plan), _Written(normalizer(cfg.clean))
         units = {"ingest": _unit(store, "ingest", key, ing, part.index,
                                  partial(ingest.run_ingest_part, out_folder=ing, plan=part, cfg=cfg.ingest, s3=cfg.s3,
-                                         sources=cfg.resolved_sources()))}  # fmt: skip
+                                         sources=cfg.resolved_sources(), normalize=written))}  # fmt: skip
+        # the texts ingest just wrote, unless the part was already done (restored or resumed: nothing passed by)
+        texts = written.texts if len(written.texts) == units["ingest"]["stats"]["docs_out"] else None
         units["boilerplate"] = _unit(store, "boilerplate", _unit_key(c, "boilerplate", key), bp, part.index,
                                      partial(boilerplate.run_boilerplate_count_part, in_folder=ing, out_folder=bp,
-                                             index=part.index, cfg=cfg.clean))  # fmt: skip
+                                             index=part.index, cfg=cfg.clean, texts=texts))  # fmt: skip
         out.append(units)
     return out
 

@@ -4,7 +4,8 @@ navigation, licence footers) are removed by the clean stage.
 Two steps hand off through files, so each can run on its own worker and be resumed alone:
 
 1. ``run_boilerplate_count_part`` (one per input part): normalise each document exactly as clean does
-   (``pipeline.clean.normalize.normalize_text``, so the hashes match what clean will see), hash every stripped line of
+   (``pipeline.clean.normalize.normalize_text``, so the hashes match what clean will see; a part that ingest
+   wrote normalised, as a build's ingest does, is read as it is), hash every stripped line of
    at least ``min_line_chars`` characters with xxhash64 and count the documents that contain it (once per
    document). Writes ``<count_folder>/part-NNNNN.npy`` (a 2 x n uint64 array: sorted hashes, document
    counts), ``part-NNNNN.stats.json`` and, last, ``part-NNNNN.done``.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from pipeline.units import (
     packed_ranges,
     part_unit,
     put_npy,
+    read_part_stats,
     unit_stats,
 )
 
@@ -48,13 +50,15 @@ def doc_line_hashes(text: str, min_line_chars: int) -> set[int]:
     return {line_hash(line) for line in text.split("\n") if len(line.strip()) >= min_line_chars}
 
 
-def count_lines_part(records: Iterable[Record], cfg: CleanConfig) -> dict[int, int]:
-    """xxhash64 of stripped line -> number of documents containing it (counted once per document)."""
+def count_lines_part(records: Iterable[Record], cfg: CleanConfig, normalized: bool = False) -> dict[int, int]:
+    """xxhash64 of stripped line -> number of documents containing it (counted once per document).
+    ``normalized``: the texts are already normalised with ``cfg`` (a build's ingest does it)."""
     counts: Counter[int] = Counter()
     scratch: Counter[str] = Counter()
     min_chars = cfg.boilerplate.min_line_chars
     for rec in records:
-        counts.update(doc_line_hashes(normalize_text(rec.text, cfg, scratch), min_chars))
+        text = rec.text if normalized else normalize_text(rec.text, cfg, scratch)
+        counts.update(doc_line_hashes(text, min_chars))
     return dict(counts)
 
 
@@ -67,17 +71,31 @@ def counts_to_array(counts: dict[int, int]) -> np.ndarray:
 
 
 def run_boilerplate_count_part(
-    store: ObjectStore, in_folder: str, out_folder: str, index: int, cfg: CleanConfig
+    store: ObjectStore,
+    in_folder: str,
+    out_folder: str,
+    index: int,
+    cfg: CleanConfig,
+    texts: Sequence[str] | None = None,
 ) -> StageStats:
-    """Count the line document-frequencies of one input part; a rerun of a done part reads its stats."""
+    """Count the line document-frequencies of one input part; a rerun of a done part reads its stats.
+
+    ``texts``: the part's normalised texts, in order, when the caller has them in memory (a build's ingest task
+    keeps what it just wrote): counted without reading the part back from the store."""
     unit = part_unit(out_folder, index)
     if (done := unit_stats(store, unit)) is not None:
         return done
     counts: Counter[int] = Counter()
     stats = StageStats(stage="boilerplate_count")
-    for batch in iter_part_batches(store, in_folder, index):
+    if texts is not None:
+        batches: Iterable[list[Record]] = [[Record("", t, "") for t in texts]]
+        normalized = True
+    else:
+        batches = iter_part_batches(store, in_folder, index)
+        normalized = bool(read_part_stats(store, in_folder, index).extra.get("normalized_parts"))
+    for batch in batches:
         stats.docs_in += len(batch)
-        counts.update(count_lines_part(batch, cfg))
+        counts.update(count_lines_part(batch, cfg, normalized))
     stats.docs_out = stats.docs_in
     stats.extra = {"distinct_lines": len(counts)}
     array = counts_to_array(counts)

@@ -28,9 +28,11 @@ fast path gives the output of every repair run on every document (sample corpus 
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
 import ftfy
@@ -235,6 +237,16 @@ def normalize_text(text: str, cfg: CleanConfig, counts: Counter[str]) -> str:
     if cfg.normalize_whitespace:
         text = normalize_whitespace(text, cfg.max_blank_lines, unicode_spaces=special)
     return text
+
+
+def normalizer(cfg: CleanConfig) -> Callable[[str, Counter[str]], str]:
+    """:func:`normalize_text` with ``cfg``, as ``(text, counts) -> text``: what a build's ingest applies to every
+    document, so the boilerplate count and the clean stage read normalised text and do not normalise again."""
+    return functools.partial(_normalize_with, cfg)
+
+
+def _normalize_with(cfg: CleanConfig, text: str, counts: Counter[str]) -> str:
+    return normalize_text(text, cfg, counts)
 
 
 # ---------------------------------------------------------------- boilerplate lines

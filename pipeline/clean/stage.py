@@ -3,6 +3,10 @@
 meta; a language outside ``langid.allow`` or a score under ``langid.min_score`` drops it), drop the documents
 that fail a quality rule (``quality.py``), count every drop and repair. Each document is cleaned with its
 source's overrides (``pipeline.sources``: language filter, quality thresholds).
+
+A build normalises once: its ingest writes each part normalised (``run_ingest_part(normalize=normalizer(cfg))``,
+counting the repairs in the ingest stats), and the boilerplate count and this stage read such a part as it is
+(:func:`input_normalized`), with the same output as normalising here.
 """
 
 from __future__ import annotations
@@ -27,9 +31,13 @@ def _utf8_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
-def clean_text(text: str, cfg: CleanConfig, boilerplate: frozenset[int], counts: Counter[str]) -> str:
-    """Normalise one document and remove its boilerplate lines (steps 0-5 of ``pipeline.clean.normalize``)."""
-    text = normalize_text(text, cfg, counts)
+def clean_text(
+    text: str, cfg: CleanConfig, boilerplate: frozenset[int], counts: Counter[str], normalized: bool = False
+) -> str:
+    """Normalise one document (unless ``normalized``: ingest did) and remove its boilerplate lines (steps 0-5
+    of ``pipeline.clean.normalize``)."""
+    if not normalized:
+        text = normalize_text(text, cfg, counts)
     if boilerplate and cfg.boilerplate.enabled and text:
         text, removed = remove_boilerplate(text, boilerplate, cfg.boilerplate.min_line_chars)
         if removed:
@@ -56,10 +64,15 @@ def _with_language(meta: str, found: tuple[str, float] | None, counts: Counter[s
 
 
 def clean_batch(
-    records: list[Record], cfg: CleanConfig, boilerplate: frozenset[int] = frozenset()
+    records: list[Record],
+    cfg: CleanConfig,
+    boilerplate: frozenset[int] = frozenset(),
+    normalized: bool = False,
 ) -> tuple[list[Record], StageStats]:
-    """Clean a batch; every dropped document is counted by reason, every repair in ``stats.extra``."""
-    kept, stats = _clean_indexed(records, cfg, boilerplate)
+    """Clean a batch; every dropped document is counted by reason, every repair in ``stats.extra``.
+    ``normalized``: the texts are already normalised with ``cfg`` (a build's ingest does it), so steps 0-4 are
+    skipped."""
+    kept, stats = _clean_indexed(records, cfg, boilerplate, normalized)
     return [r for _, r in kept], stats
 
 
@@ -68,11 +81,12 @@ def clean_batch_by_source(
     cfg: CleanConfig,
     boilerplate: frozenset[int] = frozenset(),
     per_source: Sequence[CleanConfig] = (),
+    normalized: bool = False,
 ) -> tuple[list[Record], StageStats]:
     """:func:`clean_batch` with the config of each document's source entry (``per_source[entry]``, from
     :func:`source_clean_configs`), in the batch's order."""
     if len(set(per_source)) <= 1:
-        return clean_batch(records, per_source[0] if per_source else cfg, boilerplate)
+        return clean_batch(records, per_source[0] if per_source else cfg, boilerplate, normalized)
     groups: dict[int, list[int]] = {}
     for i, rec in enumerate(records):
         entry = provenance(rec.meta)[1]
@@ -81,7 +95,7 @@ def clean_batch_by_source(
     stats = StageStats(stage="clean")
     for entry, members in groups.items():
         group_cfg = per_source[entry] if entry >= 0 else cfg
-        out, group_stats = _clean_indexed([records[i] for i in members], group_cfg, boilerplate)
+        out, group_stats = _clean_indexed([records[i] for i in members], group_cfg, boilerplate, normalized)
         kept += [(members[j], r) for j, r in out]
         stats.merge(group_stats)
     return [r for _, r in sorted(kept, key=lambda x: x[0])], stats
@@ -93,11 +107,11 @@ def source_clean_configs(cfg: CleanConfig, sources: Sequence[SourceConfig]) -> l
 
 
 def _clean_indexed(
-    records: list[Record], cfg: CleanConfig, boilerplate: frozenset[int]
+    records: list[Record], cfg: CleanConfig, boilerplate: frozenset[int], normalized: bool = False
 ) -> tuple[list[tuple[int, Record]], StageStats]:
     stats = StageStats(stage="clean", docs_in=len(records))
     counts: Counter[str] = Counter()
-    texts = [clean_text(rec.text, cfg, boilerplate, counts) for rec in records]
+    texts = [clean_text(rec.text, cfg, boilerplate, counts, normalized) for rec in records]
     langs = _languages(texts, cfg.langid)
     early = [
         "empty_after_clean" if not t.strip() else (language_verdict(*lang, cfg.langid) if lang else None)
@@ -120,9 +134,15 @@ def _clean_indexed(
     stats.docs_out = len(out)
     chars_removed = sum(map(len, (r.text for r in records))) - sum(map(len, texts))
     stats.extra = {"chars_removed": chars_removed, **{k: counts[k] for k in sorted(counts)}}
-    for key in ("mojibake_fixed", "nul_removed", "boilerplate_lines_removed", "docs_with_boilerplate"):
+    repairs = () if normalized else ("mojibake_fixed", "nul_removed")  # else counted by ingest
+    for key in (*repairs, "boilerplate_lines_removed", "docs_with_boilerplate"):
         stats.extra.setdefault(key, 0)
     return out, stats
+
+
+def input_normalized(store: ObjectStore, in_folder: str, index: int) -> bool:
+    """Whether ingest wrote the part ``index`` of ``in_folder`` normalised (``run_ingest_part(normalize=...)``)."""
+    return bool(read_part_stats(store, in_folder, index).extra.get("normalized_parts"))
 
 
 def run_clean_part(
@@ -134,15 +154,18 @@ def run_clean_part(
     boilerplate_key: str | None = None,
     sources: Sequence[SourceConfig] = (),
 ) -> StageStats:
-    """Clean one part (each document with its source's overrides); a rerun returns the stored stats."""
+    """Clean one part (each document with its source's overrides); a rerun returns the stored stats. A part
+    that ingest wrote normalised (its stats say ``normalized_parts``; a build's ingest normalises with the same
+    ``cfg``, and the unit keys chain so) is not normalised again."""
     if part_done(store, out_folder, index):
         return read_part_stats(store, out_folder, index)
+    normalized = input_normalized(store, in_folder, index)
     boilerplate = load_boilerplate(store, boilerplate_key) if boilerplate_key else frozenset()
     stats = StageStats(stage="clean")
     per_source = source_clean_configs(cfg, sources)
     kept: list[Record] = []
     for batch in iter_part_batches(store, in_folder, index):
-        out, batch_stats = clean_batch_by_source(batch, cfg, boilerplate, per_source)
+        out, batch_stats = clean_batch_by_source(batch, cfg, boilerplate, per_source, normalized)
         kept.extend(out)
         stats.merge(batch_stats)
     stats.extra.setdefault("chars_removed", 0)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import glob
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,6 +38,10 @@ from pipeline.storage import ObjectStore, S3Options, StorageError, normalize_key
 from pipeline.units import StageStats, part_done, read_part_stats
 
 log = logging.getLogger(__name__)
+# A text transform applied to every document as it is read: (text, counters) -> text. A build passes the clean
+# stage's normalisation (``pipeline.clean.normalize.normalize_text`` with its config), so the text is normalised
+# once, here, and the steps after ingest read it as it is.
+Normalizer = Callable[[str, "Counter[str]"], str]
 _GLOB_CHARS = ("*", "?", "[")
 
 
@@ -292,6 +297,7 @@ def iter_ingest_part(
     quarantined: list[Quarantined],
     s3: S3Options | None,
     sources: Sequence[SourceConfig] = (),
+    normalize: Normalizer | None = None,
 ) -> Iterator[Record]:
     """Stream the records of every piece of ``plan``; bad input goes to ``quarantined``, counts to ``stats``.
 
@@ -300,7 +306,8 @@ def iter_ingest_part(
     documents and may override the text field.
     """
     stores = _Stores(s3)
-    docs = nbytes = 0
+    docs = nbytes = chars_read = chars_kept = 0
+    counts: Counter[str] = Counter()
     for piece in plan.pieces:
         ctx = _piece_context(piece, cfg, sources)
         if (odd := odd_key_reason(piece.uri)) is not None:
@@ -313,7 +320,15 @@ def iter_ingest_part(
                 items += 1
                 if isinstance(item, Record):
                     docs += 1
-                    nbytes += len(item.text.encode("utf-8", "surrogatepass"))
+                    if normalize is not None:
+                        text = normalize(item.text, counts)
+                        chars_read, chars_kept = chars_read + len(item.text), chars_kept + len(text)
+                        item = Record(item.id, text, item.source, item.meta)
+                    nbytes += (
+                        len(item.text)
+                        if item.text.isascii()
+                        else len(item.text.encode("utf-8", "surrogatepass"))
+                    )
                     yield item
                 else:
                     quarantined.append(item)
@@ -333,6 +348,11 @@ def iter_ingest_part(
     stats.docs_in = docs + len(quarantined)
     stats.bytes_out = nbytes
     stats.extra["pieces"] = len(plan.pieces)
+    if normalize is not None:  # the repairs, counted as the clean stage counts them when it normalises
+        stats.extra["normalized_parts"] = 1
+        stats.extra["normalize_chars_removed"] = chars_read - chars_kept
+        for name in sorted(counts):
+            stats.extra[name] = stats.extra.get(name, 0) + counts[name]
 
 
 def ingest_part(
@@ -352,15 +372,17 @@ def run_ingest_part(
     cfg: IngestConfig,
     s3: S3Options | None,
     sources: Sequence[SourceConfig] = (),
+    normalize: Normalizer | None = None,
 ) -> StageStats:
     """The unit of work: ingest one plan into ``out_folder/part-<index>``, streaming (bounded memory however
-    large the compressed input); a completed part is not redone."""
+    large the compressed input); a completed part is not redone. With ``normalize`` every document's text is
+    written normalised, and the repairs are counted in ``stats.extra`` (``normalized_parts`` is 1)."""
     if part_done(store, out_folder, plan.index):
         return read_part_stats(store, out_folder, plan.index)
     stats = StageStats(stage="ingest")
     quarantined: list[Quarantined] = []
     with PartWriter(store, out_folder, plan.index) as writer:
-        writer.write(iter_ingest_part(plan, cfg, stats, quarantined, s3, sources))
+        writer.write(iter_ingest_part(plan, cfg, stats, quarantined, s3, sources, normalize))
         writer.finish(stats, quarantined)
     log.info("ingest part %d: %d docs, %d quarantined %s", plan.index, stats.docs_out, len(quarantined),
              dict(stats.dropped))  # fmt: skip

@@ -24,6 +24,7 @@ from flows.corpus_config import load_corpus_config
 from pipeline import tokenize
 from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
+from pipeline.clean.normalize import normalizer
 from pipeline.dedup import exact, near
 from pipeline.ingest import stage as ingest
 from pipeline.sample_corpus import sample_corpus_path
@@ -52,7 +53,8 @@ def bench_stages(root: Path) -> None:
     raw_bytes = sum(i.size for i in inputs)
     n, w, clock = len(plans), "work/bench", Clock()
     for p in plans:
-        clock.run("ingest", ingest.run_ingest_part, store, f"{w}/ingest", p, cfg.ingest)
+        clock.run("ingest", ingest.run_ingest_part, store, f"{w}/ingest", p, cfg.ingest, cfg.s3,
+                  cfg.resolved_sources(), normalizer(cfg.clean))  # fmt: skip
     text_mb = sum(read_part_stats(store, f"{w}/ingest", i).bytes_out for i in range(n)) / 1e6
     for i in range(n):
         clock.run(
@@ -79,7 +81,9 @@ def bench_stages(root: Path) -> None:
         "near dedup", near.run_near_dedup, store, f"{w}/xo", f"{w}/near", f"{w}/dedup", n, cfg.dedup.near
     )
     tok = f"{w}/tokenizer.json"
-    clock.run("train tokenizer", tokenize.run_train_tokenizer, store, f"{w}/dedup", n, tok, cfg.tokenize)
+    clock.run(
+        "train tokenizer", tokenize.run_train_tokenizer, store, f"{w}/dedup", n, tok, cfg.tokenize, cfg.s3
+    )
     for i in range(n):
         clock.run(
             "tokenize", tokenize.run_tokenize_part, store, f"{w}/dedup", f"{w}/tokens", i, tok, cfg.tokenize

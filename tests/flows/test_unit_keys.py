@@ -15,9 +15,9 @@ from tests.flows.tiny_corpus import TINY_OVERRIDES
 
 # stage -> (a field the step does not read, a field it does), as dotted config paths with a new value
 CASES: dict[str, tuple[tuple[str, Any], tuple[str, Any]]] = {
-    "ingest": (("clean.normalization", "NFKC"), ("ingest.txt_mode", "paragraph")),
-    "boilerplate": (("clean.boilerplate.min_docs", 99), ("clean.normalization", "NFKC")),
-    "clean": (("dedup.near.threshold", 0.5), ("clean.quality.enabled", False)),
+    "ingest": (("clean.quality.enabled", False), ("clean.normalization", "NFKC")),
+    "boilerplate": (("clean.boilerplate.min_docs", 99), ("clean.boilerplate.min_line_chars", 7)),
+    "clean": (("clean.normalization", "NFKC"), ("clean.quality.enabled", False)),
     "signatures": (("dedup.near.threshold", 0.5), ("dedup.near.num_perm", 64)),
     "tokenize": (("shard.target_bytes", 1 << 22), ("tokenize.eos_token", "<|pad|>")),
     "decontam": (("dedup.near.threshold", 0.5), ("decontam.ngram", 8)),
