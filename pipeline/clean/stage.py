@@ -48,8 +48,20 @@ def clean_text(
     return text
 
 
-def _languages(texts: list[str], cfg: LangIdConfig) -> list[tuple[str, float] | None]:
-    return [identify(t, cfg.sample_chars) if cfg.enabled and t.strip() else None for t in texts]
+def _blank(text: str) -> bool:
+    return not text or text.isspace()  # ``not text.strip()`` without copying the text
+
+
+def _languages(texts: list[str], cfg: LangIdConfig, wanted: list[bool]) -> list[tuple[str, float] | None]:
+    return [
+        identify(t, cfg.sample_chars) if cfg.enabled and w and not _blank(t) else None
+        for t, w in zip(texts, wanted, strict=True)
+    ]
+
+
+def _langid_drops(cfg: LangIdConfig) -> bool:
+    """Whether the language check can drop a document (an allow-list or a minimum score)."""
+    return cfg.enabled and (bool(cfg.allow) or cfg.min_score > 0.0)
 
 
 def _with_language(meta: str, found: tuple[str, float] | None, counts: Counter[str]) -> str:
@@ -112,18 +124,22 @@ def _clean_indexed(
     stats = StageStats(stage="clean", docs_in=len(records))
     counts: Counter[str] = Counter()
     texts = [clean_text(rec.text, cfg, boilerplate, counts, normalized) for rec in records]
-    langs = _languages(texts, cfg.langid)
-    early = [
-        "empty_after_clean" if not t.strip() else (language_verdict(*lang, cfg.langid) if lang else None)
-        for t, lang in zip(texts, langs, strict=True)
-    ]
-    reasons = iter(
+    early: list[str | None] = ["empty_after_clean" if _blank(t) else None for t in texts]
+    if _langid_drops(cfg.langid):  # the language check first: what it drops is not scored for quality
+        langs = _languages(texts, cfg.langid, [e is None for e in early])
+        early = [
+            e or (language_verdict(*lang, cfg.langid) if lang else None)
+            for e, lang in zip(early, langs, strict=True)
+        ]
+    quality = iter(
         check_quality_batch([t for t, e in zip(texts, early, strict=True) if e is None], cfg.quality)
     )
+    reasons = [e or next(quality) for e in early]
+    if not _langid_drops(cfg.langid):  # it only annotates: identify the documents that are kept, no others
+        langs = _languages(texts, cfg.langid, [r is None for r in reasons])
     out: list[tuple[int, Record]] = []
-    for i, (rec, text, lang, reason) in enumerate(zip(records, texts, langs, early, strict=True)):
+    for i, (rec, text, lang, reason) in enumerate(zip(records, texts, langs, reasons, strict=True)):
         stats.bytes_in += _utf8_len(rec.text)
-        reason = reason or next(reasons)
         if reason is not None:
             stats.drop(reason)
             continue

@@ -14,6 +14,7 @@ from pipeline.clean.stage import clean_batch
 from pipeline.langid import STATE_DEPTH, FastIdentifier, LangIdConfig, _identifier, identify, language_verdict
 from pipeline.records import Record
 from pipeline.sample_corpus import sample_corpus_path
+from tests.pipeline.clean.test_clean import prose
 from tests.pipeline.ingest.test_encoding import CHINESE, FRENCH, JAPANESE, RUSSIAN, SPANISH
 from tests.pipeline.ingest.test_ingest import ingest_all
 
@@ -78,6 +79,27 @@ def test_clean_annotates_filters_and_counts_languages() -> None:
     }
     off, _ = clean_batch(records, CleanConfig(langid=LangIdConfig(enabled=False), quality=quality_off))  # type: ignore[arg-type]
     assert len(off) == 4 and all("language" not in r.meta_dict() for r in off)
+
+
+def test_language_is_identified_only_where_it_decides_or_annotates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without an allow-list or a minimum score, only the documents that pass quality are identified; with one,
+    every non-empty document is, and a document failing both is dropped for its language."""
+    from pipeline.clean import stage
+
+    seen: list[str] = []
+    real = stage.identify
+    monkeypatch.setattr(stage, "identify", lambda text, n: seen.append(text) or real(text, n))
+    spam = " ".join(["buy now"] * 200)  # fails the repeated n-gram rules
+    docs = [prose(1), spam, "  \n", prose(2)]
+    records = [Record(str(i), t, "src") for i, t in enumerate(docs)]
+    out, stats = clean_batch(records, CleanConfig())
+    assert [r.id for r in out] == ["0", "3"] and seen == [docs[0], docs[3]]
+    assert [r.meta_dict()["language"] for r in out] == ["en", "en"]
+    assert stats.dropped["empty_after_clean"] == 1 and sum(stats.dropped.values()) == 2
+    seen.clear()
+    out, stats = clean_batch(records, CleanConfig(langid=LangIdConfig(allow=("fr",))))
+    assert out == [] and seen == [docs[0], docs[1], docs[3]]
+    assert stats.dropped == Counter({"language_not_allowed": 3, "empty_after_clean": 1})
 
 
 def _stated_language(record: Record) -> str | None:
