@@ -26,7 +26,7 @@ from pipeline.clean.config import CleanConfig
 from pipeline.clean.normalize import FTFY_CONFIG, line_hash, normalize_text
 from pipeline.clean.quality import check_quality_batch
 from pipeline.clean.stage import clean_batch
-from pipeline.langid import LangIdConfig
+from pipeline.langid import LangIdConfig, identify
 from pipeline.records import Record
 from pipeline.sample_corpus import sample_corpus_path
 
@@ -132,6 +132,7 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=40.0)
     parser.add_argument("--profile", action="store_true", help="pyinstrument profile of clean_batch")
     args = parser.parse_args()
+    identify("warm-up: the language model loads once per process")  # not in the first timed clean_batch
     sample = repeat_to(sample_english(), args.mb)
     generated = repeat_to(generated_english(4000), args.mb)
     if args.profile:
