@@ -52,16 +52,19 @@ BULLET_LINE_RE = re.compile(r"\n[ \t]*[•‣◦⁃●▪*·–-]")
 ELLIPSES = ("...", "…")
 
 
+def _split_cjk(text: str, words: list[str]) -> tuple[list[str], int]:
+    """The whitespace tokens of ``text`` once every CJK character is taken out (``words``, its plain split, when
+    it has none), and how many CJK characters it has: one substitution pass for both."""
+    if text.isascii() or not CJK_RE.search(text):
+        return words, 0
+    spaced, cjk = CJK_RE.subn(" ", text)
+    return spaced.split(), cjk
+
+
 def count_words(text: str, words: list[str] | None = None) -> tuple[int, int]:
     """``(words, cjk_chars)``: whitespace tokens with every CJK character counted as one word."""
-    if words is None:
-        words = text.split()
-    if text.isascii():
-        return len(words), 0
-    cjk = len(CJK_RE.findall(text)) if CJK_RE.search(text) else 0
-    if not cjk:
-        return len(words), 0
-    return len(CJK_RE.sub(" ", text).split()) + cjk, cjk
+    plain, cjk = _split_cjk(text, text.split() if words is None else words)
+    return len(plain) + cjk, cjk
 
 
 def _line_reason(text: str, cfg: QualityConfig, ellipses: tuple[int, int] | None = None) -> str | None:
@@ -330,10 +333,8 @@ def _counted_reason(
 def _word_reason(text: str, cfg: QualityConfig) -> tuple[str | None, list[str]]:
     """The per-document rules before the n-gram ones, from ``text.split()``; also the words for the n-gram
     rules (empty when they do not apply: a reason was found already, or the document is mostly CJK)."""
-    words = text.split()
-    n_words, n_cjk = count_words(text, words)
-    if n_cjk:
-        words = CJK_RE.sub(" ", text).split()
+    words, n_cjk = _split_cjk(text, text.split())
+    n_words = len(words) + n_cjk
     reason = _counted_reason(text, n_words, len(words), len("".join(words)), cfg)
     if reason or n_cjk * 2 > n_words:
         # n-gram rules over CJK would need character n-grams; the line/paragraph rules cover CJK spam
