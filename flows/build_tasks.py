@@ -146,6 +146,8 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
         return config["decontam"]
     if stage == "tokenize":  # the tokenizer itself is keyed by its content hash
         return _only(tok, "eos_token")
+    if stage == "split-count":  # which documents are valid: the split rule
+        return _only(config["shard"], "valid_fraction", "seed")
     if stage in ("exact-hash", "exact-filter", "near-filter"):
         return {}
     raise ValueError(f"no unit config for stage {stage!r}")
@@ -322,15 +324,23 @@ def near_filter_chunk_task(
 def tokenize_chunk_task(
     ctx: dict[str, Any], indices: list[int], in_folder: str, upstream: list[str], tokenizer_key: str
 ) -> list[dict[str, Any]]:
+    """Tokenize each part, then count its tokens per source and split for the shard plan (so the serial shard
+    step only adds up the counts instead of reading every token part twice)."""
     c = _ctx(ctx)
     store = c.store()
     tok_hash = unitcache.content_hash(store, tokenizer_key)
-    return one_step_chunk(
+    out = one_step_chunk(
         c, store, "tokenize", "tokenize", indices, upstream, c.folder("tokens"),
         partial(tokenize.run_tokenize_part, in_folder=in_folder, out_folder=c.folder("tokens"),
                 tokenizer_key=tokenizer_key, cfg=c.cfg.tokenize),
         lambda store, index: tok_hash,
     )  # fmt: skip
+    for index, units in zip(indices, out, strict=True):
+        units["split counts"] = _unit(store, "split counts", _unit_key(c, "split-count", units["tokenize"]["key"]),
+                                      c.folder("split-counts"), index,
+                                      partial(tokenize.run_split_count_part, token_folder=c.folder("tokens"),
+                                              out_folder=c.folder("split-counts"), index=index, shard_cfg=c.cfg.shard))  # fmt: skip
+    return out
 
 
 @task(name="boilerplate-merge", task_run_name="boilerplate: merge", cache_policy=NO_CACHE)
@@ -461,7 +471,7 @@ def publish_task(
                 inputs=inputs, stats={k: StageStats.from_json(v) for k, v in stats.items()},
                 config=cfg.to_dict() | {"output": None, "s3": None}, lineage=lineage,
                 eos_token=cfg.tokenize.eos_token, pad_token=cfg.tokenize.pad_token,
-                sources=cfg.resolved_sources(),
+                sources=cfg.resolved_sources(), counts_folder=c.folder("split-counts"),
             )  # fmt: skip
         except DatasetConflictError as exc:
             # Same content (the dataset id is a content hash) but, e.g., touched input mtimes: the published

@@ -55,6 +55,7 @@ from pipeline.units import (
     part_unit,
     read_part_stats,
     require_done,
+    unit_stats,
 )
 
 log = logging.getLogger(__name__)
@@ -433,29 +434,80 @@ def count_split_tokens(
 
 
 def count_source_tokens(
-    store: ObjectStore, folder: str, num_parts: int, shard_cfg: ShardConfig
+    store: ObjectStore,
+    folder: str,
+    num_parts: int,
+    shard_cfg: ShardConfig,
+    counts_folder: str | None = None,
 ) -> dict[str, dict[str, int]]:
-    """Tokens per source name and split (pass 1 of :func:`write_shards`)."""
+    """Tokens per source name and split (pass 1 of :func:`write_shards`). ``counts_folder``: where
+    :func:`run_split_count_part` counted each part already (in the parallel tokenize pass); a part it has not
+    counted is read here."""
     totals: dict[str, dict[str, int]] = {}
     for i in range(num_parts):
-        for batch in iter_token_batches(store, folder, i, columns=("id", "tokens", "source_name")):
-            offsets, _ = _split_arrays(batch)
-            names = batch.column("source_name").to_pylist()
-            ids = batch.column("id").to_pylist()
-            for doc_id, name, n in zip(ids, names, np.diff(offsets).tolist(), strict=True):
-                split = split_of(doc_id, shard_cfg.valid_fraction, shard_cfg.seed)
-                per = totals.setdefault(name, dict.fromkeys(SPLITS, 0))
+        done = unit_stats(store, part_unit(counts_folder, i)) if counts_folder else None
+        if done is not None and done.extra.get("split") == _split_rule(shard_cfg):
+            counted = done.extra["source_tokens"]
+        else:
+            counted = part_source_tokens(store, folder, i, shard_cfg)
+        for name, per_split in counted.items():
+            per = totals.setdefault(name, dict.fromkeys(SPLITS, 0))
+            for split, n in per_split.items():
                 per[split] += n
     return totals
 
 
+def _split_rule(shard_cfg: ShardConfig) -> list[float | int]:
+    return [shard_cfg.valid_fraction, shard_cfg.seed]
+
+
+def part_source_tokens(
+    store: ObjectStore, folder: str, index: int, shard_cfg: ShardConfig
+) -> dict[str, dict[str, int]]:
+    """Tokens per source name and split of one token part."""
+    totals: dict[str, dict[str, int]] = {}
+    for batch in iter_token_batches(store, folder, index, columns=("id", "tokens", "source_name")):
+        offsets, _ = _split_arrays(batch)
+        names = batch.column("source_name").to_pylist()
+        ids = batch.column("id").to_pylist()
+        for doc_id, name, n in zip(ids, names, np.diff(offsets).tolist(), strict=True):
+            split = split_of(doc_id, shard_cfg.valid_fraction, shard_cfg.seed)
+            per = totals.setdefault(name, dict.fromkeys(SPLITS, 0))
+            per[split] += n
+    return totals
+
+
+def run_split_count_part(
+    store: ObjectStore, token_folder: str, out_folder: str, index: int, shard_cfg: ShardConfig
+) -> StageStats:
+    """Count one token part's tokens per source name and split, as pass 1 of :func:`write_shards` would: a
+    build runs it on the workers right after tokenizing the part, so the serial shard step only adds these up.
+    The counts are the unit's stats (``extra["source_tokens"]``, with the split rule they follow)."""
+    unit = part_unit(out_folder, index)
+    if (done := unit_stats(store, unit)) is not None:
+        return done
+    counted = part_source_tokens(store, token_folder, index, shard_cfg)
+    tokens = sum(n for per in counted.values() for n in per.values())
+    stats = StageStats(stage="split_count", extra={"tokens": tokens, "source_tokens": counted})
+    stats.extra["split"] = _split_rule(shard_cfg)
+    return finish_unit(store, unit, stats)
+
+
 def write_shards(
-    store: ObjectStore, folder: str, num_parts: int, out_dir: Path, dtype: np.dtype, shard_cfg: ShardConfig
+    store: ObjectStore,
+    folder: str,
+    num_parts: int,
+    out_dir: Path,
+    dtype: np.dtype,
+    shard_cfg: ShardConfig,
+    counts_folder: str | None = None,
 ) -> list[WrittenShard]:
     """Pass 2: stream every document into its split's balanced shards under ``out_dir``, grouped by source
     name (sorted), each source in part order, so every source is one contiguous token range of its split:
-    the blended sampler draws from a source by drawing from its range (see ``source_ranges``)."""
-    per_source = count_source_tokens(store, folder, num_parts, shard_cfg)
+    the blended sampler draws from a source by drawing from its range (see ``source_ranges``). Pass 1 (the
+    tokens per source and split that plan the shards) adds up ``counts_folder``'s per-part counts when there
+    are any."""
+    per_source = count_source_tokens(store, folder, num_parts, shard_cfg, counts_folder)
     target = shard_cfg.target_tokens(dtype)
     writers = {
         s: ShardWriter(out_dir, s, plan_shards(sum(t[s] for t in per_source.values()), target), dtype)
@@ -512,6 +564,7 @@ def run_shard_and_publish(
     pad_token: str | None = "<|pad|>",
     staging_dir: str | Path | None = None,
     sources: Sequence[SourceConfig] = (),
+    counts_folder: str | None = None,
 ) -> str:
     """Global step: plan balanced shards over all token parts, write them locally, publish; returns the
     manifest URI. ``stats`` holds the earlier stages' merged stats; tokenize and shard stats are added."""
@@ -528,7 +581,7 @@ def run_shard_and_publish(
         hf_files = hf_tokenizer_files(tok_bytes, eos_id=eos_id, pad_id=pad_id)
         for file_name, data in hf_files.items():
             (staged / file_name).write_bytes(data)
-        written = write_shards(store, token_folder, num_parts, staged, dtype, cfg)
+        written = write_shards(store, token_folder, num_parts, staged, dtype, cfg, counts_folder)
         tokens = sum(w.tokens for w in written)
         all_stats["shard"] = StageStats(
             stage="shard",

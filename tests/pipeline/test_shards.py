@@ -27,7 +27,15 @@ from pipeline.shards import (
     write_idx,
 )
 from pipeline.storage import FileStore
-from pipeline.tokenize import iter_token_batches, tokens_table, write_shards, write_token_part
+from pipeline.tokenize import (
+    count_source_tokens,
+    iter_token_batches,
+    part_source_tokens,
+    run_split_count_part,
+    tokens_table,
+    write_shards,
+    write_token_part,
+)
 from pipeline.units import StageStats
 from tests.fixtures.tiny_dataset import NUM_PARTS, build_tiny_dataset
 
@@ -293,6 +301,46 @@ def test_write_shards_streams_parts_across_row_group_batches(tmp_path: Path) -> 
     assert rebuilt == all_docs
     assert {s.split for s in written} == {"train", "valid"}
     assert sum(s.docs for s in written) == len(all_docs)
+
+
+def test_shards_planned_from_per_part_split_counts_are_byte_identical(tmp_path: Path) -> None:
+    """The build counts each token part's tokens per source and split on the workers; the shard step adds the
+    counts up instead of reading every part twice, and writes the same bytes. Counts made under another split
+    rule are not used."""
+    store = FileStore(tmp_path / "store")
+    for part in range(3):
+        docs = _docs(500, seed=10 + part)
+        records = [
+            Record(id=f"p{part}-{i}", text="", source="src", meta=json.dumps({"source_name": f"s{i % 2}"}))
+            for i in range(len(docs))
+        ]
+        write_token_part(store, "tokens", part, [tokens_table(records, docs)], StageStats(stage="tokenize"))
+    cfg = ShardConfig(target_bytes=2 * 30_000, valid_fraction=0.1)
+    for part in range(3):
+        stats = run_split_count_part(store, "tokens", "counts", part, cfg)
+        assert stats.extra["source_tokens"] == part_source_tokens(store, "tokens", part, cfg)
+        assert set(stats.extra["source_tokens"]) == {"s0", "s1"}
+    assert count_source_tokens(store, "tokens", 3, cfg, "counts") == count_source_tokens(
+        store, "tokens", 3, cfg
+    )
+
+    def shard_bytes(out: str, **kw: str) -> dict[str, bytes]:
+        write_shards(store, "tokens", 3, tmp_path / out, np.dtype(np.uint16), cfg, **kw)
+        root = tmp_path / out
+        return {
+            p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+        }
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("pipeline.tokenize.part_source_tokens", lambda *a: pytest.fail("a part was read to count"))
+        counted = shard_bytes("counted", counts_folder="counts")
+    assert counted == shard_bytes("read") and len(counted) >= 6
+    other_rule = ShardConfig(target_bytes=2 * 30_000, valid_fraction=0.3)
+    assert (
+        count_source_tokens(store, "tokens", 3, other_rule, "counts")
+        == count_source_tokens(store, "tokens", 3, other_rule)
+        != count_source_tokens(store, "tokens", 3, cfg)
+    )
 
 
 @pytest.mark.parametrize("target", [7, 37, 400, 10**5])
