@@ -22,6 +22,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows import profile, run_names, unitcache
 from flows.corpus_config import CorpusConfig, config_from_dict
+from flows.runners import release_free_memory
 from pipeline import tokenize
 from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
@@ -437,6 +438,7 @@ def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: l
                 "reusing the pinned tokenizer of dataset %s (%s)", cfg.name, store.uri_of(pin)
             )
         sha = tokenize.run_train_tokenizer(store, in_folder, num_parts, key, cfg.tokenize, s3=cfg.s3)
+        release_free_memory()  # the trainer's freed memory back to the system before the shard step
         if cfg.tokenize.tokenizer is None and not store.exists(pin):
             _copy_tokenizer(store, key, pin)
         record = tokenize.sample_record_key(key)
