@@ -126,12 +126,9 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
     any other field (the near-dedup threshold, the boilerplate frequency, the shard size) reuses the unit."""
     clean, near, tok = config["clean"], config["dedup"]["near"], config["tokenize"]
     bp = clean["boilerplate"]
-    if (
-        stage == "ingest"
-    ):  # a source's per-source overrides change what its documents become; ingest normalises
-        return {"ingest": config["ingest"], "sources": config["sources"]} | _without(
-            clean, "boilerplate", "quality", "langid"
-        )
+    normalise = _without(clean, "boilerplate", "quality", "langid")  # what ingest normalises with
+    if stage == "ingest":  # a source's per-source overrides change what its documents become
+        return {"ingest": config["ingest"], "sources": config["sources"]} | normalise
     if stage == "boilerplate":  # hashes the long lines of the normalised text
         return {"min_line_chars": bp["min_line_chars"]}
     if stage == "clean":  # the repeated-line set itself is keyed by its content hash

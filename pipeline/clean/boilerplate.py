@@ -53,13 +53,21 @@ def doc_line_hashes(text: str, min_line_chars: int) -> set[int]:
 def count_lines_part(records: Iterable[Record], cfg: CleanConfig, normalized: bool = False) -> dict[int, int]:
     """xxhash64 of stripped line -> number of documents containing it (counted once per document).
     ``normalized``: the texts are already normalised with ``cfg`` (a build's ingest does it)."""
-    counts: Counter[int] = Counter()
     scratch: Counter[str] = Counter()
-    min_chars = cfg.boilerplate.min_line_chars
-    for rec in records:
-        text = rec.text if normalized else normalize_text(rec.text, cfg, scratch)
+    texts = (rec.text if normalized else normalize_text(rec.text, cfg, scratch) for rec in records)
+    return dict(_count_lines(texts, cfg.boilerplate.min_line_chars))
+
+
+def _count_lines(texts: Iterable[str], min_chars: int) -> Counter[int]:
+    counts: Counter[int] = Counter()
+    for text in texts:
         counts.update(doc_line_hashes(text, min_chars))
-    return dict(counts)
+    return counts
+
+
+def input_normalized(store: ObjectStore, in_folder: str, index: int) -> bool:
+    """Whether ingest wrote the part ``index`` of ``in_folder`` normalised (``run_ingest_part(normalize=...)``)."""
+    return bool(read_part_stats(store, in_folder, index).extra.get("normalized_parts"))
 
 
 def counts_to_array(counts: dict[int, int]) -> np.ndarray:
@@ -85,17 +93,15 @@ def run_boilerplate_count_part(
     unit = part_unit(out_folder, index)
     if (done := unit_stats(store, unit)) is not None:
         return done
-    counts: Counter[int] = Counter()
     stats = StageStats(stage="boilerplate_count")
     if texts is not None:
-        batches: Iterable[list[Record]] = [[Record("", t, "") for t in texts]]
-        normalized = True
+        counts = _count_lines(texts, cfg.boilerplate.min_line_chars)
+        stats.docs_in = len(texts)
     else:
-        batches = iter_part_batches(store, in_folder, index)
-        normalized = bool(read_part_stats(store, in_folder, index).extra.get("normalized_parts"))
-    for batch in batches:
-        stats.docs_in += len(batch)
-        counts.update(count_lines_part(batch, cfg, normalized))
+        counts, normalized = Counter(), input_normalized(store, in_folder, index)
+        for batch in iter_part_batches(store, in_folder, index):
+            stats.docs_in += len(batch)
+            counts.update(count_lines_part(batch, cfg, normalized))
     stats.docs_out = stats.docs_in
     stats.extra = {"distinct_lines": len(counts)}
     array = counts_to_array(counts)

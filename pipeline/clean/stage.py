@@ -6,7 +6,7 @@ source's overrides (``pipeline.sources``: language filter, quality thresholds).
 
 A build normalises once: its ingest writes each part normalised (``run_ingest_part(normalize=normalizer(cfg))``,
 counting the repairs in the ingest stats), and the boilerplate count and this stage read such a part as it is
-(:func:`input_normalized`), with the same output as normalising here.
+(``pipeline.clean.boilerplate.input_normalized``), with the same output as normalising here.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from pipeline.clean.boilerplate import load_boilerplate
+from pipeline.clean.boilerplate import input_normalized, load_boilerplate
 from pipeline.clean.config import CleanConfig
 from pipeline.clean.normalize import normalize_text, normalize_whitespace, remove_boilerplate
 from pipeline.clean.quality import check_quality_batch
@@ -154,11 +154,6 @@ def _clean_indexed(
     for key in (*repairs, "boilerplate_lines_removed", "docs_with_boilerplate"):
         stats.extra.setdefault(key, 0)
     return out, stats
-
-
-def input_normalized(store: ObjectStore, in_folder: str, index: int) -> bool:
-    """Whether ingest wrote the part ``index`` of ``in_folder`` normalised (``run_ingest_part(normalize=...)``)."""
-    return bool(read_part_stats(store, in_folder, index).extra.get("normalized_parts"))
 
 
 def run_clean_part(
