@@ -96,10 +96,14 @@ class FastIdentifier:
         there; -1 for none)."""
         m, depth = len(data), STATE_DEPTH
         arr = np.frombuffer(self.pad + data, dtype=np.uint8).astype(np.int32)
-        row = self.first2[(arr[:m] << 8) | arr[1 : m + 1]]
+        # ``take`` rather than fancy indexing: the indices are in range by construction, and take's loop is
+        # over twice as fast on these int32 gathers
+        row = self.first2.take((arr[:m] << 8) | arr[1 : m + 1])
         for k in range(2, depth - 1):
-            row = self.next_row[row + arr[k : k + m]]
-        return self.next_feature[row + arr[depth - 1 :]]
+            row += arr[k : k + m]
+            row = self.next_row.take(row)
+        row += arr[depth - 1 :]
+        return self.next_feature.take(row)
 
     def classify(self, text: str) -> tuple[str, float]:
         if text.isupper():
@@ -113,7 +117,7 @@ class FastIdentifier:
             np.not_equal(found[1:], found[:-1], out=first[1:])
             starts = np.flatnonzero(first)
             counts = np.diff(starts, append=found.size)
-            scores = np.log1p(counts.astype(np.float32)) @ self.ptc[found[starts]] + self.pc
+            scores = np.log1p(counts.astype(np.float32)) @ self.ptc.take(found[starts], axis=0) + self.pc
         else:
             scores = np.zeros(len(self.pc), dtype=np.float32)
         scores = scores * np.float32(1.0 / math.sqrt(len(data) or 1))
