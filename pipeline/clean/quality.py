@@ -129,9 +129,27 @@ def _first_occurrences(words: list[str], max_n: int) -> Iterator[np.ndarray]:
     first = word
     yield first
     for n in range(2, min(max_n, w) + 1):
-        _, index, inverse = np.unique(first[: w - n + 1] * w + word[n - 1 :], True, True)
-        first = index[inverse]
+        first = _first_equal(first[: w - n + 1] * w + word[n - 1 :], w * w)
         yield first
+
+
+def _first_equal(values: np.ndarray, bound: int) -> np.ndarray:
+    """Per position: the first position holding an equal value (``values`` in [0, bound)), as
+    ``np.unique(values, return_index=True, return_inverse=True)`` gives it (``index[inverse]``), from one
+    sort of the values with their positions packed in the low bits instead of its stable argsort."""
+    m = len(values)
+    shift = max(m.bit_length(), 1)
+    if bound.bit_length() + shift > 63:
+        _, index, inverse = np.unique(values, True, True)
+        return index[inverse]
+    packed = np.sort((values << shift) | np.arange(m))
+    position = packed & ((1 << shift) - 1)
+    starts = np.empty(m, dtype=bool)
+    starts[0] = True
+    np.not_equal(packed[1:] >> shift, packed[:-1] >> shift, out=starts[1:])
+    first = np.empty(m, dtype=np.int64)
+    first[position] = position[starts][np.cumsum(starts) - 1]
+    return first
 
 
 def _fast_ngram_reason(words: list[str], cfg: QualityConfig) -> str | None:
@@ -162,19 +180,30 @@ def _fast_ngram_reason(words: list[str], cfg: QualityConfig) -> str | None:
             return f"top_{n}gram_fraction"
     if not pairs or len(words) <= pairs[0][0]:
         return None
-    j = np.arange(len(words))
     for i, (n, max_frac) in enumerate(pairs):
         m = len(words) - n + 1
         frac = 0.0
         if m > 1 and (first := level(n)) is not None:
-            before = np.concatenate(([0], np.cumsum(first != np.arange(m))))
-            covered = before[np.minimum(j, m - 1) + 1] - before[np.maximum(j - n + 1, 0)] > 0
+            covered = _covered(first != np.arange(m), n)
             frac = float(lengths[covered].sum()) / max(float(total), 1.0)
         if frac > max_frac:
             return f"dup_{n}gram_fraction"
         if frac <= min(f for _, f in pairs[i:]):
             return None
     return None
+
+
+def _covered(repeats: np.ndarray, n: int) -> np.ndarray:
+    """Per word (``len(repeats) + n - 1`` words): whether one of the n-gram starts ``repeats`` marks, within
+    the n words up to it, covers it. Word j is covered iff a marked start lies in [j - n + 1, j]: the count
+    of marked starts before j + 1 (at most the last start) exceeds the count before j - n + 1 (at least 0);
+    both from one cumulative sum, read as slices."""
+    m = len(repeats)
+    before = np.zeros(m + 1, dtype=np.int64)
+    np.cumsum(repeats, out=before[1:])
+    upto = np.concatenate((before[1:], np.full(n - 1, before[m])))
+    since = np.concatenate((np.zeros(n - 1, dtype=np.int64), before[:m]))
+    return upto > since
 
 
 # ---------------------------------------------------------------- batch screen for the n-gram rules
@@ -195,17 +224,6 @@ def _chunks(sizes: list[int]) -> list[tuple[int, int]]:
     return packed_ranges(sizes, _CHUNK_WORDS)
 
 
-def _ngram_keys(word_hash: np.ndarray, doc: np.ndarray, max_n: int) -> Iterator[np.ndarray]:
-    """For n = 1..max_n: the 64-bit key of every n-gram start (the document index is mixed in); each from
-    the previous one."""
-    key = word_hash + doc.astype(np.uint64) * STEP
-    yield key
-    for n in range(2, max_n + 1):
-        m = len(word_hash) - n + 1
-        key = key[:m] * STEP + word_hash[n - 1 :]
-        yield key
-
-
 def _bucket_counts(key: np.ndarray, valid: np.ndarray, bits: int) -> np.ndarray:
     """For every n-gram start: its bucket's count (0 where the n-gram crosses into the next document)."""
     bucket = np.where(valid, (key * MIX) >> np.uint64(64 - bits), 1 << bits).astype(np.intp)
@@ -214,7 +232,9 @@ def _bucket_counts(key: np.ndarray, valid: np.ndarray, bits: int) -> np.ndarray:
     return counts[bucket]
 
 
-def _covered_chars(key: np.ndarray, valid: np.ndarray, doc: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def _covered_chars(
+    key: np.ndarray, valid: np.ndarray, doc: np.ndarray, lengths: np.ndarray, n_docs: int
+) -> np.ndarray:
     """Per document: characters covered by n-gram occurrences repeating an earlier one.
 
     Buckets would not do here: one false "repeat" covers n words, so the table would need hundreds of
@@ -228,10 +248,8 @@ def _covered_chars(key: np.ndarray, valid: np.ndarray, doc: np.ndarray, lengths:
     later = packed[1:][(packed[1:] >> shift) == (packed[:-1] >> shift)]
     repeats = np.zeros(m, dtype=bool)
     repeats[(later & ((np.uint64(1) << shift) - np.uint64(1))).astype(np.intp)] = True
-    before = np.concatenate(([0], np.cumsum(repeats)))
-    j = np.arange(len(doc))
-    covered = before[np.minimum(j, m - 1) + 1] - before[np.maximum(j - n + 1, 0)] > 0
-    return np.bincount(doc, weights=lengths * covered, minlength=int(doc[-1]) + 1)
+    covered = _covered(repeats, n)
+    return np.bincount(doc, weights=lengths * covered, minlength=n_docs)
 
 
 def _top_scores(counts: np.ndarray, cum: np.ndarray, n: int, starts: np.ndarray) -> np.ndarray:
@@ -255,9 +273,14 @@ def _screen_arrays(
     pairs = cfg.dup_ngram_max_fraction
     dup = {n: (frac, min(f for _, f in pairs[i:])) for i, (n, frac) in enumerate(pairs)}
     max_n = min(max([0, *dup, *top]), total)
+    last_top = max([0, *top])
     counts: np.ndarray | None = None  # bucket counts of the last top n-gram rule
     undecided = np.ones(n_docs, dtype=bool)  # documents the repeated n-gram bounds have not settled yet
-    for n, key in enumerate(_ngram_keys(word_hash * MIX, doc, max_n), start=1):
+    word_hash = word_hash * MIX
+    key = word_hash + doc.astype(np.uint64) * STEP  # the key of every n-gram start, n = 1 first
+    for n in range(1, max_n + 1):
+        if n > 1:  # each n-gram's key from its (n-1)-gram prefix's and its last word
+            key = key[: len(word_hash) - n + 1] * STEP + word_hash[n - 1 :]
         valid = doc[: len(key)] == doc[n - 1 :]
         if n in top:
             # an n-gram occurs at most as often as its prefix: the shorter rule's counts bound it first
@@ -273,10 +296,17 @@ def _screen_arrays(
             # document, a bound at most the smallest threshold still to come clears it (coverage can only
             # shrink as n grows), anything between is decided by the next n's bound
             frac, least = dup[n]
-            covered_chars = _covered_chars(key, valid & undecided[doc[: len(key)]], doc, lengths)
+            covered_chars = _covered_chars(key, valid & undecided[doc[: len(key)]], doc, lengths, n_docs)
             over = covered_chars > frac * doc_chars
             flagged |= undecided & over
             undecided &= ~over & (covered_chars > least * doc_chars)
+        if n >= last_top:  # only the repeated n-gram rules are left: they need the undecided documents only
+            if not undecided.any():
+                break
+            keep = undecided[doc]
+            if not keep.all():  # the n-gram keys of the others are dropped; a key past the end crosses it
+                key = key[keep[: len(key)]][: max(int(keep.sum()) - n + 1, 0)]
+                word_hash, lengths, doc = word_hash[keep], lengths[keep], doc[keep]
     return flagged
 
 

@@ -99,11 +99,20 @@ def _segment_dups(
     chars = e - s
     if cont is not None:
         chars = chars - (np.searchsorted(cont, e) - np.searchsorted(cont, s))
-    order = np.argsort(key, kind="stable")  # equal keys stay in position order: the first is no repeat
-    repeat = np.zeros(len(s), dtype=bool)
-    sorted_key = key[order]
-    repeat[order[1:][sorted_key[1:] == sorted_key[:-1]]] = True
-    return doc, chars, repeat
+    return doc, chars, _repeats(key)
+
+
+def _repeats(key: np.ndarray) -> np.ndarray:
+    """Per key: whether an equal key comes earlier. The key's low bits are replaced by its position and the
+    values sorted (several times faster than a stable argsort): equal high bits then come in position order,
+    and all but the first of each run repeat. Keys equal only in their high bits count as repeats too, which
+    can only make the bound more cautious."""
+    shift = np.uint64(max(len(key).bit_length(), 1))
+    packed = np.sort(((key >> shift) << shift) | np.arange(len(key), dtype=np.uint64))
+    later = packed[1:][(packed[1:] >> shift) == (packed[:-1] >> shift)]
+    repeat = np.zeros(len(key), dtype=bool)
+    repeat[(later & ((np.uint64(1) << shift) - np.uint64(1))).astype(np.intp)] = True
+    return repeat
 
 
 def _repetition_passes(

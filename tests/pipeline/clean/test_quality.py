@@ -9,6 +9,7 @@ import random
 import string
 from collections import Counter
 
+import numpy as np
 import pytest
 import zstandard
 
@@ -310,3 +311,45 @@ def test_fast_exact_ngram_rules_equal_the_counter_based_ones():
             ),
         )
         assert quality._fast_ngram_reason(words, cfg) == ngram_reason(words, cfg), (text, cfg)
+
+
+def test_screen_with_varied_rule_sets_gives_the_exact_answers(monkeypatch):
+    """The screen drops the documents the repeated n-gram bounds settled once only those rules are left;
+    over rule sets where they start before, between or after the top n-gram rules (or there are none of
+    those), the batch answers stay the per-document ones."""
+    monkeypatch.setattr(quality, "_CHUNK_WORDS", 3000)
+    docs = borderline_docs(300, seed=11)
+    rng = random.Random(13)
+    rule_sets = [((), ((5, 0.15), (8, 0.1))), (((2, 0.2),), ((2, 0.3), (3, 0.2), (9, 0.05)))]
+    rule_sets += [
+        (
+            tuple((n, rng.uniform(0.05, 0.4)) for n in sorted(rng.sample(range(1, 7), rng.randint(0, 3)))),
+            tuple((n, rng.uniform(0.02, 0.4)) for n in sorted(rng.sample(range(2, 12), rng.randint(1, 5)))),
+        )
+        for _ in range(6)
+    ]
+    for top, dup in rule_sets:
+        cfg = QualityConfig(
+            max_words=None, max_chars=None, top_ngram_max_fraction=top, dup_ngram_max_fraction=dup
+        )
+        assert check_quality_batch(docs, cfg) == [reference_reason(t, cfg) for t in docs], (top, dup)
+
+
+def test_sorted_packing_helpers_equal_their_definitions():
+    rng = np.random.default_rng(3)
+    for m, high in ((1, 5), (50, 3), (2000, 40), (2000, 1 << 40)):
+        values = rng.integers(0, high, size=m)
+        _, index, inverse = np.unique(values, return_index=True, return_inverse=True)
+        assert quality._first_equal(values, high).tolist() == index[inverse].tolist()
+        assert quality._first_equal(values, 1 << 62).tolist() == index[inverse].tolist()  # the fallback
+        keys = values.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        seen: set[int] = set()
+        expected = []
+        for k in keys.tolist():
+            expected.append(k in seen)
+            seen.add(k)
+        assert wordscan._repeats(keys).tolist() == expected
+    for n in (1, 2, 5):
+        repeats = rng.random(40) < 0.1
+        covered = [any(repeats[max(j - n + 1, 0) : j + 1]) for j in range(40 + n - 1)]
+        assert quality._covered(repeats, n).tolist() == covered
