@@ -167,7 +167,7 @@ def _scan_chunk(
         word = np.searchsorted(starts, cont, side="right") - 1
         lengths = lengths - np.bincount(word, minlength=len(starts))
         per_doc = _per_doc_flags(buf, doc_start, len(encoded))
-    sizes = np.bincount(np.searchsorted(doc_start, starts, side="right") - 1, minlength=len(encoded))
+    sizes = np.diff(np.searchsorted(starts, np.append(doc_start, len(buf))))  # a newline parts documents
     hashes = _word_hashes(buf, starts, ends)
     words = (starts, np.concatenate((np.zeros(1, dtype=np.uint64), np.cumsum(hashes))))
     return hashes, lengths, sizes, per_doc, _repetition_passes(buf, doc_start, words, cont, cfg)
