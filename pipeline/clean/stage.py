@@ -20,7 +20,7 @@ from pipeline.clean.boilerplate import input_normalized, load_boilerplate
 from pipeline.clean.config import CleanConfig
 from pipeline.clean.normalize import normalize_text, normalize_whitespace, remove_boilerplate
 from pipeline.clean.quality import check_quality_batch
-from pipeline.langid import LangIdConfig, identify, language_verdict
+from pipeline.langid import LangIdConfig, identify_batch, language_verdict
 from pipeline.records import Record, iter_part_batches, write_part
 from pipeline.sources import SOURCE_NAME, SourceConfig, provenance
 from pipeline.storage import ObjectStore
@@ -53,10 +53,13 @@ def _blank(text: str) -> bool:
 
 
 def _languages(texts: list[str], cfg: LangIdConfig, wanted: list[bool]) -> list[tuple[str, float] | None]:
-    return [
-        identify(t, cfg.sample_chars) if cfg.enabled and w and not _blank(t) else None
-        for t, w in zip(texts, wanted, strict=True)
+    todo = [
+        i for i, (t, w) in enumerate(zip(texts, wanted, strict=True)) if cfg.enabled and w and not _blank(t)
     ]
+    found: list[tuple[str, float] | None] = [None] * len(texts)
+    for i, lang in zip(todo, identify_batch([texts[i] for i in todo], cfg.sample_chars), strict=True):
+        found[i] = lang
+    return found
 
 
 def _langid_drops(cfg: LangIdConfig) -> bool:

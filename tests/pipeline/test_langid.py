@@ -87,8 +87,8 @@ def test_language_is_identified_only_where_it_decides_or_annotates(monkeypatch: 
     from pipeline.clean import stage
 
     seen: list[str] = []
-    real = stage.identify
-    monkeypatch.setattr(stage, "identify", lambda text, n: seen.append(text) or real(text, n))
+    real = stage.identify_batch
+    monkeypatch.setattr(stage, "identify_batch", lambda texts, n: seen.extend(texts) or real(texts, n))
     spam = " ".join(["buy now"] * 200)  # fails the repeated n-gram rules
     docs = [prose(1), spam, "  \n", prose(2)]
     records = [Record(str(i), t, "src") for i, t in enumerate(docs)]
@@ -154,6 +154,39 @@ def test_fast_identifier_matches_py3langid() -> None:
             state = model.tk_nextmove[model._rowbase[state] + byte]
             emitted.append(model.tk_output[state])
         assert fast.features(data).tolist() == emitted
+
+
+def test_batch_classification_is_bitwise_that_of_one_document_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Walking many documents in one buffer (each after its start-state prefix, over several walk chunks) and
+    one softmax over the batch give exactly the scores of classifying each document alone."""
+    import random
+
+    import pipeline.langid as langid
+
+    monkeypatch.setattr(langid, "WALK_BYTES", 2000)
+    fast = FastIdentifier(_identifier())
+    rng = random.Random(1)
+    alphabet = "abcdefgh éü中文Привет ,.\n\t"
+    texts = [
+        CHINESE,
+        JAPANESE,
+        RUSSIAN,
+        FRENCH,
+        SPANISH,
+        ENGLISH,
+        "",
+        "x",
+        "ABC DEF",
+        "\x00\x00",
+        ENGLISH * 9,
+    ]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(600))) for _ in range(60)]
+    alone = [fast.classify_batch([t])[0] for t in texts]
+    assert fast.classify_batch(texts) == alone
+    assert fast.classify_batch(texts[::-1]) == alone[::-1]
+    assert langid.identify_batch(texts, 500) == [identify(t, 500) for t in texts]
 
 
 def test_state_depth_is_the_automatons_deepest_state() -> None:
