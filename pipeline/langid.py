@@ -13,8 +13,12 @@ tables came out as Wu or Cantonese (``wuu``, ``yue``), so the opening it is. Spe
 Aho-Corasick over byte n-grams, so its state after byte ``i`` depends only on the last ``STATE_DEPTH`` bytes (the
 longest trie path); :class:`FastIdentifier` computes every position's state at once, running the automaton
 from the root over each position's window as ``STATE_DEPTH - 1`` numpy gathers (the first two bytes in one),
-and scores like py3langid: same languages, probabilities within 1e-4, ~3.5x faster (``tests/pipeline/test_langid.py`` checks both, and
-recomputes ``STATE_DEPTH`` from the model).
+and scores like py3langid: same languages, probabilities within 1e-4 (``tests/pipeline/test_langid.py`` checks both,
+and recomputes ``STATE_DEPTH`` from the model). :func:`identify_batch` classifies many documents in one call:
+the walk runs over ~32 KB of them at a time and the softmax over all their score rows, each document's rows
+summed by the same matrix product as alone, so its score is bitwise that of :func:`identify`. About 105 us per
+3,000-character document on this machine (py3langid's own loop: ~1.4 ms); most of what is left is reading each
+feature's 142 log-probabilities (~570 bytes) from the 57 MB weight table, and their product.
 """
 
 from __future__ import annotations

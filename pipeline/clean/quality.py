@@ -26,8 +26,8 @@ hash (see "byte-level word scan"), hence the word count and mean length, and upp
 paragraph repetition fractions. The n-gram rules are screened from the word hashes with sound upper
 bounds (:func:`screen_ngrams`). Only documents that a bound cannot clear get the exact computation (the
 repetition rules with ``set``; the n-gram rules from first-occurrence arrays, :func:`_fast_ngram_reason`),
-and documents the scan cannot split like ``str.split`` (CJK, non-ASCII whitespace, lone surrogates) take
-the per-document path. The straightforward per-document rules are kept as a reference in
+and documents the scan cannot split like ``str.split`` (those with a lone surrogate) take the per-document
+path; CJK characters and non-ASCII whitespace are separators in the scan, the CJK ones counted as words. The straightforward per-document rules are kept as a reference in
 ``tests/pipeline/clean/quality_oracle.py``; ``check_quality_batch`` gives exactly their answers on every document
 (``tests/pipeline/clean/test_quality.py``). The scan itself lives in :mod:`pipeline.clean.wordscan`, the
 thresholds in :class:`pipeline.clean.config.QualityConfig`.
@@ -385,23 +385,32 @@ def _fast_batch(texts: list[str], cfg: QualityConfig) -> tuple[list[str | None],
     (their reasons are left None)."""
     reasons: list[str | None] = []
     others: list[int] = []
-    for lo, hi, hashes, lengths, sizes, per_doc, rep_ok in scan_chunks(texts, cfg):
+    for lo, hi, hashes, lengths, sizes, per_doc, rep_ok, cjk in scan_chunks(texts, cfg):
         cum = np.concatenate(([0], np.cumsum(lengths)))
         bounds = np.concatenate(([0], np.cumsum(sizes)))
         chars = cum[bounds[1:]] - cum[bounds[:-1]]
         flags = zip(
-            texts[lo:hi], sizes.tolist(), chars.tolist(), per_doc.tolist(), rep_ok.tolist(), strict=True
+            texts[lo:hi],
+            sizes.tolist(),
+            chars.tolist(),
+            per_doc.tolist(),
+            rep_ok.tolist(),
+            cjk.tolist(),
+            strict=True,
         )
-        for text, n, c, other, ok in flags:
+        for text, n, c, other, ok, k in flags:
             ok = ok and text[:1] != "\n" and text[-1:] != "\n"  # else its paragraphs differ from the scan's
-            reasons.append(None if other else _counted_reason(text, n, n, c, cfg, ok))
+            reasons.append(None if other else _counted_reason(text, n + k, n, c, cfg, ok))
         others.extend((lo + np.flatnonzero(per_doc)).tolist())
-        pending = np.array([r is None for r in reasons[lo:hi]], dtype=bool) & (sizes >= 2) & ~per_doc
+        # the n-gram rules: documents with at least two non-CJK words, and not mostly CJK (see _word_reason)
+        ngrams = (sizes >= 2) & ~per_doc & (cjk <= sizes)
+        pending = np.array([r is None for r in reasons[lo:hi]], dtype=bool) & ngrams
         if pending.any():
             keep = np.repeat(pending, sizes)
             flagged = _screen_words(hashes[keep], lengths[keep], sizes[pending], cfg)
             for i in (lo + np.flatnonzero(pending)[flagged]).tolist():
-                reasons[i] = _fast_ngram_reason(texts[i].split(), cfg)
+                text = texts[i]
+                reasons[i] = _fast_ngram_reason(_split_cjk(text, text.split())[0], cfg)
     return reasons, others
 
 

@@ -4,10 +4,12 @@
 documents at once in their UTF-8 bytes: whitespace bytes come from one ``bytes.translate``, word bounds
 from where the mask flips, character lengths are byte lengths less the UTF-8 continuation bytes, and a
 word's hash mixes its byte length with its first and last 8 bytes (equal words hash equal; the rare long
-words that collide only make the n-gram screen more cautious). This gives exactly ``text.split()``'s words
-when the only whitespace is ASCII (str.split's ASCII whitespace: \t \n \v \f \r, \x1c-\x1f, space) and
-there is no CJK character; other documents take the per-document path.
-code point c is one of them iff searchsorted(_PER_DOC_EDGES, c, "right") is odd
+words that collide only make the n-gram screen more cautious). In a chunk with non-ASCII bytes, the
+characters are decoded from their lead bytes: non-ASCII whitespace (NBSP, U+2000-U+200A, ...) and CJK
+characters (``CJK_RANGES``) become separators, and the CJK characters are counted per document. This gives
+exactly the words of ``pipeline.clean.quality._split_cjk`` (``text.split()`` with every CJK character taken
+out) and its CJK count. Only a document with a lone surrogate (which ``str.split`` may see differently) takes
+the per-document path.
 
 The scan is proven against ``text.split()`` and the per-document rules in ``tests/pipeline/clean/test_quality.py``
 (the reference rules live in ``tests/pipeline/clean/quality_oracle.py``).
@@ -15,7 +17,6 @@ The scan is proven against ``text.split()`` and the per-document rules in ``test
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -38,11 +39,9 @@ CJK_RANGES = (
 MIX = np.uint64(0x9E3779B97F4A7C15)
 STEP = np.uint64(0xD6E8FEB86659FD93)
 _WS_TABLE = bytes(int(chr(b).isspace()) for b in range(128)) + bytes(128)
-_NON_ASCII_SPACES = [c for c in range(0x80, 0x3001) if chr(c).isspace()]
-_PER_DOC_RANGES = sorted([*((c, c) for c in _NON_ASCII_SPACES), (0xD800, 0xDFFF), *CJK_RANGES])
-_PER_DOC_RE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _PER_DOC_RANGES) + "]")
-# code point c is one of them iff searchsorted(_PER_DOC_EDGES, c, "right") is odd
-_PER_DOC_EDGES = np.array([e for a, b in _PER_DOC_RANGES for e in (a, b + 1)], dtype=np.int64)
+_NON_ASCII_SPACES = np.array([c for c in range(0x80, 0x110000) if chr(c).isspace()], dtype=np.int64)
+# code point c is CJK iff searchsorted(_CJK_EDGES, c, "right") is odd
+_CJK_EDGES = np.array([e for a, b in CJK_RANGES for e in (a, b + 1)], dtype=np.int64)
 _M1 = np.uint64(0xFF51AFD7ED558CCD)
 _M2 = np.uint64(0xC4CEB9FE1A85EC53)
 _BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)  # the first k bytes
@@ -59,26 +58,35 @@ def _word_hashes(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray
     return (first * _M1) ^ (last * _M2) ^ blen.astype(np.uint64)  # the screen mixes the bits further
 
 
-def _per_doc_flags(buf: bytes, doc_start: np.ndarray, n_docs: int) -> np.ndarray:
-    """Per document: whether it holds a character ``_PER_DOC_RE`` matches (decoded from the UTF-8 bytes)."""
-    b = np.frombuffer(buf, dtype=np.uint8)
+def _wide_chars(
+    b: np.ndarray, doc_start: np.ndarray, n_docs: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The multi-byte characters of a chunk, decoded from their lead bytes: per document whether it holds a
+    lone surrogate and how many CJK characters; and a mask of the bytes of the CJK and non-ASCII whitespace
+    characters (the separators ``_split_cjk`` adds to ``str.split``'s)."""
     lead = np.flatnonzero(b >= 0xC0)
-    flags = np.zeros(n_docs, dtype=bool)
-    if len(lead):
-        b0 = b[lead].astype(np.int64)
-        b1, b2, b3 = ((b[lead + k] & 0x3F).astype(np.int64) for k in (1, 2, 3))
-        cp = np.where(
-            b0 < 0xE0,
-            ((b0 & 0x1F) << 6) | b1,
-            np.where(
-                b0 < 0xF0,
-                ((b0 & 0x0F) << 12) | (b1 << 6) | b2,
-                ((b0 & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3,
-            ),
-        )
-        bad = lead[np.searchsorted(_PER_DOC_EDGES, cp, side="right") % 2 == 1]
-        flags[np.searchsorted(doc_start, bad, side="right") - 1] = True
-    return flags
+    per_doc, cjk = np.zeros(n_docs, dtype=bool), np.zeros(n_docs, dtype=np.int64)
+    separator = np.zeros(len(b), dtype=bool)
+    if not len(lead):
+        return per_doc, cjk, separator
+    b0 = b[lead].astype(np.int64)
+    b1, b2, b3 = ((b[lead + k] & 0x3F).astype(np.int64) for k in (1, 2, 3))
+    cp = np.where(
+        b0 < 0xE0,
+        ((b0 & 0x1F) << 6) | b1,
+        np.where(
+            b0 < 0xF0, ((b0 & 0x0F) << 12) | (b1 << 6) | b2, ((b0 & 0x07) << 18) | (b1 << 12) | (b2 << 6) | b3
+        ),
+    )
+    doc = np.searchsorted(doc_start, lead, side="right") - 1
+    per_doc[doc[(cp >= 0xD800) & (cp <= 0xDFFF)]] = True
+    is_cjk = np.searchsorted(_CJK_EDGES, cp, side="right") % 2 == 1
+    cjk += np.bincount(doc[is_cjk], minlength=n_docs)
+    wide = is_cjk | np.isin(cp, _NON_ASCII_SPACES)
+    first, size = lead[wide], 2 + (b0[wide] >= 0xE0) + (b0[wide] >= 0xF0)
+    for k in range(4):
+        separator[first[size > k] + k] = True
+    return per_doc, cjk, separator
 
 
 def _segment_dups(
@@ -153,34 +161,39 @@ def _repetition_passes(
 
 def _scan_chunk(
     encoded: list[bytes], ascii_only: bool, cfg: QualityConfig
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     buf = b"\n" + b"\n".join(encoded) + b"\n" * 9  # the padding lets every word read 8 bytes
     doc_start = np.cumsum([1] + [len(e) + 1 for e in encoded])[:-1]
     space = np.frombuffer(buf.translate(_WS_TABLE), dtype=np.bool_)
+    per_doc, cjk = np.zeros(len(encoded), dtype=bool), np.zeros(len(encoded), dtype=np.int64)
+    cont = None
+    if not ascii_only:
+        b = np.frombuffer(buf, dtype=np.uint8)
+        per_doc, cjk, separator = _wide_chars(b, doc_start, len(encoded))
+        space = space | separator
+        cont = np.flatnonzero((b & 0xC0) == 0x80)
     edges = np.flatnonzero(space[1:] != space[:-1]) + 1
     starts, ends = edges[0::2], edges[1::2]
     lengths = ends - starts
-    per_doc = np.zeros(len(encoded), dtype=bool)
-    cont = None
-    if not ascii_only:
-        cont = np.flatnonzero((np.frombuffer(buf, dtype=np.uint8) & 0xC0) == 0x80)
-        word = np.searchsorted(starts, cont, side="right") - 1
-        lengths = lengths - np.bincount(word, minlength=len(starts))
-        per_doc = _per_doc_flags(buf, doc_start, len(encoded))
+    if cont is not None:  # a word's characters: its bytes less its continuation bytes
+        in_word = cont[~space[cont]]
+        lengths = lengths - np.bincount(
+            np.searchsorted(starts, in_word, side="right") - 1, minlength=len(starts)
+        )
     sizes = np.diff(np.searchsorted(starts, np.append(doc_start, len(buf))))  # a newline parts documents
     hashes = _word_hashes(buf, starts, ends)
     words = (starts, np.concatenate((np.zeros(1, dtype=np.uint64), np.cumsum(hashes))))
-    return hashes, lengths, sizes, per_doc, _repetition_passes(buf, doc_start, words, cont, cfg)
+    return hashes, lengths, sizes, per_doc, _repetition_passes(buf, doc_start, words, cont, cfg), cjk
 
 
 def scan_chunks(
     texts: list[str], cfg: QualityConfig
-) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
     """Words of ``texts`` in chunks of ~0.5 MB, which keep numpy's temporaries in cache: ``(lo, hi, hashes,
-    lengths, sizes, per_doc, repetition_ok)`` for texts lo..hi-1: per word its hash and character length
-    (concatenated in order), per document its word count, whether it must take the per-document path
-    instead (then its words here are not ``text.split()``'s) and whether it passes the repetition rules
-    for certain (see ``_repetition_passes``)."""
+    lengths, sizes, per_doc, repetition_ok, cjk)`` for texts lo..hi-1: per word its hash and character length
+    (concatenated in order), per document its word count (CJK characters left out), whether it must take the
+    per-document path instead (then its words here are not its words), whether it passes the repetition
+    rules for certain (see ``_repetition_passes``) and its CJK character count (each one a word)."""
     encoded: list[bytes] = []
     lo, size, ascii_only = 0, 0, True
     for i, text in enumerate(texts):

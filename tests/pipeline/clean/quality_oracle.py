@@ -89,8 +89,6 @@ def reference_reason(text: str, cfg: QualityConfig) -> str | None:
 
 
 def fast_words(text: str) -> bool:
-    """Whether the byte-level scan can find ``text.split()``'s words: no non-ASCII whitespace, no lone
-    surrogate, no CJK character (a CJK character counts as a word of its own)."""
-    return text.isascii() or not any(
-        c.isspace() or "\ud800" <= c <= "\udfff" or quality.CJK_RE.match(c) for c in text if ord(c) > 127
-    )
+    """Whether the byte-level scan finds the document's words (``quality._split_cjk``'s: ``text.split()`` with
+    every CJK character taken out, each counted as a word): everywhere but in a text with a lone surrogate."""
+    return text.isascii() or not any("\ud800" <= c <= "\udfff" for c in text)

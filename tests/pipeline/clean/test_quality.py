@@ -269,13 +269,15 @@ def test_byte_level_word_scan_gives_the_exact_per_document_answers(monkeypatch):
     assert check_quality_batch(docs, cfg) == expected
     reasons = Counter(expected)
     assert reasons[None] > 30 and sum(v for k, v in reasons.items() if k and "gram" in k) > 30
-    assert sum(not fast_words(t) for t in docs) > 30  # the per-document path is exercised too
+    assert sum(not fast_words(t) for t in docs) > 10  # the per-document path is exercised too
+    assert sum(bool(quality.CJK_RE.search(t)) and fast_words(t) for t in docs) > 30  # and CJK in the scan
     for text in docs[:200]:  # and so is the word scan itself
-        words = text.split()
-        ((_, _, _, lengths, sizes, per_doc, _),) = wordscan.scan_chunks([text], cfg)
+        words, n_cjk = quality._split_cjk(text, text.split())
+        ((_, _, _, lengths, sizes, per_doc, _, cjk),) = wordscan.scan_chunks([text], cfg)
         assert per_doc.tolist() == [not fast_words(text)]
         if not per_doc[0]:
             assert sizes.tolist() == [len(words)] and lengths.tolist() == [len(w) for w in words]
+            assert cjk.tolist() == [n_cjk]
 
 
 def test_sample_corpus_batch_equals_per_document_rules():
