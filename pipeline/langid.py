@@ -24,17 +24,27 @@ feature's 142 log-probabilities (~570 bytes) from the 57 MB weight table, and th
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
+import logging
 import math
+import os
+import shutil
+import tempfile
 import unicodedata
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-from py3langid.langid import MODEL_FILE, LanguageIdentifier
+from py3langid.langid import MODEL_DIR, MODEL_FILE, LanguageIdentifier
 
 from pipeline.units import packed_ranges
 
 UNKNOWN = "und"  # ISO 639-2 "undetermined": no letters to go on
+_TABLES = ("next_row", "next_feature", "first2", "ptc", "pc")
+_TABLES_VERSION = 1  # bump when FastIdentifier's tables change meaning
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,7 +62,7 @@ class LangIdConfig:
             raise ValueError(f"langid.min_score must be in [0, 1], got {self.min_score}")
         if self.sample_chars < 1:
             raise ValueError(f"langid.sample_chars must be >= 1, got {self.sample_chars}")
-        unknown = sorted(set(self.allow) - set(languages()))
+        unknown = sorted(set(self.allow) - set(languages())) if self.allow else []
         if unknown:
             raise ValueError(
                 f"langid.allow: {unknown} are not language codes the model knows; use ISO 639-1 codes "
@@ -96,7 +106,48 @@ class FastIdentifier:
         # the per-feature log-probabilities are widened once from float16 to float32 (exact), which matmul would
         # otherwise do again for every document's rows: that conversion was over half of classify's time.
         self.ptc, self.pc = np.asarray(model.nb_ptc, dtype=np.float32), np.asarray(model.nb_pc)
-        self.classes, self.aliases = list(model.nb_classes), list(model._alias_pairs)
+        self.classes, self.aliases = list(model.nb_classes), [tuple(pair) for pair in model._alias_pairs]
+        self.labels = tuple(sorted(model.labels))
+
+    def save(self, folder: Path) -> None:
+        """Write the tables into ``folder`` (``.npy`` files and ``meta.json``), atomically: they are written into
+        a temporary sibling that is then renamed, so a reader sees all of them or no folder. If another
+        process renamed its copy first, this one is dropped."""
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        try:
+            for name in _TABLES:
+                np.save(tmp / f"{name}.npy", getattr(self, name))
+            meta = {
+                "pad": self.pad.hex(),
+                "classes": self.classes,
+                "aliases": self.aliases,
+                "labels": self.labels,
+            }
+            (tmp / "meta.json").write_text(json.dumps(meta))
+            tmp.rename(folder)
+        except OSError:
+            if not folder.is_dir():
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    @classmethod
+    def load(cls, folder: Path) -> FastIdentifier:
+        """The tables :meth:`save` wrote, memory-mapped: nothing to build, and the processes of one machine
+        share their pages."""
+        meta = json.loads((folder / "meta.json").read_text())
+        fast = cls.__new__(cls)
+        for name in _TABLES:
+            setattr(fast, name, np.load(folder / f"{name}.npy", mmap_mode="r"))
+        fast.pad, fast.classes = bytes.fromhex(meta["pad"]), list(meta["classes"])
+        fast.aliases, fast.labels = [tuple(pair) for pair in meta["aliases"]], tuple(meta["labels"])
+        fits = len(fast.pad) == STATE_DEPTH - 1 and fast.first2.shape == (1 << 16,)
+        fits = fits and fast.next_row.shape == fast.next_feature.shape
+        fits = fits and fast.ptc.ndim == 2 and fast.ptc.shape[1] == len(fast.pc) == len(fast.classes)
+        if not fits:
+            raise ValueError(f"{folder}: the cached language-ID tables do not fit together")
+        return fast
 
     def features(self, data: bytes) -> np.ndarray:
         """The feature the automaton emits after each byte of ``data`` (py3langid's ``tk_output`` of its state
@@ -163,15 +214,44 @@ class FastIdentifier:
         out += self.pc
 
 
+def cache_folder() -> Path | None:
+    """Where the language-ID tables are cached: ``$PILEWORKS_CACHE_DIR`` (``off``: nowhere), else
+    ``$XDG_CACHE_HOME/pileworks`` or ``~/.cache/pileworks``; one folder per model file and table format."""
+    root = os.environ.get("PILEWORKS_CACHE_DIR")
+    if root == "off":
+        return None
+    base = (
+        Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pileworks"
+    )
+    digest = hashlib.sha256(f"tables-v{_TABLES_VERSION}-depth{STATE_DEPTH}".encode())
+    digest.update((MODEL_DIR / MODEL_FILE).read_bytes())
+    return base / f"langid-{digest.hexdigest()[:16]}"
+
+
 @functools.cache
 def _fast() -> FastIdentifier:
-    return FastIdentifier(_identifier())
+    """The identifier of this process: its tables memory-mapped from the cache folder, or built from py3langid's
+    model (decompressing it and deriving the tables takes ~1.1 CPU-s, in every worker process) and then
+    cached there. A cache that cannot be read or written is rebuilt or skipped, never an error."""
+    folder = cache_folder()
+    if folder is not None and folder.is_dir():
+        try:
+            return FastIdentifier.load(folder)
+        except (OSError, ValueError, KeyError) as exc:
+            log.warning("language-ID cache %s unreadable (%s); building the tables", folder, exc)
+    fast = FastIdentifier(_identifier())
+    if folder is not None:
+        try:
+            fast.save(folder)
+        except OSError as exc:
+            log.warning("language-ID tables not cached in %s: %s", folder, exc)
+    return fast
 
 
 @functools.cache
 def languages() -> tuple[str, ...]:
     """Every code the model can answer, sorted."""
-    return tuple(sorted(_identifier().labels))
+    return _fast().labels
 
 
 def identify(text: str, sample_chars: int = 3000) -> tuple[str, float]:

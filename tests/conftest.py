@@ -24,6 +24,9 @@ from tests.fixtures.aws_trap import aws_trap  # noqa: F401  (a fixture for every
 # local background server (flows/local_server.py) starts it here, and the session stops it and removes the folder.
 TEST_PREFECT_HOME = tempfile.mkdtemp(prefix="pileworks-test-prefect-")
 os.environ["PREFECT_HOME"] = TEST_PREFECT_HOME
+# A private cache (the language-ID tables) for the session, inherited by the processes the tests start.
+TEST_CACHE_DIR = tempfile.mkdtemp(prefix="pileworks-test-cache-")
+os.environ["PILEWORKS_CACHE_DIR"] = TEST_CACHE_DIR
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -33,6 +36,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
     stop_server(Path(TEST_PREFECT_HOME))
     shutil.rmtree(TEST_PREFECT_HOME, ignore_errors=True)
+    shutil.rmtree(TEST_CACHE_DIR, ignore_errors=True)
 
 
 FAKE_AWS_ENV = {

@@ -189,6 +189,39 @@ def test_batch_classification_is_bitwise_that_of_one_document_at_a_time(
     assert langid.identify_batch(texts, 500) == [identify(t, 500) for t in texts]
 
 
+def test_tables_are_cached_then_mapped_without_the_model(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first process builds the tables from py3langid's model and caches them; the next maps them and never
+    decompresses the model; a broken cache is built around with a warning; ``off`` caches nothing."""
+    import numpy as np
+
+    import pipeline.langid as langid
+
+    real_identifier = langid._identifier
+    texts = [CHINESE, ENGLISH, FRENCH, "x", ""]
+    monkeypatch.setenv("PILEWORKS_CACHE_DIR", str(tmp_path))
+    langid._fast.cache_clear()
+    try:
+        built = langid._fast()
+        folder = langid.cache_folder()
+        assert folder is not None and folder.parent == tmp_path
+        assert [p.name for p in tmp_path.iterdir()] == [folder.name]  # no temporary folder is left behind
+        built.save(folder)  # another process finishing second: the folder stays as it is
+        assert [p.name for p in tmp_path.iterdir()] == [folder.name]
+        langid._fast.cache_clear()
+        monkeypatch.setattr(langid, "_identifier", lambda: pytest.fail("the model was decompressed again"))
+        mapped = langid._fast()
+        assert isinstance(mapped.ptc, np.memmap) and mapped.labels == built.labels == langid.languages()
+        assert mapped.classify_batch(texts) == built.classify_batch(texts)
+        (folder / "ptc.npy").write_bytes(b"broken")
+        langid._fast.cache_clear()
+        monkeypatch.setattr(langid, "_identifier", real_identifier)
+        assert langid._fast().classify_batch(texts) == built.classify_batch(texts)
+        monkeypatch.setenv("PILEWORKS_CACHE_DIR", "off")
+        assert langid.cache_folder() is None
+    finally:
+        langid._fast.cache_clear()
+
+
 def test_state_depth_is_the_automatons_deepest_state() -> None:
     """Breadth-first from the start state: a state's distance is the length of the n-gram it stands for."""
     import numpy as np
