@@ -156,7 +156,20 @@ def _unit_key(c: BuildContext, stage: str, upstream: str, *inputs: Any) -> str:
 
 
 def chunks(items: list[Any], size: int) -> list[list[Any]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
+    """``items`` dealt round-robin into as few chunks as hold at most ``size`` each: chunk k of C holds items k,
+    k + C, k + 2C... Neighbouring parts come from the same inputs and cost alike (a run of repetitive or CJK
+    files, say), so dealing them out gives every chunk task a like mix and the workers of a pass finish
+    together instead of one waiting on the chunk of costly parts. :func:`unchunk` restores the order."""
+    count = -(-len(items) // size)
+    return [items[k::count] for k in range(count)]
+
+
+def unchunk(chunked: list[list[Any]]) -> list[Any]:
+    """The items of :func:`chunks` back in their order."""
+    out: list[Any] = [None] * sum(map(len, chunked))
+    for k, chunk in enumerate(chunked):
+        out[k :: len(chunked)] = chunk
+    return out
 
 
 def parts_per_task(num_parts: int, workers: int, max_parts: int = 64, per_worker: int = 4) -> int:

@@ -1,6 +1,6 @@
-"""The passes of ``build_corpus``: chunk tasks over runs of parts, or one global task, each timed for the build
-profile; every part's unit results collected by step name, in part order (``flows/build.py`` and
-``flows/build_decontam.py`` both run their steps through it)."""
+"""The passes of ``build_corpus``: chunk tasks over parts dealt round-robin (``chunks``) or one global task, each
+timed for the build profile; every part's unit results collected by step name, in part order (``flows/build.py``
+and ``flows/build_decontam.py`` both run their steps through it)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from prefect import unmapped
 from prefect.futures import as_completed
 
-from flows.build_tasks import chunks
+from flows.build_tasks import chunks, unchunk
 from flows.profile import BuildProfile
 from flows.progress import stage_progress
 from pipeline.units import StageStats
@@ -48,7 +48,7 @@ class Passes:
                 for units in done.result():
                     for step in units:
                         stage_progress.advance(step)
-            results = [r for chunk in futures.result() for r in chunk]
+            results = unchunk(futures.result())  # every part's result, in part order
             self.profile.add_results(
                 entry, [u for r in results for u in r.values()], task_runs=len(mapped[0])
             )

@@ -36,8 +36,8 @@ def part(label: str, index_param: str = "index") -> Callable[[], str]:
 
 
 def parts(label: str, param: str = "indices") -> Callable[[], str]:
-    """``<label> a-b/N`` for a chunk task over a run of parts (``param``: the part indices, or the part plans);
-    N is ``ctx['parts']`` (for LSH edges, the plan's bucket partitions; for index bands, the index's parts)."""
+    """``<label> a-b/N`` for a chunk task over a run of parts, ``<label> a, b, …, z/N`` over parts dealt
+    round-robin (``param``: the part indices, or the part plans); N is ``ctx['parts']`` (for LSH edges, the plan's bucket partitions; for index bands, the index's parts)."""
 
     def name() -> str:
         p = _task_params()
@@ -49,7 +49,14 @@ def parts(label: str, param: str = "indices") -> Callable[[], str]:
         shown = label
         if p.get("from_index"):
             shown, total = label.replace("bands", "index bands"), p.get("plan", {}).get("index_parts", "?")
-        return f"{shown} {idx[0] + 1}-{idx[-1] + 1}/{total}"
+        if idx[-1] - idx[0] == len(idx) - 1:  # a run of parts
+            return f"{shown} {idx[0] + 1}-{idx[-1] + 1}/{total}"
+        listed = (
+            [str(i + 1) for i in idx]
+            if len(idx) <= 3
+            else [str(idx[0] + 1), str(idx[1] + 1), "…", str(idx[-1] + 1)]
+        )
+        return f"{shown} {', '.join(listed)}/{total}"  # parts dealt round-robin: the first two and the last
 
     return name
 
