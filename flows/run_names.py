@@ -37,7 +37,8 @@ def part(label: str, index_param: str = "index") -> Callable[[], str]:
 
 def parts(label: str, param: str = "indices") -> Callable[[], str]:
     """``<label> a-b/N`` for a chunk task over a run of parts, ``<label> a, b, …, z/N`` over parts dealt
-    round-robin (``param``: the part indices, or the part plans); N is ``ctx['parts']`` (for LSH edges, the plan's bucket partitions; for index bands, the index's parts)."""
+    round-robin (``param``: the part indices, or the part plans); N is ``ctx['parts']`` (for LSH edges, the
+    plan's bucket partitions; for index bands, the index's parts)."""
 
     def name() -> str:
         p = _task_params()
