@@ -16,7 +16,9 @@ import argparse
 import errno
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 
 from flows.cli import (
@@ -44,6 +46,15 @@ from pipeline.errors import ConfigError, PileworksError
 COMMANDS = (build, doctor, evaluate, export, inspect, janitor, reap, run, sample, serve, server, trace, train)
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
+INTERRUPTED = threading.Event()  # set by Ctrl-C (SIGINT) during a command
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    """Remember the Ctrl-C, then interrupt as Python does. A flow interrupted at the wrong moment can surface
+    it as another error (Prefect's task engine: "Task run is not set"); the flag still reports an interrupt."""
+    INTERRUPTED.set()
+    signal.default_int_handler(signum, frame)  # type: ignore[arg-type]
+
 
 # Commands that run flows or talk to the Prefect API: they get the configured API or the local background server.
 PREFECT_COMMANDS = {"build", "evaluate", "run", "train", "serve", "reap"}
@@ -111,15 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     console = setup_logging(args.verbose, live=interactive() and not getattr(args, "json", False))
     name = f"pileworks {args.command}"
+    INTERRUPTED.clear()
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _on_sigint) if main_thread else None
     try:
         with open_display(console):
             return run_command(args)
     except KeyboardInterrupt:
-        print(
-            f"{name}: interrupted; rerun the same command to resume from the completed units", file=sys.stderr
-        )
-        return EXIT_INTERRUPTED
+        return _interrupted(name)
     except Exception as exc:
+        if INTERRUPTED.is_set():
+            return _interrupted(name)
         if not expected(exc):
             raise
         if args.verbose:
@@ -129,6 +142,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(detail, file=sys.stderr)
         print(f"{name}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, USAGE_ERRORS) else EXIT_FAILED
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted(name: str) -> int:
+    print(f"{name}: interrupted; rerun the same command to resume from the completed units", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def entry() -> None:

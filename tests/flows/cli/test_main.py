@@ -118,3 +118,32 @@ def test_an_unexpected_error_keeps_its_traceback(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(janitor, "run", fail)
     with pytest.raises(CheckpointError, match="a bug"):
         main(["janitor", "--output", str(tmp_path)])
+
+
+def test_ctrl_c_that_a_flow_turns_into_another_error_is_still_an_interrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Prefect's task engine, interrupted at the wrong moment, can raise "Task run is not set" instead of
+    KeyboardInterrupt: after a Ctrl-C the command still ends as interrupted (exit 130, one line)."""
+    import os
+    import signal
+    import time
+
+    from flows.cli import janitor
+    from flows.cli.main import EXIT_INTERRUPTED, main
+
+    def interrupted_run(args: object) -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler interrupts this at once
+        except KeyboardInterrupt:
+            raise PileworksError("Task run is not set") from None
+        raise AssertionError("no interrupt arrived")
+
+    before = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(janitor, "run", interrupted_run)
+    assert main(["janitor", "--output", str(tmp_path)]) == EXIT_INTERRUPTED
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("pileworks janitor: interrupted")
+    assert signal.getsignal(signal.SIGINT) is before  # the handler is the caller's again
+    monkeypatch.setattr(janitor, "run", lambda args: 0)
+    assert main(["janitor", "--output", str(tmp_path)]) == 0  # and the next command is not "interrupted"
