@@ -42,7 +42,7 @@ from itertools import chain
 import numpy as np
 
 from pipeline.clean.config import QualityConfig
-from pipeline.clean.wordscan import CJK_RANGES, MIX, STEP, scan_chunks
+from pipeline.clean.wordscan import CJK_RANGES, MIX, STEP, _repeats, scan_chunks
 from pipeline.units import packed_ranges
 
 CJK_RE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in CJK_RANGES) + "]")
@@ -238,17 +238,14 @@ def _covered_chars(
     """Per document: characters covered by n-gram occurrences repeating an earlier one.
 
     Buckets would not do here: one false "repeat" covers n words, so the table would need hundreds of
-    slots per word. Instead the key's low bits are replaced by the position and the keys sorted: equal
-    high bits then come in position order, and all but the first of each run repeat an earlier n-gram.
+    slots per word. Instead the valid keys are sorted with their positions (``wordscan._repeats``, which the
+    line and paragraph bounds use too): all but the first of each run of equal keys repeat an earlier n-gram.
     """
     m = len(key)
-    n = len(doc) - m + 1
-    shift = np.uint64(max(m.bit_length(), 1))
-    packed = np.sort(((key >> shift) << shift)[valid] | np.flatnonzero(valid).astype(np.uint64))
-    later = packed[1:][(packed[1:] >> shift) == (packed[:-1] >> shift)]
     repeats = np.zeros(m, dtype=bool)
-    repeats[(later & ((np.uint64(1) << shift) - np.uint64(1))).astype(np.intp)] = True
-    covered = _covered(repeats, n)
+    starts = np.flatnonzero(valid)
+    repeats[starts[_repeats(key[starts])]] = True
+    covered = _covered(repeats, len(doc) - m + 1)
     return np.bincount(doc, weights=lengths * covered, minlength=n_docs)
 
 
