@@ -27,19 +27,23 @@ from flows.build_tasks import (
     chunks,
     clean_chunk_task,
     clusters_task,
+    commit_task,
     edges_task,
     exact_resolve_task,
     ingest_chunk_task,
+    manifest_task,
     near_filter_chunk_task,
     near_plan_task,
     parts_per_task,
     plan_inputs,
-    publish_task,
+    publish_shards_task,
     save_index_task,
+    shard_plan_task,
     signatures_chunk_task,
     tokenize_chunk_task,
     tokenizer_task,
     unit_config,
+    write_shards_task,
 )
 from flows.corpus_config import CorpusConfig, load_corpus_config
 from flows.heartbeat import with_heartbeat
@@ -47,6 +51,7 @@ from flows.passes import Passes
 from flows.profile import BuildProfile
 from flows.progress import stage_progress
 from flows.runners import make_task_runner, use_cores, worker_count
+from pipeline.manifest import MANIFEST_KEY, dataset_prefix
 from pipeline.storage import open_store
 from pipeline.storage.s3 import abort_recorded_uploads
 from pipeline.storage.uploads import UploadJournal
@@ -153,6 +158,39 @@ def tokenize_parts(run: Passes, folder: str, step: str, stats: dict[str, StageSt
     return tok_key
 
 
+def shard_and_publish(
+    run: Passes,
+    tok_key: str,
+    inputs: list[dict[str, Any]],
+    stats_json: dict[str, Any],
+    lineage: dict[str, Any],
+    workers: int,
+) -> str:
+    """Plan the shards, write them on the workers (runs of each split's shards), make the manifest, copy and
+    verify the shards under the dataset's prefix on the workers, then write the manifest last."""
+    counted = [u["stats"] for u in run.units.get("split counts", [])]
+    tasks = 1 if workers <= 1 else 2 * workers  # two runs of shards per worker: none idles at the end
+    plan = run.once("shard-plan", shard_plan_task, run.ctx, run.n, tok_key, tasks, counted)
+    folder, tasks = plan["folder"], plan["tasks"]
+    units = run.spread("write-shards", write_shards_task, tasks, folder=folder, dtype=plan["dtype"])
+    manifest = run.once("manifest", manifest_task, run.ctx, run.n, tok_key, [u["stats"] for u in units], inputs,
+                        stats_json, lineage)  # fmt: skip
+    store = _ctx(run.ctx).store()
+    prefix = dataset_prefix(manifest["name"], manifest["dataset_id"])
+    if not store.exists(f"{prefix}/{MANIFEST_KEY}"):  # published before: its shards were verified then
+        shards = {(s["split"], s["index"]): s for s in manifest["shards"]}
+        files = [[pair for w in ws for k in range(w["first"], w["stop"]) for pair in _files(shards[w["split"], k])]
+                 for ws in tasks]  # fmt: skip
+        run.spread("publish-shards", publish_shards_task, tasks, files, folder=folder, prefix=prefix)
+    return run.once("publish", commit_task, run.ctx, tok_key, manifest)
+
+
+def _files(shard: dict[str, Any]) -> list[list[str]]:
+    """A shard's three objects with their sha256, as the manifest lists them."""
+    return [[shard["key"], shard["sha256"]], [shard["idx_key"], shard["idx_sha256"]],
+            [shard["docs_key"], shard["docs_sha256"]]]  # fmt: skip
+
+
 # persist_result=False: a persisted result shows up as an untitled "result" artifact on the run page.
 @flow(
     name="build_corpus", flow_run_name=run_names.build_run_name, log_prints=False, persist_result=False,
@@ -197,8 +235,7 @@ def build_corpus(
     lineage = {"prefect_flow_run_id": _flow_run_id(), "build_key": work.split("/")[-1]}
     stats_json = {k: v.to_json() for k, v in stats.items()}
     with stage_progress.step("publish"):
-        manifest_uri = run.once("shard-and-publish", publish_task, ctx, n, tok_key, planned["inputs"], stats_json,
-                                lineage, [])  # fmt: skip
+        manifest_uri = shard_and_publish(run, tok_key, planned["inputs"], stats_json, lineage, workers)
     progress.finished("publish")
     summary = artifacts.build_summary(manifest_uri, stats, cfg, time.perf_counter() - started)
     summary["reused_units"] = run.reuse

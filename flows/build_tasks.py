@@ -11,19 +11,22 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows import profile, run_names, unitcache
 from flows.corpus_config import CorpusConfig, config_from_dict
 from flows.runners import release_free_memory
-from pipeline import tokenize
+from pipeline import publish, tokenize
 from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
 from pipeline.clean.normalize import normalizer
@@ -31,11 +34,19 @@ from pipeline.dedup import candidates, clusters, exact, near, signatures
 from pipeline.errors import StageFailed
 from pipeline.ingest import config as ingest_config
 from pipeline.ingest import stage as ingest
-from pipeline.manifest import DatasetConflictError
+from pipeline.manifest import (
+    DatasetConflictError,
+    Manifest,
+    commit_manifest,
+    copy_verified,
+    dataset_prefix,
+    upload_verified,
+)
+from pipeline.sources import mixture_from_runs
 from pipeline.storage import ObjectStore, open_store
 from pipeline.storage.retry import is_permanent
 from pipeline.storage.uploads import UploadJournal
-from pipeline.units import StageStats, part_name
+from pipeline.units import StageStats, merged_stats, part_name
 
 
 def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
@@ -349,7 +360,7 @@ def tokenize_chunk_task(
     for index, units in zip(indices, out, strict=True):
         units["split counts"] = _unit(store, "split counts", _unit_key(c, "split-count", units["tokenize"]["key"]),
                                       c.folder("split-counts"), index,
-                                      partial(tokenize.run_split_count_part, token_folder=c.folder("tokens"),
+                                      partial(publish.run_split_count_part, token_folder=c.folder("tokens"),
                                               out_folder=c.folder("split-counts"), index=index, shard_cfg=c.cfg.shard))  # fmt: skip
     return out
 
@@ -464,27 +475,111 @@ def _copy_tokenizer(store: ObjectStore, src: str, dst: str) -> None:
     store.copy(src, dst)
 
 
-@task(name="shard-and-publish", task_run_name="shard and publish", cache_policy=NO_CACHE, **IO_RETRIES)
-def publish_task(
+@task(name="shard-plan", task_run_name="shards: plan", cache_policy=NO_CACHE, **IO_RETRIES)
+def shard_plan_task(
+    ctx: dict[str, Any], num_parts: int, tokenizer_key: str, tasks: int, counted: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Plan the shards from the per-part token counts (``counted``: the split-count units' stats the tokenize
+    pass returned; else they are read from the store): the windows each write task gets, and the work folder
+    they write to (named by the plan, so a changed plan never reuses another's shards)."""
+    with stage_errors("shard-plan"), profile.measure("shard-plan"):
+        c = _ctx(ctx)
+        store, cfg = c.store(), c.cfg
+        tok = publish.TokenizerFiles.load(store.get_bytes(tokenizer_key), cfg.tokenize.eos_token,
+                                          cfg.tokenize.pad_token)  # fmt: skip
+        rule = [cfg.shard.valid_fraction, cfg.shard.seed]
+        if len(counted) == num_parts and all(u["extra"].get("split") == rule for u in counted):
+            counts = [u["extra"]["source_tokens"] for u in counted]
+        else:
+            counts = publish.part_counts(store, c.folder("tokens"), num_parts, cfg.shard,
+                                         c.folder("split-counts"))  # fmt: skip
+        plan = publish.plan_windows(counts, cfg.shard.target_tokens(tok.dtype), tasks)
+        folder = publish.shards_folder(c.work, tok.info().sha256, tok.dtype, cfg.shard, counts)
+        return {
+            "folder": folder,
+            "dtype": tok.dtype.name,
+            "tasks": [[w.to_json() for w in ws] for ws in plan],
+        }
+
+
+@task(
+    name="write-shards", task_run_name=run_names.windows("shards: write"), cache_policy=NO_CACHE, **IO_RETRIES
+)
+def write_shards_task(
+    ctx: dict[str, Any], windows: list[dict[str, Any]], folder: str, dtype: str
+) -> dict[str, Any]:
+    """Write a run of each split's shards into the work folder (a unit: a rerun reuses it)."""
+    records: list[dict[str, Any]] = []
+    with stage_errors("write-shards"), profile.measure("write-shards", records):
+        c = _ctx(ctx)
+        stats = publish.run_window_unit(c.store(), c.folder("tokens"), folder,
+                                        [publish.Window.from_json(w) for w in windows], np.dtype(dtype),
+                                        c.cfg.shard)  # fmt: skip
+    return {"stats": stats.to_json(), "profile": records}
+
+
+@task(
+    name="publish-shards",
+    task_run_name=run_names.windows("shards: publish"),
+    cache_policy=NO_CACHE,
+    **IO_RETRIES,
+)
+def publish_shards_task(
+    ctx: dict[str, Any], windows: list[dict[str, Any]], files: list[list[str]], folder: str, prefix: str
+) -> dict[str, Any]:
+    """Copy the windows' shard files (``[key, sha256]`` each) from the work folder under the dataset's prefix,
+    verifying each."""
+    records: list[dict[str, Any]] = []
+    with stage_errors("publish-shards"), profile.measure("publish-shards", records):
+        store = _ctx(ctx).store()
+        for key, sha256 in files:
+            copy_verified(store, f"{folder}/{key}", f"{prefix}/{key}", sha256)
+    return {"profile": records}
+
+
+@task(name="manifest", task_run_name="manifest: make", cache_policy=NO_CACHE, **IO_RETRIES)
+def manifest_task(
     ctx: dict[str, Any],
     num_parts: int,
     tokenizer_key: str,
+    units: list[dict[str, Any]],
     inputs: list[dict[str, Any]],
     stats: dict[str, dict[str, Any]],
     lineage: dict[str, Any],
-    _wait: list[Any],
-) -> str:
-    with stage_errors("shard-and-publish"), profile.measure("shard-and-publish"):
+) -> dict[str, Any]:
+    """The dataset's manifest from the written shards (its id names the prefix they are published under)."""
+    with stage_errors("manifest"), profile.measure("manifest"):
         c = _ctx(ctx)
-        cfg = c.cfg
+        store, cfg = c.store(), c.cfg
+        tok = publish.TokenizerFiles.load(store.get_bytes(tokenizer_key), cfg.tokenize.eos_token,
+                                          cfg.tokenize.pad_token)  # fmt: skip
+        written, runs = publish.window_results(units)
+        all_stats = dict(stats)
+        if "tokenize" not in all_stats:  # a build passes its tokenize pass's merged stats
+            all_stats["tokenize"] = merged_stats(store, c.folder("tokens"), num_parts, "tokenize").to_json()
+        mixture = mixture_from_runs(written, runs, cfg.resolved_sources())
+        config = cfg.to_dict() | {"output": None, "s3": None}
+        return publish.dataset_manifest(cfg.name, tok, written, mixture, all_stats, inputs, config,
+                                        lineage).to_json()  # fmt: skip
+
+
+@task(name="publish", task_run_name="manifest: publish", cache_policy=NO_CACHE, **IO_RETRIES)
+def commit_task(ctx: dict[str, Any], tokenizer_key: str, manifest: dict[str, Any]) -> str:
+    """Upload the tokenizer files, then write the manifest (create-only) and ``latest.json``: the dataset is
+    visible from here on. Returns the manifest URI."""
+    with stage_errors("publish"), profile.measure("publish"):
+        c = _ctx(ctx)
+        store, cfg = c.store(), c.cfg
+        m = Manifest.from_json(manifest)
+        tok = publish.TokenizerFiles.load(store.get_bytes(tokenizer_key), cfg.tokenize.eos_token,
+                                          cfg.tokenize.pad_token)  # fmt: skip
+        prefix = dataset_prefix(m.name, m.dataset_id)
+        with tempfile.TemporaryDirectory(prefix="pileworks-tokenizer-") as tmp:
+            tok.stage(Path(tmp))
+            for name, sha in {m.tokenizer.key: m.tokenizer.sha256, **m.tokenizer.files}.items():
+                upload_verified(store, f"{prefix}/{name}", Path(tmp) / name, sha)
         try:
-            return tokenize.run_shard_and_publish(
-                c.store(), c.folder("tokens"), num_parts, tokenizer_key, cfg.shard, cfg.name,
-                inputs=inputs, stats={k: StageStats.from_json(v) for k, v in stats.items()},
-                config=cfg.to_dict() | {"output": None, "s3": None}, lineage=lineage,
-                eos_token=cfg.tokenize.eos_token, pad_token=cfg.tokenize.pad_token,
-                sources=cfg.resolved_sources(), counts_folder=c.folder("split-counts"),
-            )  # fmt: skip
+            return commit_manifest(store, m.name, m)
         except DatasetConflictError as exc:
             # Same content (the dataset id is a content hash) but, e.g., touched input mtimes: the published
             # dataset is the one to use; it stays immutable.

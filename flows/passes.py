@@ -56,6 +56,14 @@ class Passes:
             self.units[step] = [r[step] for r in results]
         return results
 
+    def spread(self, name: str, task: Any, *mapped: list[Any], **fixed: Any) -> list[dict[str, Any]]:
+        """A task per item of ``mapped`` (not per part: the shard windows); their results, in order."""
+        with self.profile.run_pass(name) as entry:
+            futures = task.map(unmapped(self.ctx), *mapped, *(unmapped(v) for v in fixed.values()))
+            results = futures.result()
+            self.profile.add_results(entry, results, task_runs=len(mapped[0]))
+        return results
+
     def once(self, name: str, task: Any, *args: Any) -> Any:
         with self.profile.run_pass(name):
             return task(*args)

@@ -106,3 +106,17 @@ def rename_flow_run(name: str) -> None:
     if flow_run.id:
         with get_client(sync_client=True) as client:
             client.update_flow_run(flow_run.id, name=name)
+
+
+def windows(label: str) -> Callable[[], str]:
+    """``<label> train 1-36, valid 1/141+3``: the shards of each split a shard task writes or publishes."""
+
+    def name() -> str:
+        shown = [f"{w['split']} {_span(w['first'], w['stop'])}" for w in _task_params().get("windows") or []]
+        return f"{label} {', '.join(shown) or '?'}"
+
+    return name
+
+
+def _span(first: int, stop: int) -> str:
+    return f"{first + 1}" if stop == first + 1 else f"{first + 1}-{stop}"

@@ -305,7 +305,7 @@ def _expected_hashes(manifest: Manifest) -> dict[str, str]:
     return hashes
 
 
-def _upload_verified(store: ObjectStore, key: str, path: Path, sha256: str) -> None:
+def upload_verified(store: ObjectStore, key: str, path: Path, sha256: str) -> None:
     """Upload unless an identical object is already there (a resumed publish), then verify by re-reading."""
     if store.exists(key) and store.stat(key).size == path.stat().st_size:
         try:
@@ -335,10 +335,35 @@ def publish_dataset(
     for key, path in paths.items():
         if sha256_file(path) != hashes[key]:
             raise ValueError(f"staged file {path} does not match the manifest's sha256 for {key}")
-    prefix = join_key("datasets", name, manifest.dataset_id)
+    prefix = dataset_prefix(name, manifest.dataset_id)
     for key, path in paths.items():
-        _upload_verified(root_store, join_key(prefix, key), path, hashes[key])
-    manifest_key = join_key(prefix, MANIFEST_KEY)
+        upload_verified(root_store, join_key(prefix, key), path, hashes[key])
+    return commit_manifest(root_store, name, manifest)
+
+
+def dataset_prefix(name: str, dataset_id: str) -> str:
+    """Where a dataset's objects live in its store: ``datasets/<name>/<dataset_id>``."""
+    return join_key("datasets", name, dataset_id)
+
+
+def copy_verified(store: ObjectStore, src_key: str, key: str, sha256: str) -> None:
+    """:func:`upload_verified` for an object already in the store (a shard a worker wrote to the work
+    folder): a copy within the store (server-side on S3, a hard link on disk), then the same check."""
+    if store.exists(key) and store.stat(key).size == store.stat(src_key).size:
+        try:
+            store.verify_sha256(key, sha256)
+            return
+        except StorageError as exc:
+            log.warning("replacing %s: %s", store.uri_of(key), exc)
+    store.copy(src_key, key)
+    store.verify_sha256(key, sha256)
+
+
+def commit_manifest(root_store: ObjectStore, name: str, manifest: Manifest) -> str:
+    """The last step of a publish, once every object the manifest lists is in place and verified: write the
+    manifest (create-only; the same content already there is a no-op, other content a
+    :class:`DatasetConflictError`), then point ``latest.json`` at it. Returns the manifest URI."""
+    manifest_key = join_key(dataset_prefix(name, manifest.dataset_id), MANIFEST_KEY)
     try:
         root_store.put_if_absent(manifest_key, manifest.to_bytes())
         log.info("published %s", root_store.uri_of(manifest_key))

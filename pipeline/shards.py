@@ -247,17 +247,35 @@ class ShardWriter:
     each piece a sequence of its own. ``close`` checks every planned token was written and returns the shards.
     """
 
-    def __init__(self, out_dir: str | Path, split: str, sizes: Sequence[int], dtype: DTypeLike):
+    def __init__(
+        self,
+        out_dir: str | Path,
+        split: str,
+        sizes: Sequence[int],
+        dtype: DTypeLike,
+        first_index: int = 0,
+        token_offset: int = 0,
+    ):
+        """``sizes``: the planned sizes of the shards this writer fills, which are shards ``first_index``,
+        ``first_index + 1``, ... of the split, starting at ``token_offset`` in the split's token stream (a
+        writer of a window of the split's shards; the defaults: all of them)."""
         if any(s <= 0 for s in sizes):
             raise ValueError(f"planned shard sizes must be > 0, got {list(sizes)[:10]}")
         self.out_dir, self.split, self.sizes = Path(out_dir), split, list(sizes)
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self._limit = np.iinfo(self.dtype).max
         self._current: _OpenShard | None = None
+        self._first_index = first_index
         self._next_index = 0
-        self._offset = 0
+        self._offset = token_offset
         self._carry_piece = 0
+        self._continues: int | None = None
         self.done: list[WrittenShard] = []
+
+    def continue_document(self, piece: int) -> None:
+        """The next document added is piece ``piece`` of a document that earlier shards hold the start of
+        (a window writer whose first shard starts inside a document)."""
+        self._continues = piece
 
     def add(
         self,
@@ -313,6 +331,9 @@ class ShardWriter:
             pieces = np.zeros(last - first, dtype=np.int64)
             if offsets[first] < pos:  # continues a document split at the previous shard boundary
                 pieces[0] = self._carry_piece + 1
+            elif self._continues is not None and pos == 0:  # ... or at the boundary before this window
+                pieces[0] = self._continues
+            self._continues = None
             self._carry_piece = int(pieces[-1])
             for name, values in (
                 ("doc_id", doc_ids[first:last]),
@@ -335,11 +356,12 @@ class ShardWriter:
             raise ValueError(
                 f"{self.split}: document {doc_id!r} exceeds the planned {sum(self.sizes)} tokens"
             )
-        index = self._next_index
+        local = self._next_index
         self._next_index += 1
+        index = self._first_index + local
         bin_key = shard_keys(self.split, index)[0]
         (self.out_dir / bin_key).parent.mkdir(parents=True, exist_ok=True)
-        self._current = _OpenShard(index, self.sizes[index], open(self.out_dir / bin_key, "wb"))  # noqa: SIM115 (closed in _finish)
+        self._current = _OpenShard(index, self.sizes[local], open(self.out_dir / bin_key, "wb"))  # noqa: SIM115 (closed in _finish)
         return self._current
 
     def _finish(self, shard: _OpenShard) -> None:
@@ -375,7 +397,7 @@ class ShardWriter:
 
     def close(self) -> list[WrittenShard]:
         if self._current is not None or len(self.done) != len(self.sizes):
-            written = self._offset + (self._current.filled if self._current else 0)
+            written = sum(d.tokens for d in self.done) + (self._current.filled if self._current else 0)
             if self._current is not None:
                 self._current.file.close()
             raise ValueError(

@@ -204,20 +204,42 @@ def mixture_of_shards(
     split; ``ranges[split]``: each source's contiguous ``[token_start, token_start + tokens)`` in the split's
     token stream (the shard writer groups documents by source).
     """
+    runs = [shard_runs(Path(staged) / shard.docs_key) for shard in written]
+    return mixture_from_runs(written, runs, sources)
+
+
+def shard_runs(docs_path: str | Path) -> list[list[Any]]:
+    """A shard's ``docs.parquet`` as runs of consecutive pieces with the same source name and language:
+    ``[name, language, source entry of the run's first piece, tokens, documents starting]`` (what
+    :func:`mixture_from_runs` adds up; a worker that wrote the shard hands these on instead of the file)."""
+    table = pq.read_table(docs_path, columns=["tokens", "piece", *_COLUMNS])
+    cols = {c: table.column(c).to_pylist() for c in ("tokens", "piece", *_COLUMNS)}
+    runs: list[list[Any]] = []
+    for tokens, piece, name, lang, meta in zip(*cols.values(), strict=True):
+        if runs and runs[-1][0] == name and runs[-1][1] == lang:
+            runs[-1][3] += tokens
+            runs[-1][4] += int(piece == 0)
+        else:
+            runs.append([name, lang, provenance(meta)[1], tokens, int(piece == 0)])
+    return runs
+
+
+def mixture_from_runs(
+    written: Sequence[WrittenShard], runs: Sequence[Sequence[Sequence[Any]]], sources: Sequence[SourceConfig]
+) -> dict[str, Any]:
+    """:func:`mixture_of_shards` from each shard's :func:`shard_runs` (``runs[i]`` belongs to ``written[i]``)."""
     per: dict[str, dict[str, Any]] = {}
     langs: dict[str, dict[str, dict[str, int]]] = {}
     ranges: dict[str, list[dict[str, Any]]] = {}
-    for shard in sorted(written, key=lambda w: (w.split, w.index)):
-        table = pq.read_table(Path(staged) / shard.docs_key, columns=["tokens", "piece", *_COLUMNS])
-        cols = {c: table.column(c).to_pylist() for c in ("tokens", "piece", *_COLUMNS)}
+    for shard, shard_runs_ in sorted(zip(written, runs, strict=True), key=lambda x: (x[0].split, x[0].index)):
         offset = shard.token_offset
-        for tokens, piece, name, lang, meta in zip(*cols.values(), strict=True):
-            info = per.setdefault(name, {"entry": provenance(meta)[1], "languages": {}})
-            _add(info.setdefault(shard.split, {"tokens": 0, "docs": 0}), tokens, piece == 0)
+        for name, lang, entry, tokens, starts in shard_runs_:
+            info = per.setdefault(name, {"entry": entry, "languages": {}})
+            _add(info.setdefault(shard.split, {"tokens": 0, "docs": 0}), tokens, starts)
             by_lang = info["languages"].setdefault(shard.split, {})
             by_lang[lang or "und"] = by_lang.get(lang or "und", 0) + tokens
             _add(langs.setdefault(lang or "und", {}).setdefault(shard.split, {"tokens": 0, "docs": 0}),
-                 tokens, piece == 0)  # fmt: skip
+                 tokens, starts)  # fmt: skip
             _extend_range(ranges.setdefault(shard.split, []), name, offset, tokens)
             offset += tokens
     train = {n: v.get("train", {}).get("tokens", 0) for n, v in per.items()}
@@ -231,9 +253,9 @@ def mixture_of_shards(
 _COLUMNS = ("source_name", "language", "meta")
 
 
-def _add(counts: dict[str, int], tokens: int, starts: bool) -> None:
+def _add(counts: dict[str, int], tokens: int, starts: int) -> None:
     counts["tokens"] += tokens
-    counts["docs"] += int(starts)
+    counts["docs"] += starts
 
 
 def _extend_range(ranges: list[dict[str, Any]], name: str, offset: int, tokens: int) -> None:

@@ -6,19 +6,16 @@ document cannot forge a control token) and gets the EOS id appended. Encoding ru
 ``pipeline.fast_bpe``) after checking on a sample that it gives the same ids as ``tokenizers``; otherwise
 ``tokenizers``' multi-threaded ``encode_batch``. A token part is ``part-NNNNN.parquet`` with columns
 ``id, source, location, tokens: large_list<uint32>``, then its stats, then ``.done`` (the records contract).
-The global step :func:`run_shard_and_publish` plans balanced shards over all token parts, writes them to a
-local staging folder and publishes them with a manifest.
+Token parts become shards and a published dataset in ``pipeline.publish``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import logging
 import os
 import re
-import tempfile
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -31,31 +28,16 @@ import pyarrow.parquet as pq
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pipeline.fast_bpe import UnsupportedTokenizer, tiktoken_from_tokenizer, verify_same_ids
-from pipeline.hf_tokenizer import hf_tokenizer_files
-from pipeline.manifest import Manifest, ShardInfo, TokenizerInfo, publish_dataset
 from pipeline.records import Record, iter_part_batches
-from pipeline.shards import (
-    PROVENANCE_COLUMNS,
-    SPLITS,
-    ShardConfig,
-    ShardWriter,
-    WrittenShard,
-    dtype_for_vocab,
-    plan_shards,
-    split_of,
-)
-from pipeline.sources import SourceConfig, mixture_of_shards, provenance
+from pipeline.sources import provenance
 from pipeline.storage import ObjectStore, open_store, sha256_bytes, split_uri
 from pipeline.storage.options import S3Options
 from pipeline.units import (
     StageStats,
     finish_unit,
-    merged_stats,
     part_done,
     part_unit,
     read_part_stats,
-    require_done,
-    unit_stats,
 )
 
 log = logging.getLogger(__name__)
@@ -399,215 +381,3 @@ def run_tokenize_part(
     stats.extra["encoder"] = encoder.name if encoder else "none"
     write_token_part(store, out_folder, index, tables, stats)
     return stats
-
-
-# ---------------------------------------------------------------- shard + publish (global step)
-
-
-def iter_token_batches(
-    store: ObjectStore,
-    folder: str,
-    index: int,
-    columns: Sequence[str] = ("id", "source", "location", "tokens"),
-) -> Iterator[pa.RecordBatch]:
-    unit = part_unit(folder, index)
-    require_done(store, unit, "run_tokenize_part")
-    pf = pq.ParquetFile(io.BytesIO(store.get_bytes(f"{unit}.parquet")))
-    yield from pf.iter_batches(batch_size=4096, columns=list(columns))
-
-
-def _split_arrays(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
-    tokens = batch.column("tokens")
-    offsets = tokens.offsets.to_numpy()
-    return offsets - offsets[0], tokens.flatten().to_numpy()
-
-
-def count_split_tokens(
-    store: ObjectStore, folder: str, num_parts: int, shard_cfg: ShardConfig
-) -> dict[str, int]:
-    """Pass 1: tokens per split, so shards can be planned before any is written."""
-    totals = dict.fromkeys(SPLITS, 0)
-    for per_source in count_source_tokens(store, folder, num_parts, shard_cfg).values():
-        for split, n in per_source.items():
-            totals[split] += n
-    return totals
-
-
-def count_source_tokens(
-    store: ObjectStore,
-    folder: str,
-    num_parts: int,
-    shard_cfg: ShardConfig,
-    counts_folder: str | None = None,
-) -> dict[str, dict[str, int]]:
-    """Tokens per source name and split (pass 1 of :func:`write_shards`). ``counts_folder``: where
-    :func:`run_split_count_part` counted each part already (in the parallel tokenize pass); a part it has not
-    counted is read here."""
-    totals: dict[str, dict[str, int]] = {}
-    for i in range(num_parts):
-        done = unit_stats(store, part_unit(counts_folder, i)) if counts_folder else None
-        if done is not None and done.extra.get("split") == _split_rule(shard_cfg):
-            counted = done.extra["source_tokens"]
-        else:
-            counted = part_source_tokens(store, folder, i, shard_cfg)
-        for name, per_split in counted.items():
-            per = totals.setdefault(name, dict.fromkeys(SPLITS, 0))
-            for split, n in per_split.items():
-                per[split] += n
-    return totals
-
-
-def _split_rule(shard_cfg: ShardConfig) -> list[float | int]:
-    return [shard_cfg.valid_fraction, shard_cfg.seed]
-
-
-def part_source_tokens(
-    store: ObjectStore, folder: str, index: int, shard_cfg: ShardConfig
-) -> dict[str, dict[str, int]]:
-    """Tokens per source name and split of one token part."""
-    totals: dict[str, dict[str, int]] = {}
-    for batch in iter_token_batches(store, folder, index, columns=("id", "tokens", "source_name")):
-        offsets, _ = _split_arrays(batch)
-        names = batch.column("source_name").to_pylist()
-        ids = batch.column("id").to_pylist()
-        for doc_id, name, n in zip(ids, names, np.diff(offsets).tolist(), strict=True):
-            split = split_of(doc_id, shard_cfg.valid_fraction, shard_cfg.seed)
-            per = totals.setdefault(name, dict.fromkeys(SPLITS, 0))
-            per[split] += n
-    return totals
-
-
-def run_split_count_part(
-    store: ObjectStore, token_folder: str, out_folder: str, index: int, shard_cfg: ShardConfig
-) -> StageStats:
-    """Count one token part's tokens per source name and split, as pass 1 of :func:`write_shards` would: a
-    build runs it on the workers right after tokenizing the part, so the serial shard step only adds these up.
-    The counts are the unit's stats (``extra["source_tokens"]``, with the split rule they follow)."""
-    unit = part_unit(out_folder, index)
-    if (done := unit_stats(store, unit)) is not None:
-        return done
-    counted = part_source_tokens(store, token_folder, index, shard_cfg)
-    tokens = sum(n for per in counted.values() for n in per.values())
-    stats = StageStats(stage="split_count", extra={"tokens": tokens, "source_tokens": counted})
-    stats.extra["split"] = _split_rule(shard_cfg)
-    return finish_unit(store, unit, stats)
-
-
-def write_shards(
-    store: ObjectStore,
-    folder: str,
-    num_parts: int,
-    out_dir: Path,
-    dtype: np.dtype,
-    shard_cfg: ShardConfig,
-    counts_folder: str | None = None,
-) -> list[WrittenShard]:
-    """Pass 2: stream every document into its split's balanced shards under ``out_dir``, grouped by source
-    name (sorted), each source in part order, so every source is one contiguous token range of its split:
-    the blended sampler draws from a source by drawing from its range (see ``source_ranges``). Pass 1 (the
-    tokens per source and split that plan the shards) adds up ``counts_folder``'s per-part counts when there
-    are any."""
-    per_source = count_source_tokens(store, folder, num_parts, shard_cfg, counts_folder)
-    target = shard_cfg.target_tokens(dtype)
-    writers = {
-        s: ShardWriter(out_dir, s, plan_shards(sum(t[s] for t in per_source.values()), target), dtype)
-        for s in SPLITS
-    }
-    columns = ("id", "source", "location", "tokens", *PROVENANCE_COLUMNS)
-    for name in sorted(per_source):
-        for i in range(num_parts):
-            for batch in iter_token_batches(store, folder, i, columns=columns):
-                _write_batch(batch, name, writers, shard_cfg)
-    return [shard for s in SPLITS for shard in writers[s].close()]
-
-
-def _write_batch(
-    batch: pa.RecordBatch, source: str, writers: dict[str, ShardWriter], shard_cfg: ShardConfig
-) -> None:
-    """The documents of ``source`` in ``batch``, each to its split's writer."""
-    offsets, flat = _split_arrays(batch)
-    cols = {c: batch.column(c).to_pylist() for c in ("id", "source", "location", *PROVENANCE_COLUMNS)}
-    of_source = np.array([n == source for n in cols["source_name"]], dtype=bool)
-    if not of_source.any():
-        return
-    splits = np.array([split_of(d, shard_cfg.valid_fraction, shard_cfg.seed) for d in cols["id"]])
-    lengths = np.diff(offsets)
-    for split, writer in writers.items():
-        mask = (splits == split) & of_source
-        if not mask.any():
-            continue
-        picked = np.flatnonzero(mask).tolist()
-        sub_offsets = np.concatenate([[0], np.cumsum(lengths[mask])])
-        sub_flat = flat if mask.all() else flat[np.repeat(mask, lengths)]
-        ids, sources, locations = ([cols[c][k] for k in picked] for c in ("id", "source", "location"))
-        prov = {c: [cols[c][k] for k in picked] for c in PROVENANCE_COLUMNS}
-        writer.add_batch(ids, sources, locations, sub_offsets, sub_flat, prov)
-
-
-def _shard_info(w: WrittenShard) -> ShardInfo:
-    return ShardInfo(**{f.name: getattr(w, f.name) for f in dataclasses.fields(ShardInfo)})
-
-
-def run_shard_and_publish(
-    store: ObjectStore,
-    token_folder: str,
-    num_parts: int,
-    tokenizer_key: str,
-    cfg: ShardConfig,
-    name: str,
-    *,
-    inputs: list[dict] | None = None,
-    stats: dict[str, StageStats] | None = None,
-    config: dict | None = None,
-    lineage: dict | None = None,
-    eos_token: str = "<|endoftext|>",
-    pad_token: str | None = "<|pad|>",
-    staging_dir: str | Path | None = None,
-    sources: Sequence[SourceConfig] = (),
-    counts_folder: str | None = None,
-) -> str:
-    """Global step: plan balanced shards over all token parts, write them locally, publish; returns the
-    manifest URI. ``stats`` holds the earlier stages' merged stats; tokenize and shard stats are added."""
-    tok_bytes = store.get_bytes(tokenizer_key)
-    tok = Tokenizer.from_str(tok_bytes.decode("utf-8"))
-    dtype = dtype_for_vocab(tok.get_vocab_size())
-    all_stats = {k: v.to_json() for k, v in (stats or {}).items()}
-    all_stats["tokenize"] = merged_stats(store, token_folder, num_parts, "tokenize").to_json()
-    with tempfile.TemporaryDirectory(prefix="pileworks-shards-", dir=staging_dir) as tmp:
-        staged = Path(tmp)
-        (staged / "tokenizer.json").write_bytes(tok_bytes)
-        eos_id = special_id(tok, eos_token)
-        pad_id = None if pad_token is None else special_id(tok, pad_token)
-        hf_files = hf_tokenizer_files(tok_bytes, eos_id=eos_id, pad_id=pad_id)
-        for file_name, data in hf_files.items():
-            (staged / file_name).write_bytes(data)
-        written = write_shards(store, token_folder, num_parts, staged, dtype, cfg, counts_folder)
-        tokens = sum(w.tokens for w in written)
-        all_stats["shard"] = StageStats(
-            stage="shard",
-            docs_in=sum(w.docs for w in written),
-            docs_out=sum(w.docs for w in written),
-            bytes_in=4 * tokens,
-            bytes_out=sum(w.bytes for w in written),
-            extra={"tokens": tokens, "shards": len(written)},
-        ).to_json()
-        manifest = Manifest(
-            name=name,
-            dtype=dtype.name,
-            shards=[_shard_info(w) for w in written],
-            tokenizer=TokenizerInfo(
-                key="tokenizer.json",
-                sha256=sha256_bytes(tok_bytes),
-                vocab_size=tok.get_vocab_size(),
-                eos_id=eos_id,
-                bos_id=None,
-                pad_id=pad_id,
-                files={file_name: sha256_bytes(data) for file_name, data in hf_files.items()},
-            ),
-            stats=all_stats,
-            mixture=mixture_of_shards(staged, written, sources),
-            inputs=list(inputs or []),
-            config=dict(config or {}),
-            lineage=dict(lineage or {"prefect_flow_run_id": None}),
-        )
-        return publish_dataset(store, name, staged, manifest)

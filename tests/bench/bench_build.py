@@ -21,7 +21,7 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from flows.corpus_config import load_corpus_config
-from pipeline import tokenize
+from pipeline import publish, tokenize
 from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
 from pipeline.clean.normalize import normalizer
@@ -90,7 +90,7 @@ def bench_stages(root: Path) -> None:
         )
     mark_stage_success(store, f"{w}/tokens", n)
     clock.run(
-        "shard+publish", tokenize.run_shard_and_publish, store, f"{w}/tokens", n, tok, cfg.shard, "bench"
+        "shard+publish", publish.run_shard_and_publish, store, f"{w}/tokens", n, tok, cfg.shard, "bench"
     )
     total = sum(clock.cpu.values())
     print(f"sample corpus: {raw_bytes / 1e6:.1f} MB raw input ({text_mb:.1f} MB of text), {n} parts")

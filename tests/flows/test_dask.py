@@ -77,6 +77,12 @@ def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_datas
     assert len(worker_pids(one) - {me}) == 1
     assert len(worker_pids(two) - {me}) == 2
     assert worker_pids(ext) - {me} <= external_workers and len(worker_pids(ext) - {me}) >= 1
+    # Shards are written, then copied under the dataset's prefix, by several tasks (runs of shards) on the
+    # workers; the shard tables above show the same bytes (sha256) however many wrote them.
+    passes = {p["name"]: p for p in two["profile"]["passes"]}
+    assert passes["write-shards"]["task_runs"] >= 2 and passes["publish-shards"]["task_runs"] >= 2
+    assert two["profile"]["steps"]["write-shards"]["units"] == passes["write-shards"]["task_runs"]
+    assert {p["name"]: p for p in one["profile"]["passes"]}["write-shards"]["task_runs"] == 1
     # Listing the inputs and saving the dedup index are stage work too, timed in the flow's process.
     steps = one["profile"]["steps"]
     assert steps["plan-inputs"]["units"] == steps["save-dedup-index"]["units"] == 1

@@ -142,7 +142,8 @@ def check_build(
     check_task_names(page, expect, {
         "clean + exact hash": r"^clean \+ exact hash 1(-\d+|(, \d+)+|, \d+, …, \d+)/\d+$",
         "tokenize": r"^tokenize \d+(-\d+|(, \d+)+|, \d+, …, \d+)/\d+$",
-        "bands": r"^near-dedup: bands \d+(-\d+|(, \d+)+|, \d+, …, \d+)/\d+$", "shard and publish": r"^shard and publish$",
+        "bands": r"^near-dedup: bands \d+(-\d+|(, \d+)+|, \d+, …, \d+)/\d+$",
+        "shards: write": r"^shards: write train \d+(-\d+)?(, valid \d+(-\d+)?)?$", "manifest: publish": r"^manifest: publish$",
     })  # fmt: skip
     page.screenshot(path=str(shots / "ui-build-task-runs.png"), full_page=True)
     page.get_by_text("Artifacts", exact=True).first.click()

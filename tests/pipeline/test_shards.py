@@ -13,6 +13,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.publish import (
+    count_source_tokens,
+    iter_token_batches,
+    part_source_tokens,
+    run_split_count_part,
+    write_shards,
+)
 from pipeline.records import Record
 from pipeline.shards import (
     DOCS_SCHEMA,
@@ -27,15 +34,7 @@ from pipeline.shards import (
     write_idx,
 )
 from pipeline.storage import FileStore
-from pipeline.tokenize import (
-    count_source_tokens,
-    iter_token_batches,
-    part_source_tokens,
-    run_split_count_part,
-    tokens_table,
-    write_shards,
-    write_token_part,
-)
+from pipeline.tokenize import tokens_table, write_token_part
 from pipeline.units import StageStats
 from tests.fixtures.tiny_dataset import NUM_PARTS, build_tiny_dataset
 
@@ -332,7 +331,7 @@ def test_shards_planned_from_per_part_split_counts_are_byte_identical(tmp_path: 
         }
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("pipeline.tokenize.part_source_tokens", lambda *a: pytest.fail("a part was read to count"))
+        mp.setattr("pipeline.publish.part_source_tokens", lambda *a: pytest.fail("a part was read to count"))
         counted = shard_bytes("counted", counts_folder="counts")
     assert counted == shard_bytes("read") and len(counted) >= 6
     other_rule = ShardConfig(target_bytes=2 * 30_000, valid_fraction=0.3)
