@@ -86,6 +86,8 @@ class BuildProfile:
             s["wall_s"] += r["wall_s"]
             s["units"] += 1
             s["rss_mb"] = max(s["rss_mb"], r["rss_mb"])
+            if calls := r.get("storage", {}).get("attempts"):  # S3 calls of the step, wherever it ran
+                s["s3_calls"] = s.get("s3_calls", 0) + calls
             self.processes[r["pid"]] = max(self.processes.get(r["pid"], 0.0), r["rss_mb"])
             if r["pid"] != self.flow_pid:  # in-process units are inside the flow process's own count
                 add_counts(self.worker_storage, r.get("storage", {}))

@@ -372,8 +372,9 @@ def merge_reports(
     """One report of the whole stage: the eval sets read, and the most matched n-grams with document counts."""
     index = EvalIndex.from_bytes(store.get_bytes(index_key))
     total: Counter[tuple[str, str]] = Counter()
-    for i in range(num_parts):
-        for row in json.loads(store.get_bytes(f"{folder}/{part_name(i)}.matches.json")):
+    for rows in store.map(lambda i: json.loads(store.get_bytes(f"{folder}/{part_name(i)}.matches.json")),
+                          range(num_parts)):  # fmt: skip
+        for row in rows:
             total[(",".join(row["sets"]), row["ngram"])] += int(row["docs"])
     report = {
         "ngram": index.ngram,

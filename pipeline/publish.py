@@ -101,14 +101,14 @@ def part_counts(
     counts_folder: str | None = None,
 ) -> list[dict[str, dict[str, int]]]:
     """Every part's tokens per source name and split, in part order (from ``counts_folder`` where counted)."""
-    out = []
-    for i in range(num_parts):
+
+    def counted(i: int) -> dict[str, dict[str, int]]:
         done = unit_stats(store, part_unit(counts_folder, i)) if counts_folder else None
         if done is not None and done.extra.get("split") == _split_rule(shard_cfg):
-            out.append(done.extra["source_tokens"])
-        else:
-            out.append(part_source_tokens(store, folder, i, shard_cfg))
-    return out
+            return done.extra["source_tokens"]
+        return part_source_tokens(store, folder, i, shard_cfg)
+
+    return store.map(counted, range(num_parts))
 
 
 def _split_rule(shard_cfg: ShardConfig) -> list[float | int]:

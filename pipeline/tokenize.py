@@ -175,7 +175,7 @@ def run_train_tokenizer(
         tok = load_tokenizer(cfg.tokenizer, s3=s3)
         record: dict[str, object] = {"source": cfg.tokenizer}
     else:
-        sizes = [read_part_stats(store, in_folder, i).bytes_out for i in range(num_parts)]
+        sizes = store.map(lambda i: read_part_stats(store, in_folder, i).bytes_out, range(num_parts))
         parts = sample_parts(sizes, cfg.train_sample_bytes)
         seen = {"docs": 0, "bytes": 0}
 

@@ -154,14 +154,15 @@ def read_part_stats(store: ObjectStore, folder: str, index: int) -> StageStats:
 
 def merged_stats(store: ObjectStore, folder: str, num_parts: int, stage: str) -> StageStats:
     total = StageStats(stage=stage)
-    for i in range(num_parts):
-        total.merge(read_part_stats(store, folder, i))
+    for stats in store.map(lambda i: read_part_stats(store, folder, i), range(num_parts)):
+        total.merge(stats)
     return total
 
 
 def mark_stage_success(store: ObjectStore, folder: str, num_parts: int) -> None:
     """``_SUCCESS`` once every part of the folder has its marker (refuses otherwise)."""
-    missing = [i for i in range(num_parts) if not part_done(store, folder, i)]
+    done = store.map(lambda i: part_done(store, folder, i), range(num_parts))
+    missing = [i for i, ok in enumerate(done) if not ok]
     if missing:
         raise RuntimeError(f"{folder}: parts {missing[:10]} are not done; refusing to write {SUCCESS}")
     store.put_bytes(f"{folder}/{SUCCESS}", json.dumps({"parts": num_parts}).encode())

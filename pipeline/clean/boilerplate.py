@@ -22,16 +22,19 @@ that range of every part's array by its fences. Only the kept hashes (the boiler
 
 from __future__ import annotations
 
+import functools
 import math
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from pipeline.clean.config import CleanConfig
 from pipeline.clean.normalize import line_hash, normalize_text
 from pipeline.records import Record, iter_part_batches
-from pipeline.storage import ObjectStore
+from pipeline.storage import FileStore, ObjectStore
 from pipeline.units import (
     StageStats,
     done_stats_or_fail,
@@ -173,21 +176,49 @@ def merge_boilerplate(
     """
     if store.exists(out_key):
         return len(get_npy(store, out_key))
-    parts, total_docs = [], 0
-    for index in range(num_parts):
+    if store.io_threads <= 1:  # a local store: each range of each part is a read at an offset
+        return _merge(store, None, count_folder, num_parts, cfg, out_key, budget_bytes)
+    # A remote store: every range of every part would be a round trip of its own (two per part and range,
+    # hundreds of ranges at 100 GB), so each part's arrays are downloaded once and the ranges read locally.
+    with tempfile.TemporaryDirectory(prefix="pileworks-boilerplate-") as tmp:
+        return _merge(store, Path(tmp), count_folder, num_parts, cfg, out_key, budget_bytes)
+
+
+def _merge(
+    store: ObjectStore,
+    scratch: Path | None,
+    count_folder: str,
+    num_parts: int,
+    cfg: CleanConfig,
+    out_key: str,
+    budget_bytes: int,
+) -> int:
+    """The merge, reading the parts' count arrays from ``store``, or from a copy in the local ``scratch``."""
+    arrays = FileStore(scratch) if scratch else store
+
+    def open_part(index: int) -> tuple[int, _PartCounts]:
         unit = part_unit(count_folder, index)
-        total_docs += done_stats_or_fail(store, unit, "run_boilerplate_count_part").docs_in
-        parts.append(_PartCounts(store, count_folder, index))
-    threshold = boilerplate_threshold(total_docs, cfg)
+        docs = done_stats_or_fail(store, unit, "run_boilerplate_count_part").docs_in
+        if scratch:  # a scratch copy: plain writes, no atomic rename or fsync
+            for key in (f"{unit}.npy", f"{unit}.fences.npy"):
+                if key.endswith("s.npy") and not store.exists(key):
+                    continue  # counted by an older version: no fences
+                path = scratch / key
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(store.get_bytes(key))
+        return docs, _PartCounts(arrays, count_folder, index)
+
+    opened = store.map(open_part, range(num_parts))
+    parts = [p for _, p in opened]
+    threshold = boilerplate_threshold(sum(docs for docs, _ in opened), cfg)
     kept = []
     for lo, hi in merge_ranges(parts, budget_bytes):
-        merged = (
-            np.concatenate([p.slice(lo, hi) for p in parts], axis=1) if parts else np.zeros((2, 0), np.uint64)
-        )
+        slices = arrays.map(functools.partial(_PartCounts.slice, lo=lo, hi=hi), parts)
+        merged = np.concatenate(slices, axis=1) if parts else np.zeros((2, 0), np.uint64)
         hashes, inverse = np.unique(merged[0], return_inverse=True)
         docs = np.bincount(inverse.ravel(), weights=merged[1], minlength=len(hashes))
         kept.append(hashes[docs >= threshold])
-        del merged, hashes, inverse, docs
+        del slices, merged, hashes, inverse, docs
     keep = np.concatenate(kept) if kept else np.zeros(0, np.uint64)
     put_npy(store, out_key, keep.astype(np.uint64))
     return len(keep)

@@ -52,9 +52,11 @@ def read_texts(store: ObjectStore, in_folder: str, refs: np.ndarray) -> dict[int
 
 def _per_source(store: ObjectStore, work: str, num_parts: int, table: pa.Table, dropped: np.ndarray) -> dict:
     docs: Counter[str] = Counter()
-    for i in range(num_parts):
-        _, info = load_signatures(store, folder_key(work, "signatures"), i, matrix=False)
-        docs.update(info.column("source").to_pylist())
+    for sources in store.map(
+        lambda i: load_signatures(store, folder_key(work, "signatures"), i, matrix=False)[1].column("source"),
+        range(num_parts),
+    ):
+        docs.update(sources.to_pylist())
     removed = Counter(np.array(table.column("source").to_pylist(), dtype=object)[dropped].tolist())
     return {
         src: {"docs": n, "removed_near": removed.get(src, 0), "rate": round(removed.get(src, 0) / n, 6)}

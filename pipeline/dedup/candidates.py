@@ -33,8 +33,10 @@ def plan_near_dedup(store: ObjectStore, work: str, num_parts: int, cfg: NearDedu
     if store.exists(key):
         return json.loads(store.get_bytes(key))
     docs = sum(
-        done_stats_or_fail(store, folder_key(work, f"signatures/{part_name(i)}")).docs_out
-        for i in range(num_parts)
+        store.map(
+            lambda i: done_stats_or_fail(store, folder_key(work, f"signatures/{part_name(i)}")).docs_out,
+            range(num_parts),
+        )
     )
     index = open_index(store, cfg)
     index_docs = 0

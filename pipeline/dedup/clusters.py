@@ -89,9 +89,9 @@ def run_clusters(
     pq.write_table(table, sink, compression="zstd")
     store.put_bytes(f"{folder}/clusters.parquet", sink.getvalue())
     _write_drop_lists(store, folder, clusters, num_parts)
-    sig_stats = [
-        done_stats_or_fail(store, folder_key(work, f"signatures/{part_name(i)}")) for i in range(num_parts)
-    ]
+    sig_stats = store.map(
+        lambda i: done_stats_or_fail(store, folder_key(work, f"signatures/{part_name(i)}")), range(num_parts)
+    )
     report = audit.build_report(store, in_folder, work, table, clusters, plan, cfg, sig_stats, exact_stats)
     store.put_bytes(f"{folder}/dedup_report.json", json.dumps(report, indent=1).encode())
     stats = StageStats(
@@ -113,8 +113,12 @@ def _write_drop_lists(store: ObjectStore, folder: str, clusters: Clusters, num_p
     has_index = np.zeros(len(clusters.sizes), dtype=bool)
     has_index[clusters.cluster[is_index]] = True
     of_index = has_index[clusters.cluster]
-    drop = ~clusters.keep & ~is_index
-    for i in range(num_parts):
-        sel = np.flatnonzero(drop & (part == i))
-        sel = sel[np.argsort(row[sel])]
+    drop = np.flatnonzero(~clusters.keep & ~is_index)
+    drop = drop[np.lexsort((row[drop], part[drop]))]  # by part, then row
+    bounds = np.searchsorted(part[drop], np.arange(num_parts + 1))
+
+    def put(i: int) -> None:
+        sel = drop[bounds[i] : bounds[i + 1]]
         put_npz(store, f"{folder}/drop/{part_name(i)}.npz", rows=row[sel], of_index=of_index[sel])
+
+    store.map(put, range(num_parts))

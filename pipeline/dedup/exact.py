@@ -82,11 +82,13 @@ def resolve_exact_duplicates(
     """Decide globally which records are exact duplicates; write one drop list per part."""
     if (done := folder_stats(store, out_folder, RESOLVE_STATS)) is not None:
         return done
-    arrays = []
-    for index in range(num_parts):
+
+    def hashes_of(index: int) -> np.ndarray:
         unit = part_unit(hash_folder, index)
         require_done(store, unit, "run_exact_hash_part")
-        arrays.append(get_npy(store, f"{unit}.npy"))
+        return get_npy(store, f"{unit}.npy")
+
+    arrays = store.map(hashes_of, range(num_parts))
     sizes = [len(a) for a in arrays]
     hashes = np.concatenate(arrays) if arrays else np.zeros((0, 2), np.uint64)
     parts = np.repeat(np.arange(num_parts, dtype=np.int64), sizes)
@@ -94,8 +96,9 @@ def resolve_exact_duplicates(
     dup, kept = find_duplicates(hashes, parts, positions)
     rows = np.stack([parts[dup], positions[dup], parts[kept], positions[kept]], axis=1)
     rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
-    for index in range(num_parts):
-        put_npy(store, f"{out_folder}/{part_name(index)}.npy", rows[rows[:, 0] == index][:, 1:].copy())
+    bounds = np.searchsorted(rows[:, 0], np.arange(num_parts + 1))  # rows are sorted by part
+    store.map(lambda i: put_npy(store, f"{out_folder}/{part_name(i)}.npy", rows[bounds[i] : bounds[i + 1], 1:].copy()),
+              range(num_parts))  # fmt: skip
     stats = StageStats(stage="exact_dedup", docs_in=len(hashes), docs_out=len(hashes) - len(dup))
     stats.drop(DROP_REASON, len(dup))
     stats.extra = {"duplicate_groups": len(np.unique(kept)), "parts": num_parts}

@@ -109,18 +109,26 @@ def by_part(
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, pa.Table]]:
     """For each part the refs point into: (positions in refs, rows, signature matrix, docs table).
 
-    Each part (index parts from the index store) is loaded once, so memory holds one part at a time.
+    Each part (index parts from the index store) is loaded once, a few at a time (as many as the store keeps
+    calls in flight), so memory holds that many parts.
     """
     is_index, part, row = split_refs(refs)
-    istore = None
-    for flag, p in sorted(set(zip(is_index.tolist(), part.tolist(), strict=True))):
-        sel = np.flatnonzero((is_index == flag) & (part == p))
-        if flag:
-            istore = istore or index_store(store, cfg)
-            sigs, docs = load_signatures(istore, "", p, matrix=matrix)
-        else:
-            sigs, docs = load_signatures(store, folder_key(work, "signatures"), p, matrix=matrix)
-        yield sel, row[sel], sigs, docs
+    istore = index_store(store, cfg) if is_index.any() else None
+
+    def load(key: tuple[bool, int]) -> tuple[np.ndarray, pa.Table]:
+        flag, p = key
+        if flag and istore is not None:
+            return load_signatures(istore, "", p, matrix=matrix)
+        return load_signatures(store, folder_key(work, "signatures"), p, matrix=matrix)
+
+    keys = sorted(set(zip(is_index.tolist(), part.tolist(), strict=True)))
+    step = max(1, store.io_threads)
+    for lo in range(0, len(keys), step):
+        for (flag, p), (sigs, docs) in zip(
+            keys[lo : lo + step], store.map(load, keys[lo : lo + step]), strict=True
+        ):
+            sel = np.flatnonzero((is_index == flag) & (part == p))
+            yield sel, row[sel], sigs, docs
 
 
 def gather_signatures(store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig) -> np.ndarray:
@@ -140,8 +148,8 @@ def save_index(store: ObjectStore, work: str, num_parts: int, cfg: NearDedupConf
     folder = folder_key(work, "clusters")
     require_success(store, folder, "run_clusters before save_index")
     istore = open_store(index_uri, store.s3)  # the build store's s3 settings, never boto3's defaults
-    total = 0
-    for i in range(num_parts):
+
+    def save_part(i: int) -> int:
         sigs, docs = load_signatures(store, folder_key(work, "signatures"), i)
         keep = docs.column("shingles").to_numpy() > 0
         keep[get_npz(store, f"{folder}/drop/{part_name(i)}.npz")["rows"]] = False
@@ -153,7 +161,9 @@ def save_index(store: ObjectStore, work: str, num_parts: int, cfg: NearDedupConf
         finish_unit(
             istore, part_name(i), StageStats(stage="near_index", docs_in=len(docs), docs_out=len(rows))
         )
-        total += len(rows)
+        return len(rows)
+
+    total = sum(store.map(save_part, range(num_parts)))
     meta = {"params": cfg.signature_params(), "num_parts": num_parts, "docs": total}
     istore.put_bytes("index.json", json.dumps(meta, indent=1).encode())
     return total

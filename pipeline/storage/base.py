@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import hashlib
@@ -9,15 +10,18 @@ import os
 import posixpath
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from pipeline.errors import StorageError
 from pipeline.storage.options import S3Options
 from pipeline.storage.uploads import NO_JOURNAL, UploadJournal
 
+T = TypeVar("T")
+R = TypeVar("R")
 TMP_PREFIX = ".pw-tmp-"  # temp files of an unfinished write (the janitor removes stale ones)
 
 
@@ -98,6 +102,7 @@ class ObjectStore(ABC):
     uri: str
     s3: S3Options | None  # the store configuration this store was opened with (open_store's ``s3``)
     uploads: UploadJournal = NO_JOURNAL  # where multipart uploads are recorded (the build sets work/uploads)
+    io_threads: int = 1  # calls :meth:`map` keeps in flight (remote stores: many, each call is a round trip)
 
     @abstractmethod
     def put_bytes(self, key: str, data: bytes) -> None:
@@ -141,6 +146,16 @@ class ObjectStore(ABC):
     def copy(self, src_key: str, dst_key: str) -> None:
         """Copy an object within this store (backends override with a cheaper server-side copy)."""
         self.put_bytes(dst_key, self.get_bytes(src_key))
+
+    def map(self, fn: Callable[[T], R], items: Iterable[T]) -> builtins.list[R]:
+        """``[fn(x) for x in items]``, with up to :attr:`io_threads` calls in flight: for the steps that read or
+        write one small object per part (stats, counts, drop lists), which on S3 would otherwise wait for each
+        round trip in turn. Results in order; the first error is raised."""
+        todo = builtins.list(items)
+        if self.io_threads <= 1 or len(todo) <= 1:
+            return [fn(x) for x in todo]
+        with ThreadPoolExecutor(min(self.io_threads, len(todo)), thread_name_prefix="pw-io") as pool:
+            return builtins.list(pool.map(fn, todo))
 
     def exists(self, key: str) -> bool:
         try:

@@ -158,6 +158,8 @@ class S3Store(ObjectStore):
     write: if the winner's response is lost and botocore retries, the retry reports AlreadyExistsError.
     """
 
+    io_threads = 16  # ``map``'s calls in flight (the client pools 32 connections)
+
     def __init__(self, bucket: str, prefix: str = "", *, options: S3Options):
         if not bucket or "/" in bucket:
             raise ValueError(f"bad S3 bucket name {bucket!r}")

@@ -35,3 +35,6 @@ def test_storage_counts_worker_units_once_and_the_flow_process_whole() -> None:
     storage = prof.to_json()["storage"]
     assert storage == {"attempts": 6, "gave_up": 1, "retries": 2, "retries_throttled": 2}
     assert prof.to_json()["task_runs"] == 2 and prof.steps["ingest"]["units"] == 2
+    assert (
+        prof.to_json()["steps"]["ingest"]["s3_calls"] == 6
+    )  # per step: the in-process unit's and the worker's

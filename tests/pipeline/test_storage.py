@@ -72,6 +72,37 @@ def test_put_get_range_overwrite(store: ObjectStore) -> None:
     assert store.uri_of("a/b/x.bin") == store.uri + "/a/b/x.bin"
 
 
+def test_map_keeps_order_and_raises_the_first_error(store: ObjectStore) -> None:
+    keys = [f"many/{i:03d}" for i in range(40)]
+    store.map(lambda k: store.put_bytes(k, k.encode()), keys)
+    assert store.map(store.get_bytes, keys) == [k.encode() for k in keys]
+    with pytest.raises(FileNotFoundError):
+        store.map(store.get_bytes, [*keys[:5], "many/missing", *keys[5:]])
+
+
+def test_map_keeps_round_trips_in_flight_on_s3_only(store: ObjectStore) -> None:
+    """The steps that read one small object per part wait for one S3 round trip at a time no longer; a local
+    store keeps its calls in turn."""
+    lock, state = threading.Lock(), {"now": 0, "most": 0}
+
+    def call(key: str) -> bool:
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        try:
+            time.sleep(0.01)
+            return store.exists(key)
+        finally:
+            with lock:
+                state["now"] -= 1
+
+    assert store.map(call, [f"k{i}" for i in range(48)]) == [False] * 48
+    if isinstance(store, FileStore):
+        assert state["most"] == 1
+    else:
+        assert 4 <= state["most"] <= store.io_threads == 16
+
+
 def test_list_sorted_and_prefix_filtered(store: ObjectStore) -> None:
     for key in ["b/2", "a/1", "ab", "a/0", "c"]:
         store.put_bytes(key, key.encode())

@@ -20,6 +20,7 @@ from pipeline.clean.config import BoilerplateConfig, CleanConfig, QualityConfig
 from pipeline.clean.normalize import line_hash
 from pipeline.clean.stage import run_clean_part
 from pipeline.records import Record, read_part, write_part
+from pipeline.storage import FileStore
 from pipeline.units import StageStats
 
 WORD_TEXT = "river garden morning village teacher window market winter summer letter evening station"
@@ -154,3 +155,25 @@ def test_a_merge_in_hash_ranges_keeps_exactly_the_lines_over_the_threshold(store
     store.delete("bp-counts/part-00002.fences.npy")
     assert merge_boilerplate(store, "bp-counts", 6, cfg, "old.npy", budget_bytes=32 * 1024) == len(expected)
     assert np.load(io.BytesIO(store.get_bytes("old.npy"))).tolist() == expected
+
+
+def test_a_merge_on_s3_reads_each_part_once_whatever_the_ranges(store):
+    """On a remote store every range of every part would be a round trip of its own: the merge downloads each
+    part's arrays once and reads the ranges locally, so its S3 calls do not grow with the number of ranges (and
+    the answer is the same); a local store reads the ranges in place."""
+    from pipeline.storage.retry import STATS
+
+    true = _random_counts(store, parts=6)
+    cfg = CleanConfig(boilerplate=BoilerplateConfig(min_docs=6))
+    calls = {}
+    for budget, key in ((16 * 1024, "many.npy"), (1 << 40, "one.npy")):
+        before = STATS.snapshot()["attempts"]
+        merge_boilerplate(store, "bp-counts", 6, cfg, key, budget_bytes=budget)
+        calls[budget] = STATS.snapshot()["attempts"] - before
+        assert np.load(io.BytesIO(store.get_bytes(key))).tolist() == sorted(
+            h for h, d in true.items() if d >= 6
+        )
+    if isinstance(store, FileStore):
+        assert calls[16 * 1024] == calls[1 << 40] == 0
+    else:
+        assert calls[16 * 1024] == calls[1 << 40] <= 6 * 5 + 3  # stats, marker and two arrays per part
