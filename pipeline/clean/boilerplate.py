@@ -17,7 +17,9 @@ Two steps hand off through files, so each can run on its own worker and be resum
 
 Memory of the merge does not grow with the corpus: it runs one hash range at a time, as many ranges as it
 takes to keep each under ``budget_bytes`` (16 bytes per distinct (part, line) pair in the range), reading
-that range of every part's array by its fences. Only the kept hashes (the boilerplate set, small) add up.
+that range of every part's array by its fences. Only the kept hashes (the boilerplate set, small) add up. On a
+remote store (S3), where each of those reads would be a round trip, each part's arrays are downloaded once into
+a local scratch folder and the ranges read from there.
 """
 
 from __future__ import annotations
