@@ -55,7 +55,7 @@ from pipeline.manifest import MANIFEST_KEY, dataset_prefix
 from pipeline.storage import open_store
 from pipeline.storage.s3 import abort_recorded_uploads
 from pipeline.storage.uploads import UploadJournal
-from pipeline.units import StageStats, mark_stage_success
+from pipeline.units import StageStats
 
 __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
 
@@ -90,14 +90,15 @@ def ingest_and_clean(
     run.fan_out("ingest+count", ingest_chunk_task, chunks(plans, run.size), chunks(keys, run.size))
     run.note_reuse("ingest", "boilerplate")
     stats["ingest"] = run.merged("ingest")
-    mark_stage_success(c.store(), c.folder("ingest"), n)
-    bp_key = run.once("boilerplate-merge", boilerplate_merge_task, run.ctx, n, [])
+    run.mark_done(c.folder("ingest"), "ingest")
+    docs = [u["stats"]["docs_in"] for u in run.units.get("boilerplate", [])]
+    bp_key = run.once("boilerplate-merge", boilerplate_merge_task, run.ctx, n, docs)
     run.fan_out(
         "clean+hash", clean_chunk_task, run.index_chunks(), run.keyed("ingest"), boilerplate_key=bp_key
     )
     run.note_reuse("clean")
     stats["clean"] = run.merged("clean")
-    mark_stage_success(c.store(), c.folder("clean"), n)
+    run.mark_done(c.folder("clean"), "clean")
 
 
 def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> tuple[str, str]:
@@ -113,11 +114,12 @@ def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> t
     if cfg.dedup.exact.enabled:
         stats["exact_dedup"] = run.merged("exact dedup", "exact_dedup")
         folder, step = c.folder("exact/out"), "exact dedup"
-        mark_stage_success(c.store(), folder, n)
+        run.mark_done(folder, "exact dedup")
     if not cfg.dedup.near.enabled:
         return folder, step
     run.note_reuse("signatures")
-    plan = run.once("near-plan", near_plan_task, run.ctx, n, [])
+    sig_stats = [u["stats"] for u in run.units.get("signatures", [])]
+    plan = run.once("near-plan", near_plan_task, run.ctx, n, sig_stats)
     run.fan_out("lsh-bands", bands_task, run.index_chunks(light=True), plan=plan)
     if plan["index_parts"]:
         run.fan_out("lsh-bands-index", bands_task, run.index_chunks(plan["index_parts"], light=True), plan=plan,
@@ -126,7 +128,7 @@ def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> t
         "lsh-edges", edges_task, run.index_chunks(plan["num_partitions"], light=True), plan=plan, wait=[]
     )
     exact_json = stats["exact_dedup"].to_json() if "exact_dedup" in stats else None
-    clusters = run.once("near-clusters", clusters_task, run.ctx, folder, n, exact_json, [])
+    clusters = run.once("near-clusters", clusters_task, run.ctx, folder, n, exact_json, sig_stats)
     chunked = run.index_chunks(light=True)
     run.fan_out("near-filter", near_filter_chunk_task, chunked, [folder] * len(chunked), run.keyed(step, True),
                 clusters=clusters)  # fmt: skip
@@ -137,7 +139,7 @@ def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> t
         k: v for k, v in report.items() if k not in ("sampled_pairs", "largest_clusters")
     }
     stats["near_dedup"].extra["report_key"] = report_key
-    mark_stage_success(c.store(), c.folder("dedup"), n)
+    run.mark_done(c.folder("dedup"), "near dedup")
     return c.folder("dedup"), "near dedup"
 
 
@@ -152,7 +154,7 @@ def tokenize_parts(run: Passes, folder: str, step: str, stats: dict[str, StageSt
     chunked = run.index_chunks()
     run.fan_out("tokenize", tokenize_chunk_task, chunked, [folder] * len(chunked), run.keyed(step),
                 tokenizer_key=tok_key)  # fmt: skip
-    mark_stage_success(c.store(), c.folder("tokens"), run.n)
+    run.mark_done(c.folder("tokens"), "tokenize")
     stats["tokenize"] = run.merged("tokenize")
     run.note_reuse("tokenize")
     return tok_key
@@ -185,10 +187,10 @@ def shard_and_publish(
     return run.once("publish", commit_task, run.ctx, tok_key, manifest)
 
 
-def _files(shard: dict[str, Any]) -> list[list[str]]:
-    """A shard's three objects with their sha256, as the manifest lists them."""
-    return [[shard["key"], shard["sha256"]], [shard["idx_key"], shard["idx_sha256"]],
-            [shard["docs_key"], shard["docs_sha256"]]]  # fmt: skip
+def _files(shard: dict[str, Any]) -> list[list[Any]]:
+    """A shard's three objects with their sha256 and size, as the manifest lists them."""
+    return [[shard["key"], shard["sha256"], shard["bytes"]], [shard["idx_key"], shard["idx_sha256"], shard["idx_bytes"]],
+            [shard["docs_key"], shard["docs_sha256"], shard["docs_bytes"]]]  # fmt: skip
 
 
 # persist_result=False: a persisted result shows up as an untitled "result" artifact on the run page.

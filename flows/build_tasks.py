@@ -366,11 +366,13 @@ def tokenize_chunk_task(
 
 
 @task(name="boilerplate-merge", task_run_name="boilerplate: merge", cache_policy=NO_CACHE)
-def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> str:
+def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, docs: list[int]) -> str:
+    """Merge the parts' line counts (``docs``: each part's document count, from the count units' results)."""
     with stage_errors("boilerplate-merge"), profile.measure("boilerplate-merge"):
         c = _ctx(ctx)
         key = c.folder("boilerplate/lines.npy")
-        n = boilerplate.merge_boilerplate(c.store(), c.folder("boilerplate"), num_parts, c.cfg.clean, key)
+        n = boilerplate.merge_boilerplate(c.store(), c.folder("boilerplate"), num_parts, c.cfg.clean, key,
+                                          docs=docs)  # fmt: skip
         get_run_logger().info("boilerplate: %d line(s) repeated across many documents will be removed", n)
         return key
 
@@ -385,10 +387,12 @@ def exact_resolve_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) ->
 
 
 @task(name="near-plan", task_run_name="near-dedup: plan", cache_policy=NO_CACHE)
-def near_plan_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> dict[str, Any]:
+def near_plan_task(ctx: dict[str, Any], num_parts: int, sig_stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The near-dedup plan (``sig_stats``: every part's signature stats, from the signature units' results)."""
     with stage_errors("near-plan"), profile.measure("near-plan"):
         c = _ctx(ctx)
-        return candidates.plan_near_dedup(c.store(), c.folder("near"), num_parts, c.cfg.dedup.near)
+        known = [StageStats.from_json(s) for s in sig_stats]
+        return candidates.plan_near_dedup(c.store(), c.folder("near"), num_parts, c.cfg.dedup.near, known)
 
 
 @task(name="lsh-bands", task_run_name=run_names.parts("near-dedup: bands"), cache_policy=NO_CACHE)
@@ -425,14 +429,21 @@ def edges_task(
 
 @task(name="near-clusters", task_run_name="near-dedup: clusters", cache_policy=NO_CACHE)
 def clusters_task(
-    ctx: dict[str, Any], in_folder: str, num_parts: int, exact_stats: dict[str, Any] | None, _wait: list[Any]
+    ctx: dict[str, Any],
+    in_folder: str,
+    num_parts: int,
+    exact_stats: dict[str, Any] | None,
+    sig_stats: list[dict[str, Any]],
 ) -> dict[str, Any]:
+    """Cluster the verified edges (``sig_stats``: every part's signature stats, from the units' results)."""
     with stage_errors("near-clusters"), profile.measure("near-clusters"):
         c = _ctx(ctx)
         es = StageStats.from_json(exact_stats) if exact_stats else None
+        known = [StageStats.from_json(s) for s in sig_stats]
         return clusters.run_clusters(
-            c.store(), in_folder, c.folder("near"), num_parts, c.cfg.dedup.near, exact_stats=es
-        ).to_json()
+            c.store(), in_folder, c.folder("near"), num_parts, c.cfg.dedup.near, exact_stats=es,
+            known_sig_stats=known,
+        ).to_json()  # fmt: skip
 
 
 # ---------------------------------------------------------------- tasks: tokenize and publish
@@ -525,15 +536,15 @@ def write_shards_task(
     **IO_RETRIES,
 )
 def publish_shards_task(
-    ctx: dict[str, Any], windows: list[dict[str, Any]], files: list[list[str]], folder: str, prefix: str
+    ctx: dict[str, Any], windows: list[dict[str, Any]], files: list[list[Any]], folder: str, prefix: str
 ) -> dict[str, Any]:
-    """Copy the windows' shard files (``[key, sha256]`` each) from the work folder under the dataset's prefix,
-    verifying each."""
+    """Copy the windows' shard files (``[key, sha256, size]`` each) from the work folder under the dataset's
+    prefix, verifying each."""
     records: list[dict[str, Any]] = []
     with stage_errors("publish-shards"), profile.measure("publish-shards", records):
         store = _ctx(ctx).store()
-        for key, sha256 in files:
-            copy_verified(store, f"{folder}/{key}", f"{prefix}/{key}", sha256)
+        for key, sha256, size in files:
+            copy_verified(store, f"{folder}/{key}", f"{prefix}/{key}", sha256, size)
     return {"profile": records}
 
 

@@ -9,10 +9,10 @@ from typing import Any
 from prefect import unmapped
 from prefect.futures import as_completed
 
-from flows.build_tasks import chunks, unchunk
+from flows.build_tasks import _ctx, chunks, unchunk
 from flows.profile import BuildProfile
 from flows.progress import stage_progress
-from pipeline.units import StageStats
+from pipeline.units import StageStats, mark_stage_success
 
 
 class Passes:
@@ -67,6 +67,12 @@ class Passes:
     def once(self, name: str, task: Any, *args: Any) -> Any:
         with self.profile.run_pass(name):
             return task(*args)
+
+    def mark_done(self, folder: str, step: str) -> None:
+        """``_SUCCESS`` in ``folder``, whose parts ``step``'s units wrote: when every part's unit came back, the
+        parts are not looked up again (one call each on S3)."""
+        checked = len(self.units.get(step, [])) == self.n
+        mark_stage_success(_ctx(self.ctx).store(), folder, self.n, checked=checked)
 
     def keyed(self, step: str, light: bool = False) -> list[list[str]]:
         """The unit keys of ``step``, one list per chunk (the next pass's upstream keys)."""

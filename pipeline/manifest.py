@@ -346,16 +346,16 @@ def dataset_prefix(name: str, dataset_id: str) -> str:
     return join_key("datasets", name, dataset_id)
 
 
-def copy_verified(store: ObjectStore, src_key: str, key: str, sha256: str) -> None:
-    """:func:`upload_verified` for an object already in the store (a shard a worker wrote to the work
-    folder): a copy within the store (server-side on S3, a hard link on disk), then the same check."""
-    if store.exists(key) and store.stat(key).size == store.stat(src_key).size:
+def copy_verified(store: ObjectStore, src_key: str, key: str, sha256: str, size: int) -> None:
+    """:func:`upload_verified` for an object of ``size`` bytes already in the store (a shard a worker wrote to
+    the work folder): a copy within the store (server-side on S3, a hard link on disk), then the same check."""
+    if store.exists(key) and store.stat(key).size == size:
         try:
             store.verify_sha256(key, sha256)
             return
         except StorageError as exc:
             log.warning("replacing %s: %s", store.uri_of(key), exc)
-    store.copy(src_key, key)
+    store.copy(src_key, key, size)
     store.verify_sha256(key, sha256)
 
 

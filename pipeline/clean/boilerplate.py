@@ -171,19 +171,22 @@ def merge_boilerplate(
     cfg: CleanConfig,
     out_key: str,
     budget_bytes: int = MERGE_BUDGET_BYTES,
+    docs: Sequence[int] = (),
 ) -> int:
     """Sum the per-part counts, write the sorted hashes of boilerplate lines to ``out_key``; returns how many.
+    ``docs``: every part's document count when the caller has them (a build's flow), else read from the
+    parts' stats.
 
     Idempotent: when ``out_key`` exists it is not recomputed.
     """
     if store.exists(out_key):
         return len(get_npy(store, out_key))
     if store.io_threads <= 1:  # a local store: each range of each part is a read at an offset
-        return _merge(store, None, count_folder, num_parts, cfg, out_key, budget_bytes)
+        return _merge(store, None, count_folder, num_parts, cfg, out_key, budget_bytes, docs)
     # A remote store: every range of every part would be a round trip of its own (two per part and range,
     # hundreds of ranges at 100 GB), so each part's arrays are downloaded once and the ranges read locally.
     with tempfile.TemporaryDirectory(prefix="pileworks-boilerplate-") as tmp:
-        return _merge(store, Path(tmp), count_folder, num_parts, cfg, out_key, budget_bytes)
+        return _merge(store, Path(tmp), count_folder, num_parts, cfg, out_key, budget_bytes, docs)
 
 
 def _merge(
@@ -194,13 +197,17 @@ def _merge(
     cfg: CleanConfig,
     out_key: str,
     budget_bytes: int,
+    known_docs: Sequence[int],
 ) -> int:
     """The merge, reading the parts' count arrays from ``store``, or from a copy in the local ``scratch``."""
     arrays = FileStore(scratch) if scratch else store
 
     def open_part(index: int) -> tuple[int, _PartCounts]:
         unit = part_unit(count_folder, index)
-        docs = done_stats_or_fail(store, unit, "run_boilerplate_count_part").docs_in
+        if len(known_docs) == num_parts:
+            docs = known_docs[index]
+        else:
+            docs = done_stats_or_fail(store, unit, "run_boilerplate_count_part").docs_in
         if scratch:  # a scratch copy: plain writes, no atomic rename or fsync
             for key in (f"{unit}.npy", f"{unit}.fences.npy"):
                 if key.endswith("s.npy") and not store.exists(key):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -27,17 +28,15 @@ from pipeline.units import (
 )
 
 
-def plan_near_dedup(store: ObjectStore, work: str, num_parts: int, cfg: NearDedupConfig) -> dict[str, Any]:
-    """Bands, rows and bucket partitions for this build, fixed once in ``plan.json`` so reruns agree."""
+def plan_near_dedup(
+    store: ObjectStore, work: str, num_parts: int, cfg: NearDedupConfig, sig_stats: Sequence[StageStats] = ()
+) -> dict[str, Any]:
+    """Bands, rows and bucket partitions for this build, fixed once in ``plan.json`` so reruns agree.
+    ``sig_stats``: every part's signature stats when the caller has them (else read from the store)."""
     key = folder_key(work, "plan.json")
     if store.exists(key):
         return json.loads(store.get_bytes(key))
-    docs = sum(
-        store.map(
-            lambda i: done_stats_or_fail(store, folder_key(work, f"signatures/{part_name(i)}")).docs_out,
-            range(num_parts),
-        )
-    )
+    docs = sum(s.docs_out for s in signature_stats(store, work, num_parts, sig_stats))
     index = open_index(store, cfg)
     index_docs = 0
     if index is not None:
@@ -51,6 +50,17 @@ def plan_near_dedup(store: ObjectStore, work: str, num_parts: int, cfg: NearDedu
     }  # fmt: skip
     store.put_bytes(key, json.dumps(plan, indent=1).encode())
     return plan
+
+
+def signature_stats(
+    store: ObjectStore, work: str, num_parts: int, known: Sequence[StageStats] = ()
+) -> list[StageStats]:
+    """Every part's signature unit stats: ``known`` when it has them all, else read from the store."""
+    if len(known) == num_parts:
+        return list(known)
+    return store.map(
+        lambda i: done_stats_or_fail(store, folder_key(work, f"signatures/{part_name(i)}")), range(num_parts)
+    )
 
 
 def run_bands_part(

@@ -10,13 +10,14 @@ import io
 import json
 import logging
 import time
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.dedup import audit
-from pipeline.dedup.candidates import plan_near_dedup
+from pipeline.dedup.candidates import plan_near_dedup, signature_stats
 from pipeline.dedup.config import NearDedupConfig
 from pipeline.dedup.graph import Clusters, choose_keepers, connected_labels
 from pipeline.dedup.lsh import split_refs, unique_pairs
@@ -24,7 +25,6 @@ from pipeline.dedup.signatures import by_part
 from pipeline.storage import ObjectStore
 from pipeline.units import (
     StageStats,
-    done_stats_or_fail,
     finish_folder,
     folder_key,
     folder_stats,
@@ -68,16 +68,18 @@ def run_clusters(
     cfg: NearDedupConfig,
     *,
     exact_stats: StageStats | None = None,
+    known_sig_stats: Sequence[StageStats] = (),
 ) -> StageStats:
     """Union-find over the verified edges, the keep rule, a drop list per part, clusters.parquet and the audit.
 
     Outputs, then ``stats.json``, then ``_SUCCESS``; a rerun after ``_SUCCESS`` only reads the stats back.
+    ``known_sig_stats``: every part's signature stats when the caller has them (a build's flow).
     """
     folder = folder_key(work, "clusters")
     if (done := folder_stats(store, folder)) is not None:
         return done
     t0 = time.perf_counter()
-    plan = plan_near_dedup(store, work, num_parts, cfg)
+    plan = plan_near_dedup(store, work, num_parts, cfg, known_sig_stats)
     nodes, labels = connected_labels(*_load_edges(store, work, plan["num_partitions"]))
     info = doc_info(store, work, nodes, cfg)
     ids = np.array(info.column("id").to_pylist(), dtype=str)
@@ -89,9 +91,7 @@ def run_clusters(
     pq.write_table(table, sink, compression="zstd")
     store.put_bytes(f"{folder}/clusters.parquet", sink.getvalue())
     _write_drop_lists(store, folder, clusters, num_parts)
-    sig_stats = store.map(
-        lambda i: done_stats_or_fail(store, folder_key(work, f"signatures/{part_name(i)}")), range(num_parts)
-    )
+    sig_stats = signature_stats(store, work, num_parts, known_sig_stats)
     report = audit.build_report(store, in_folder, work, table, clusters, plan, cfg, sig_stats, exact_stats)
     store.put_bytes(f"{folder}/dedup_report.json", json.dumps(report, indent=1).encode())
     stats = StageStats(

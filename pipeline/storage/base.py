@@ -143,8 +143,9 @@ class ObjectStore(ABC):
     def delete(self, key: str) -> None:
         """Delete if present (no error when missing)."""
 
-    def copy(self, src_key: str, dst_key: str) -> None:
-        """Copy an object within this store (backends override with a cheaper server-side copy)."""
+    def copy(self, src_key: str, dst_key: str, size: int | None = None) -> None:
+        """Copy an object within this store (backends override with a cheaper server-side copy); ``size``:
+        the object's, when the caller knows it (S3 copies objects over 5 GB in parts)."""
         self.put_bytes(dst_key, self.get_bytes(src_key))
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> builtins.list[R]:

@@ -130,7 +130,7 @@ class FileStore(ObjectStore):
                 key=key, size=st.st_size, etag=f"{st.st_mtime_ns}-{st.st_size}", mtime=st.st_mtime
             )
 
-    def copy(self, src_key: str, dst_key: str) -> None:
+    def copy(self, src_key: str, dst_key: str, size: int | None = None) -> None:
         """Hard-link when possible (immutable unit files are never rewritten in place), else copy."""
         src, dst = self._path(src_key), self._path(dst_key)
         dst.parent.mkdir(parents=True, exist_ok=True)

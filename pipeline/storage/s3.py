@@ -8,6 +8,7 @@ thread-safe but must not cross a ``fork``), from the standard credential chain o
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -148,6 +149,9 @@ def _status(err: botocore.exceptions.ClientError) -> int:
     return int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
 
 
+COPY_LIMIT = 5 * 1024**3  # the largest object one CopyObject takes
+
+
 class S3Store(ObjectStore):
     """Objects under ``s3://bucket/prefix``. See :class:`ObjectStore` for the contract of each method.
 
@@ -277,6 +281,12 @@ class S3Store(ObjectStore):
 
             self._call("put", key, put)
             return
+        self._multipart(key, lambda upload_id: self._upload_parts(key, upload_id, path, size))
+
+    def _multipart(self, key: str, send_parts: Callable[[str], list[dict]]) -> None:
+        """A multipart upload of ``key`` whose parts ``send_parts(upload_id)`` sends: recorded in the upload
+        journal while it runs, completed, or aborted on any failure (a dangling upload is billed storage)."""
+        k = self._key(key)
         upload_id = self._call(
             "create_multipart_upload",
             key,
@@ -284,7 +294,7 @@ class S3Store(ObjectStore):
         )
         self.uploads.started(self.bucket, k, upload_id)
         try:
-            parts = self._upload_parts(key, upload_id, path, size)
+            parts = send_parts(upload_id)
             self._call(
                 "complete_multipart_upload",
                 key,
@@ -292,7 +302,7 @@ class S3Store(ObjectStore):
                     Bucket=self.bucket, Key=k, UploadId=upload_id, MultipartUpload={"Parts": parts}
                 ),
             )
-        except BaseException:  # KeyboardInterrupt too: a dangling upload is billed storage
+        except BaseException:  # KeyboardInterrupt too
             self._abort_upload(key, upload_id)
             raise
         self.uploads.finished(self.bucket, k, upload_id)
@@ -345,8 +355,12 @@ class S3Store(ObjectStore):
             return
         self.uploads.finished(self.bucket, k, upload_id)
 
-    def copy(self, src_key: str, dst_key: str) -> None:
-        """Server-side copy (no bytes through this process); objects up to 5 GB, our unit files are far smaller."""
+    def copy(self, src_key: str, dst_key: str, size: int | None = None) -> None:
+        """Server-side copy (no bytes through this process). One CopyObject takes objects up to 5 GB; a larger
+        one (a shard of a large ``shard.target_bytes``, whose ``size`` the caller gives) is copied in parts."""
+        if size is not None and size > COPY_LIMIT:
+            self._copy_parts(src_key, dst_key, size)
+            return
         src, dst = self._key(src_key), self._key(dst_key)
         self._call(
             "copy",
@@ -355,6 +369,24 @@ class S3Store(ObjectStore):
                 Bucket=self.bucket, Key=dst, CopySource={"Bucket": self.bucket, "Key": src}
             ),
         )
+
+    def _copy_parts(self, src_key: str, dst_key: str, size: int) -> None:
+        """A multipart copy (UploadPartCopy by byte range), recorded and aborted on failure like an upload."""
+        k, source = self._key(dst_key), {"Bucket": self.bucket, "Key": self._key(src_key)}
+        chunk = max(self.options.multipart_chunk, -(-size // 10_000))  # S3 takes at most 10,000 parts
+
+        def copy_parts(upload_id: str) -> list[dict]:
+            parts = []
+            for number, start in enumerate(range(0, size, chunk), 1):
+                part = functools.partial(
+                    self.client.upload_part_copy, Bucket=self.bucket, Key=k, UploadId=upload_id,
+                    PartNumber=number, CopySource=source, CopySourceRange=f"bytes={start}-{min(start + chunk, size) - 1}",
+                )  # fmt: skip
+                result = self._call("upload_part_copy", dst_key, part)
+                parts.append({"PartNumber": number, "ETag": result["CopyPartResult"]["ETag"]})
+            return parts
+
+        self._multipart(dst_key, copy_parts)
 
     def delete(self, key: str) -> None:
         k = self._key(key)

@@ -297,6 +297,41 @@ def test_multipart_failure_aborts_upload(s3_bucket, tmp_path, failure) -> None:
 
 
 @pytest.mark.s3
+def test_an_object_over_the_copy_limit_is_copied_in_parts(s3_bucket, monkeypatch) -> None:
+    """One CopyObject takes up to 5 GB: a larger shard (a large ``shard.target_bytes``) is copied by byte
+    ranges; a failed part aborts the upload, as for ``put_file``."""
+    import pipeline.storage.s3 as s3_module
+
+    monkeypatch.setattr(s3_module, "COPY_LIMIT", 1 * MiB)
+    store = _small_parts(S3Store.from_uri(s3_bucket.uri, options=s3_bucket.options))
+    data = os.urandom(11 * MiB)
+    store.put_bytes("big.bin", data)
+    calls: list[int] = []
+    events = store.client.meta.events
+    count = lambda params, **_kw: calls.append(params["PartNumber"])  # noqa: E731
+    events.register("before-parameter-build.s3.UploadPartCopy", count)
+    try:
+        store.copy("big.bin", "copy.bin", size=len(data))
+        store.copy("big.bin", "small-path.bin")  # no size given: one CopyObject (moto takes 11 MiB)
+    finally:
+        events.unregister("before-parameter-build.s3.UploadPartCopy", count)
+    assert calls == [1, 2, 3]  # 5 + 5 + 1 MiB
+    assert store.get_bytes("copy.bin") == store.get_bytes("small-path.bin") == data
+
+    def fail_on_part_2(params, **_kwargs):
+        if params.get("PartNumber") == 2:
+            raise StorageError("simulated failure mid-copy")
+
+    events.register("before-parameter-build.s3.UploadPartCopy", fail_on_part_2)
+    try:
+        with pytest.raises(StorageError):
+            store.copy("big.bin", "failed.bin", size=len(data))
+    finally:
+        events.unregister("before-parameter-build.s3.UploadPartCopy", fail_on_part_2)
+    assert _uploads(store) == [] and not store.exists("failed.bin")
+
+
+@pytest.mark.s3
 def test_prefix_is_a_boundary(s3_bucket) -> None:
     root = S3Store.from_uri(s3_bucket.uri, options=s3_bucket.options)
     sibling = open_store(s3_bucket.uri + "-other", s3=s3_bucket.options)
