@@ -49,10 +49,18 @@ EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 INTERRUPTED = threading.Event()  # set by Ctrl-C (SIGINT) during a command
 
 
+# Loggers whose shutdown noise follows a Ctrl-C (a Dask cluster torn down mid-pass: "Error in batched write",
+# closed comms with their tracebacks): not the user's error, so silenced once the command is interrupted.
+QUIET_AFTER_INTERRUPT = ("distributed", "tornado", "asyncio")
+
+
 def _on_sigint(signum: int, frame: object) -> None:
-    """Remember the Ctrl-C, then interrupt as Python does. A flow interrupted at the wrong moment can surface
-    it as another error (Prefect's task engine: "Task run is not set"); the flag still reports an interrupt."""
+    """Remember the Ctrl-C, quiet the loggers of the teardown, then interrupt as Python does. A flow interrupted
+    at the wrong moment can surface it as another error (Prefect's task engine: "Task run is not set"); the flag
+    still reports an interrupt."""
     INTERRUPTED.set()
+    for name in QUIET_AFTER_INTERRUPT:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
     signal.default_int_handler(signum, frame)  # type: ignore[arg-type]
 
 
@@ -123,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     console = setup_logging(args.verbose, live=interactive() and not getattr(args, "json", False))
     name = f"pileworks {args.command}"
     INTERRUPTED.clear()
+    levels = {n: logging.getLogger(n).level for n in QUIET_AFTER_INTERRUPT}
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _on_sigint) if main_thread else None
     try:
@@ -145,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+        for logger_name, level in levels.items():
+            logging.getLogger(logger_name).setLevel(level)
 
 
 def _interrupted(name: str) -> int:
