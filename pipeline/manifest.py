@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -307,13 +307,23 @@ def _expected_hashes(manifest: Manifest) -> dict[str, str]:
 
 def upload_verified(store: ObjectStore, key: str, path: Path, sha256: str) -> None:
     """Upload unless an identical object is already there (a resumed publish), then verify by re-reading."""
-    if store.exists(key) and store.stat(key).size == path.stat().st_size:
+    _place_verified(store, key, path.stat().st_size, sha256, lambda: store.put_file(key, path))
+
+
+def _place_verified(store: ObjectStore, key: str, size: int, sha256: str, place: Callable[[], None]) -> None:
+    """``place()`` the object at ``key`` unless one of that size and sha256 is there already, then verify it
+    by re-reading. One look-up (a HEAD on S3) decides."""
+    try:
+        there = store.stat(key).size == size
+    except FileNotFoundError:
+        there = False
+    if there:
         try:
             store.verify_sha256(key, sha256)
             return
         except StorageError as exc:  # a partial/foreign object from an earlier run: overwrite it
             log.warning("replacing %s: %s", store.uri_of(key), exc)
-    store.put_file(key, path)
+    place()
     store.verify_sha256(key, sha256)
 
 
@@ -349,14 +359,7 @@ def dataset_prefix(name: str, dataset_id: str) -> str:
 def copy_verified(store: ObjectStore, src_key: str, key: str, sha256: str, size: int) -> None:
     """:func:`upload_verified` for an object of ``size`` bytes already in the store (a shard a worker wrote to
     the work folder): a copy within the store (server-side on S3, a hard link on disk), then the same check."""
-    if store.exists(key) and store.stat(key).size == size:
-        try:
-            store.verify_sha256(key, sha256)
-            return
-        except StorageError as exc:
-            log.warning("replacing %s: %s", store.uri_of(key), exc)
-    store.copy(src_key, key, size)
-    store.verify_sha256(key, sha256)
+    _place_verified(store, key, size, sha256, lambda: store.copy(src_key, key, size))
 
 
 def commit_manifest(root_store: ObjectStore, name: str, manifest: Manifest) -> str:
