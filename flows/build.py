@@ -28,8 +28,10 @@ from flows.build_tasks import (
     clean_chunk_task,
     clusters_task,
     commit_task,
+    dedup_index_prefix,
     edges_task,
     exact_resolve_task,
+    index_meta_task,
     ingest_chunk_task,
     manifest_task,
     near_filter_chunk_task,
@@ -37,7 +39,7 @@ from flows.build_tasks import (
     parts_per_task,
     plan_inputs,
     publish_shards_task,
-    save_index_task,
+    save_index_chunk_task,
     shard_plan_task,
     signatures_chunk_task,
     tokenize_chunk_task,
@@ -244,9 +246,7 @@ def build_corpus(
     summary["lineage"] = lineage
     if cfg.dedup.near.enabled:
         stage_progress.stage("saving the dedup index")
-        summary["dedup_index_uri"] = run.once(
-            "save-dedup-index", save_index_task, ctx, n, summary["dataset_id"]
-        )
+        summary["dedup_index_uri"] = save_dedup_index(run, summary["dataset_id"])
     summary["profile"] = run.profile.to_json() | {"parts": n, "parts_per_task": run.size, "workers": workers}
     artifacts.publish_build_artifacts(summary, cfg)
     run_names.rename_flow_run(f"build {cfg.name} {summary['dataset_id'][:8]}")
@@ -254,6 +254,20 @@ def build_corpus(
         "published %s (dataset %s) in %.1f s", manifest_uri, summary["dataset_id"], summary["seconds"]
     )
     return summary
+
+
+def save_dedup_index(run: Passes, dataset_id: str) -> str:
+    """The kept documents' signatures under ``indexes/<name>/<dataset id>``, for a later build's
+    ``dedup.near.index_uri``: each part's unit on the workers, then ``index.json`` (an index already saved
+    for this dataset is kept as it is). Returns the index's URI."""
+    c = _ctx(run.ctx)
+    store, prefix = c.store(), dedup_index_prefix(c.cfg.name, dataset_id)
+    if store.exists(f"{prefix}/index.json"):
+        return store.uri_of(prefix)
+    saved = run.spread("save-dedup-index", save_index_chunk_task, run.index_chunks(light=True),
+                       dataset_id=dataset_id)  # fmt: skip
+    docs = sum(k for r in saved for k in r["kept"])
+    return str(run.once("dedup-index-meta", index_meta_task, run.ctx, run.n, dataset_id, docs))
 
 
 def build_stages(cfg: CorpusConfig) -> list[str]:

@@ -598,14 +598,31 @@ def commit_task(ctx: dict[str, Any], tokenizer_key: str, manifest: dict[str, Any
             return exc.existing_uri
 
 
-@task(name="save-dedup-index", task_run_name="save dedup index", cache_policy=NO_CACHE, **IO_RETRIES)
-def save_index_task(ctx: dict[str, Any], num_parts: int, dataset_id: str) -> str:
-    """Persist the kept documents' signatures so a later build can drop what this dataset already holds
-    (``--set dedup.near.index_uri=<this URI>``)."""
+def dedup_index_prefix(name: str, dataset_id: str) -> str:
+    """Where a build saves its dedup index: ``indexes/<name>/<dataset id>`` in the build store."""
+    return f"indexes/{name}/{dataset_id}"
+
+
+@task(name="save-dedup-index", task_run_name=run_names.parts("dedup index: save"), cache_policy=NO_CACHE,
+      **IO_RETRIES)  # fmt: skip
+def save_index_chunk_task(ctx: dict[str, Any], indices: list[int], dataset_id: str) -> dict[str, Any]:
+    """Persist the kept documents' signatures of these parts, so a later build can drop what this dataset already
+    holds (``--set dedup.near.index_uri=<the index URI>``); the flow writes ``index.json`` after every part."""
+    records: list[dict[str, Any]] = []
+    with stage_errors("save-dedup-index"), profile.measure("save-dedup-index", records):
+        c = _ctx(ctx)
+        store = c.store()
+        uri = store.uri_of(dedup_index_prefix(c.cfg.name, dataset_id))
+        kept = signatures.save_index_parts(store, c.folder("near"), indices, c.cfg.dedup.near, uri)
+    return {"kept": kept, "profile": records}
+
+
+@task(name="dedup-index-meta", task_run_name="dedup index: index.json", cache_policy=NO_CACHE, **IO_RETRIES)
+def index_meta_task(ctx: dict[str, Any], num_parts: int, dataset_id: str, docs: int) -> str:
+    """``index.json`` of the saved dedup index (its parts are all written): the index is usable from now on."""
     with stage_errors("save-dedup-index"), profile.measure("save-dedup-index"):
         c = _ctx(ctx)
         store = c.store()
-        uri = store.uri_of(f"indexes/{c.cfg.name}/{dataset_id}")
-        if not store.exists(f"indexes/{c.cfg.name}/{dataset_id}/index.json"):
-            signatures.save_index(store, c.folder("near"), num_parts, c.cfg.dedup.near, uri)
+        uri = store.uri_of(dedup_index_prefix(c.cfg.name, dataset_id))
+        signatures.write_index_meta(store, num_parts, c.cfg.dedup.near, uri, docs)
         return uri

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -143,13 +143,27 @@ def save_index(store: ObjectStore, work: str, num_parts: int, cfg: NearDedupConf
     """Persist this build's kept documents (signatures + ids, no pickle) for a later build's ``index_uri``.
 
     The index is a folder of signature units (the layout of ``W/signatures``) plus ``index.json`` with the
-    signature parameters, which a later build must match. Returns the number of indexed documents.
+    signature parameters, which a later build must match. Returns the number of indexed documents. A build's
+    flow writes the parts on its workers (:func:`save_index_parts`), then the meta (:func:`write_index_meta`);
+    this is the two in one process.
     """
+    require_success(store, folder_key(work, "clusters"), "run_clusters before save_index")
+    kept = save_index_parts(store, work, range(num_parts), cfg, index_uri)
+    return write_index_meta(store, num_parts, cfg, index_uri, sum(kept))
+
+
+def save_index_parts(
+    store: ObjectStore, work: str, indices: Iterable[int], cfg: NearDedupConfig, index_uri: str
+) -> list[int]:
+    """The index units of parts ``indices`` (each: its kept documents' signature rows and docs table), as many
+    at a time as the store keeps calls in flight; how many documents each keeps. A part whose unit is done
+    (an earlier, interrupted save) is read back, not written again."""
     folder = folder_key(work, "clusters")
-    require_success(store, folder, "run_clusters before save_index")
     istore = open_store(index_uri, store.s3)  # the build store's s3 settings, never boto3's defaults
 
     def save_part(i: int) -> int:
+        if (done := unit_stats(istore, part_name(i))) is not None:
+            return done.docs_out
         sigs, docs = load_signatures(store, folder_key(work, "signatures"), i)
         keep = docs.column("shingles").to_numpy() > 0
         keep[get_npz(store, f"{folder}/drop/{part_name(i)}.npz")["rows"]] = False
@@ -163,7 +177,13 @@ def save_index(store: ObjectStore, work: str, num_parts: int, cfg: NearDedupConf
         )
         return len(rows)
 
-    total = sum(store.map(save_part, range(num_parts)))
-    meta = {"params": cfg.signature_params(), "num_parts": num_parts, "docs": total}
-    istore.put_bytes("index.json", json.dumps(meta, indent=1).encode())
-    return total
+    return store.map(save_part, list(indices))
+
+
+def write_index_meta(
+    store: ObjectStore, num_parts: int, cfg: NearDedupConfig, index_uri: str, docs: int
+) -> int:
+    """``index.json``, written after every part's unit: an index without it is not an index (``open_index``)."""
+    meta = {"params": cfg.signature_params(), "num_parts": num_parts, "docs": docs}
+    open_store(index_uri, store.s3).put_bytes("index.json", json.dumps(meta, indent=1).encode())
+    return docs

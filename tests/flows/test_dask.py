@@ -7,6 +7,7 @@ shard for shard. Task runs happen in the worker processes and are recorded by th
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -83,9 +84,16 @@ def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_datas
     assert passes["write-shards"]["task_runs"] >= 2 and passes["publish-shards"]["task_runs"] >= 2
     assert two["profile"]["steps"]["write-shards"]["units"] == passes["write-shards"]["task_runs"]
     assert {p["name"]: p for p in one["profile"]["passes"]}["write-shards"]["task_runs"] == 1
-    # Listing the inputs and saving the dedup index are stage work too, timed in the flow's process.
-    steps = one["profile"]["steps"]
-    assert steps["plan-inputs"]["units"] == steps["save-dedup-index"]["units"] == 1
+    # The dedup index is saved part by part on the workers too, then its index.json in the flow's process;
+    # every build saves the same index.
+    assert passes["save-dedup-index"]["task_runs"] >= 2
+    assert {p["name"]: p for p in one["profile"]["passes"]}["save-dedup-index"]["task_runs"] == 1
+    assert two["profile"]["steps"]["save-dedup-index"]["units"] == passes["save-dedup-index"]["task_runs"] + 1
+    metas = [json.loads(Path(s["dedup_index_uri"].removeprefix("file://"), "index.json").read_text())
+             for s in (one, two, ext)]  # fmt: skip
+    assert metas[0] == metas[1] == metas[2] and metas[0]["docs"] > 0
+    # Listing the inputs is stage work too, timed in the flow's process.
+    assert one["profile"]["steps"]["plan-inputs"]["units"] == 1
     assert one["profile"]["passes"][0]["name"] == "plan-inputs"
 
     # ... and they reported their task runs to this test's Prefect server (no server of their own).

@@ -18,7 +18,14 @@ from pipeline.dedup.config import NearDedupConfig
 from pipeline.dedup.lsh import make_refs
 from pipeline.dedup.minhash import set_jaccard
 from pipeline.dedup.near import run_near_dedup
-from pipeline.dedup.signatures import gather_signatures, run_signatures_part, save_index
+from pipeline.dedup.signatures import (
+    gather_signatures,
+    open_index,
+    run_signatures_part,
+    save_index,
+    save_index_parts,
+    write_index_meta,
+)
 from pipeline.records import Record, read_part, write_part
 from pipeline.storage import FileStore
 from pipeline.units import StageStats
@@ -265,6 +272,35 @@ def test_persisted_index_drops_duplicates_of_a_previous_build(tmp_path: Path) ->
         third = FileStore(tmp_path / "build3")
         write_corpus(third, [new])
         run_near_dedup(third, "in", "work", "out", 1, NearDedupConfig(index_uri=index_uri, ngram=3))
+
+
+def test_saving_the_index_part_by_part_resumes_and_is_usable_only_once_its_meta_is_written(
+    tmp_path: Path,
+) -> None:
+    """A build's workers save the index parts, then the flow writes index.json: an interrupted save redoes only
+    the parts whose unit is not done, and no build can use the index before its meta exists."""
+    store = FileStore(tmp_path / "build")
+    docs = [Record(f"d/{i}", " ".join(unique_doc(f"d{i}")), "s") for i in range(5)]
+    dup = Record("d/dup", " ".join(variant(unique_doc("d1"), 3, "x")), "s")
+    write_corpus(store, [docs[:3], [*docs[3:], dup]])
+    run_near_dedup(store, "in", "work", "out", 2, NearDedupConfig())
+    uri, index = f"file://{tmp_path / 'index'}", tmp_path / "index"
+    kept = save_index_parts(store, "work", [1, 0], NearDedupConfig(), uri)
+    assert sorted(kept) == [2, 3] and sum(kept) == 5  # the near duplicate is not indexed
+    with pytest.raises(FileNotFoundError, match=r"no index\.json"):
+        open_index(store, NearDedupConfig(index_uri=uri))
+
+    first = (index / "part-00000.sig.npz").stat().st_mtime_ns
+    (index / "part-00001.done").unlink()  # part 1 was interrupted before its marker
+    (index / "part-00001.sig.npz").unlink()
+    assert save_index_parts(store, "work", [1, 0], NearDedupConfig(), uri) == kept
+    assert (index / "part-00000.sig.npz").stat().st_mtime_ns == first  # done: read back, not rewritten
+    assert (index / "part-00001.sig.npz").is_file() and (index / "part-00001.done").is_file()
+
+    assert write_index_meta(store, 2, NearDedupConfig(), uri, sum(kept)) == 5
+    opened = open_index(store, NearDedupConfig(index_uri=uri))
+    assert opened is not None and opened[1] == 2
+    assert json.loads((index / "index.json").read_text())["docs"] == 5
 
 
 def test_report_warns_on_zero_removal(tmp_path: Path) -> None:
