@@ -108,7 +108,11 @@ def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> t
     c, n = _ctx(run.ctx), run.n
     folder, step = c.folder("clean"), "clean"
     resolved = (
-        run.once("exact-resolve", exact_resolve_task, run.ctx, n, []) if cfg.dedup.exact.enabled else None
+        run.once(
+            "exact-resolve", exact_resolve_task, run.ctx, n, [], len(run.units.get("exact-hash", [])) == n
+        )
+        if cfg.dedup.exact.enabled
+        else None
     )
     if cfg.dedup.exact.enabled or cfg.dedup.near.enabled:
         run.fan_out("filter+signatures", signatures_chunk_task, run.index_chunks(), run.keyed("clean"),

@@ -378,11 +378,14 @@ def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, docs: list[int])
 
 
 @task(name="exact-resolve", task_run_name="exact-dedup: resolve", cache_policy=NO_CACHE)
-def exact_resolve_task(ctx: dict[str, Any], num_parts: int, _wait: list[Any]) -> dict[str, Any]:
+def exact_resolve_task(
+    ctx: dict[str, Any], num_parts: int, _wait: list[Any], checked: bool = False
+) -> dict[str, Any]:
+    """Exact duplicates across the corpus (``checked``: every part's hash unit came back to the flow)."""
     with stage_errors("exact-resolve"), profile.measure("exact-resolve"):
         c = _ctx(ctx)
         return exact.resolve_exact_duplicates(
-            c.store(), c.folder("exact/hash"), num_parts, c.folder("exact/drop")
+            c.store(), c.folder("exact/hash"), num_parts, c.folder("exact/drop"), checked
         ).to_json()
 
 

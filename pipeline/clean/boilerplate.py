@@ -137,13 +137,14 @@ class _PartCounts:
         unit = part_unit(folder, index)
         self.store, self.key, fences_key = store, f"{unit}.npy", f"{unit}.fences.npy"
         self.whole: np.ndarray | None = None
-        if store.exists(fences_key):
+        try:
             self.fences = get_npy(store, fences_key)
-            head = store.get_range(self.key, 0, 256)  # the .npy header: magic, version, length, dict
-            self.offset = 10 + int.from_bytes(head[8:10], "little")
-        else:  # counted by an older version: no fences, read the whole (small) array once
+        except FileNotFoundError:  # counted by an older version: no fences, read the whole (small) array once
             self.whole = get_npy(store, self.key)
             self.fences = fences_of(self.whole[0])
+        else:
+            head = store.get_range(self.key, 0, 256)  # the .npy header: magic, version, length, dict
+            self.offset = 10 + int.from_bytes(head[8:10], "little")
 
     def size(self, lo: int, hi: int) -> int:
         return int(self.fences[hi] - self.fences[lo])
@@ -210,11 +211,15 @@ def _merge(
             docs = done_stats_or_fail(store, unit, "run_boilerplate_count_part").docs_in
         if scratch:  # a scratch copy: plain writes, no atomic rename or fsync
             for key in (f"{unit}.npy", f"{unit}.fences.npy"):
-                if key.endswith("s.npy") and not store.exists(key):
-                    continue  # counted by an older version: no fences
+                try:
+                    data = store.get_bytes(key)
+                except FileNotFoundError:
+                    if key.endswith(".fences.npy"):
+                        continue  # counted by an older version: no fences
+                    raise
                 path = scratch / key
                 path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(store.get_bytes(key))
+                path.write_bytes(data)
         return docs, _PartCounts(arrays, count_folder, index)
 
     opened = store.map(open_part, range(num_parts))

@@ -50,13 +50,30 @@ def read_texts(store: ObjectStore, in_folder: str, refs: np.ndarray) -> dict[int
     return out
 
 
-def _per_source(store: ObjectStore, work: str, num_parts: int, table: pa.Table, dropped: np.ndarray) -> dict:
+def _per_source(
+    store: ObjectStore,
+    work: str,
+    num_parts: int,
+    table: pa.Table,
+    dropped: np.ndarray,
+    sig_stats: list[StageStats],
+    checked: bool = False,
+) -> dict:
+    """Per source: its documents, how many near dedup removed, and the rate. The document counts come from the
+    signature units' stats (``docs_per_source``); a unit written by an older version has none, and then every
+    part's docs table is read."""
     docs: Counter[str] = Counter()
-    for sources in store.map(
-        lambda i: load_signatures(store, folder_key(work, "signatures"), i, matrix=False)[1].column("source"),
-        range(num_parts),
-    ):
-        docs.update(sources.to_pylist())
+    if len(sig_stats) == num_parts and all("docs_per_source" in s.extra for s in sig_stats):
+        for s in sig_stats:
+            docs.update(s.extra["docs_per_source"])
+    else:
+        for sources in store.map(
+            lambda i: load_signatures(
+                store, folder_key(work, "signatures"), i, matrix=False, checked=checked
+            )[1].column("source"),
+            range(num_parts),
+        ):
+            docs.update(sources.to_pylist())
     removed = Counter(np.array(table.column("source").to_pylist(), dtype=object)[dropped].tolist())
     return {
         src: {"docs": n, "removed_near": removed.get(src, 0), "rate": round(removed.get(src, 0) / n, 6)}
@@ -64,7 +81,9 @@ def _per_source(store: ObjectStore, work: str, num_parts: int, table: pa.Table, 
     }
 
 
-def _sample_pairs(store, in_folder, work, table, clusters: Clusters, cfg: NearDedupConfig) -> list[dict]:
+def _sample_pairs(
+    store, in_folder, work, table, clusters: Clusters, cfg: NearDedupConfig, checked: bool = False
+) -> list[dict]:
     """Dropped documents (seeded sample) with the kept document of their cluster: estimated vs true Jaccard."""
     dropped = np.flatnonzero(~clusters.keep & ((clusters.refs >> np.uint64(63)) == 0))
     if not len(dropped) or not cfg.pair_samples:
@@ -74,7 +93,7 @@ def _sample_pairs(store, in_folder, work, table, clusters: Clusters, cfg: NearDe
     keeper_of = {int(c): i for i, c in enumerate(clusters.cluster) if clusters.keep[i]}
     kept = np.array([keeper_of[int(clusters.cluster[i])] for i in picks], dtype=np.int64)
     refs = np.unique(np.concatenate((clusters.refs[picks], clusters.refs[kept])))
-    sigs = gather_signatures(store, work, refs, cfg)
+    sigs = gather_signatures(store, work, refs, cfg, checked=checked)
     texts = read_texts(store, in_folder, refs)
     hasher = cfg.hasher()
     ids = table.column("id").to_pylist()
@@ -102,7 +121,11 @@ def build_report(
     cfg: NearDedupConfig,
     sig_stats: list[StageStats],
     exact_stats: StageStats | None,
+    *,
+    checked: bool = False,
 ) -> dict[str, Any]:
+    """The near-dedup report (``checked``: the signature units are known to be done, see
+    ``signatures.load_signatures``)."""
     is_index = (clusters.refs >> np.uint64(63)) == 1
     dropped = ~clusters.keep & ~is_index
     has_index = np.zeros(len(clusters.sizes), dtype=bool)
@@ -125,10 +148,10 @@ def build_report(
         "removal_rate_near": round(removed / docs_in, 6) if docs_in else 0.0,
         "no_shingle_docs": sum(int(s.extra.get("no_shingles", 0)) for s in sig_stats),
         "clusters": len(clusters.sizes),
-        "per_source": _per_source(store, work, plan["num_parts"], table, dropped),
+        "per_source": _per_source(store, work, plan["num_parts"], table, dropped, sig_stats, checked),
         "cluster_size_histogram": size_histogram(clusters.sizes),
         "largest_clusters": largest,
-        "sampled_pairs": _sample_pairs(store, in_folder, work, table, clusters, cfg),
+        "sampled_pairs": _sample_pairs(store, in_folder, work, table, clusters, cfg, checked),
         "params": {"threshold": cfg.threshold, "num_perm": cfg.num_perm, "bands": plan["bands"], "rows": plan["rows"],
                    "shingle": cfg.shingle, "ngram": cfg.ngram, "hash": cfg.hash, "scheme": cfg.scheme,
                    "verify": cfg.verify, "num_partitions": plan["num_partitions"], "index_docs": plan["index_docs"]},

@@ -37,12 +37,15 @@ from pipeline.units import (
 log = logging.getLogger(__name__)
 
 
-def doc_info(store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig) -> pa.Table:
-    """ref, id, source, nbytes of each ref, reading each part's docs table once."""
+def doc_info(
+    store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig, *, checked: bool = False
+) -> pa.Table:
+    """ref, id, source, nbytes of each ref, reading each part's docs table once (``checked``: see
+    ``signatures.load_signatures``)."""
     ids = np.empty(len(refs), dtype=object)
     sources = np.empty(len(refs), dtype=object)
     nbytes = np.zeros(len(refs), dtype=np.int64)
-    for sel, rows, _, docs in by_part(store, work, refs, cfg, matrix=False):
+    for sel, rows, _, docs in by_part(store, work, refs, cfg, matrix=False, checked=checked):
         taken = docs.take(pa.array(rows))
         ids[sel] = taken.column("id").to_pylist()
         sources[sel] = taken.column("source").to_pylist()
@@ -81,7 +84,8 @@ def run_clusters(
     t0 = time.perf_counter()
     plan = plan_near_dedup(store, work, num_parts, cfg, known_sig_stats)
     nodes, labels = connected_labels(*_load_edges(store, work, plan["num_partitions"]))
-    info = doc_info(store, work, nodes, cfg)
+    checked = len(known_sig_stats) == num_parts  # every signature unit came back to the caller: done
+    info = doc_info(store, work, nodes, cfg, checked=checked)
     ids = np.array(info.column("id").to_pylist(), dtype=str)
     clusters = choose_keepers(nodes, labels, info.column("nbytes").to_numpy(), ids)
     table = info.append_column("cluster", pa.array(clusters.cluster)).append_column(
@@ -92,7 +96,9 @@ def run_clusters(
     store.put_bytes(f"{folder}/clusters.parquet", sink.getvalue())
     _write_drop_lists(store, folder, clusters, num_parts)
     sig_stats = signature_stats(store, work, num_parts, known_sig_stats)
-    report = audit.build_report(store, in_folder, work, table, clusters, plan, cfg, sig_stats, exact_stats)
+    report = audit.build_report(
+        store, in_folder, work, table, clusters, plan, cfg, sig_stats, exact_stats, checked=checked
+    )
     store.put_bytes(f"{folder}/dedup_report.json", json.dumps(report, indent=1).encode())
     stats = StageStats(
         stage="near_dedup", docs_in=report["docs_in"], docs_out=report["docs_in"] - report["removed_near"]

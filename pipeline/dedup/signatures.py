@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -39,12 +40,14 @@ DOCS_SCHEMA = pa.schema(
 
 
 def load_signatures(
-    store: ObjectStore, sig_folder: str, index: int, *, matrix: bool = True
+    store: ObjectStore, sig_folder: str, index: int, *, matrix: bool = True, checked: bool = False
 ) -> tuple[np.ndarray, pa.Table]:
     """One completed signature unit: the (docs, num_perm) matrix (empty unless ``matrix``) and its docs table
-    (id, source, nbytes, shingles)."""
+    (id, source, nbytes, shingles). ``checked``: the caller knows the unit is done (a build's flow, from its
+    tasks' results), so its marker is not looked up (one call less per part on S3)."""
     unit = folder_key(sig_folder, part_name(index))
-    require_done(store, unit)
+    if not checked:
+        require_done(store, unit)
     sigs = get_npz(store, f"{unit}.sig.npz")["sig"] if matrix else np.zeros((0, 0), dtype=np.uint32)
     return sigs, pq.ParquetFile(io.BytesIO(store.get_bytes(f"{unit}.docs.parquet"))).read()
 
@@ -74,7 +77,8 @@ def run_signatures_part(
     store.put_bytes(f"{unit}.docs.parquet", sink.getvalue())
     n = len(cols["id"])
     stats = StageStats(stage="near_signatures", docs_in=n, docs_out=n, bytes_in=sum(cols["nbytes"]))
-    stats.extra = {"no_shingles": cols["shingles"].count(0), "seconds": round(time.perf_counter() - t0, 3)}
+    stats.extra = {"no_shingles": cols["shingles"].count(0), "seconds": round(time.perf_counter() - t0, 3),
+                   "docs_per_source": dict(Counter(cols["source"]))}  # fmt: skip
     return finish_unit(store, unit, stats)
 
 
@@ -105,12 +109,19 @@ def index_store(store: ObjectStore, cfg: NearDedupConfig) -> ObjectStore:
 
 
 def by_part(
-    store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig, *, matrix: bool = True
+    store: ObjectStore,
+    work: str,
+    refs: np.ndarray,
+    cfg: NearDedupConfig,
+    *,
+    matrix: bool = True,
+    checked: bool = False,
 ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, pa.Table]]:
     """For each part the refs point into: (positions in refs, rows, signature matrix, docs table).
 
     Each part (index parts from the index store) is loaded once, a few at a time (as many as the store keeps
-    calls in flight), so memory holds that many parts.
+    calls in flight), so memory holds that many parts. ``checked``: this build's signature units are known to
+    be done (see :func:`load_signatures`).
     """
     is_index, part, row = split_refs(refs)
     istore = index_store(store, cfg) if is_index.any() else None
@@ -119,7 +130,7 @@ def by_part(
         flag, p = key
         if flag and istore is not None:
             return load_signatures(istore, "", p, matrix=matrix)
-        return load_signatures(store, folder_key(work, "signatures"), p, matrix=matrix)
+        return load_signatures(store, folder_key(work, "signatures"), p, matrix=matrix, checked=checked)
 
     keys = sorted(set(zip(is_index.tolist(), part.tolist(), strict=True)))
     step = max(1, store.io_threads)
@@ -131,10 +142,12 @@ def by_part(
             yield sel, row[sel], sigs, docs
 
 
-def gather_signatures(store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig) -> np.ndarray:
+def gather_signatures(
+    store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig, *, checked: bool = False
+) -> np.ndarray:
     """Signature rows of ``refs`` (index documents' from the persisted index)."""
     out = np.zeros((len(refs), cfg.num_perm), dtype=cfg.hasher().dtype)
-    for sel, rows, sigs, _ in by_part(store, work, refs, cfg):
+    for sel, rows, sigs, _ in by_part(store, work, refs, cfg, checked=checked):
         out[sel] = sigs[rows]
     return out
 

@@ -122,3 +122,28 @@ def test_text_hashes_distinguish_texts_and_config_validates():
     assert ExactDedupConfig().enabled
     with pytest.raises(ValueError, match="enabled"):
         ExactDedupConfig(enabled="yes")  # type: ignore[arg-type]
+
+
+def test_a_checked_resolve_skips_the_markers_with_the_same_answer(store):
+    """``checked`` (the flow got every hash unit back from its tasks): resolve does not look up the done markers,
+    one call less per part on S3, and decides the same; unchecked, a missing unit is still refused."""
+    from pipeline.storage.retry import STATS
+
+    write_inputs(store)
+    for index in range(len(PARTS)):
+        run_exact_hash_part(store, "clean", "exact/hashes", index)
+    calls, drops = {}, {}
+    for checked in (False, True):
+        before = STATS.snapshot()["attempts"]
+        stats = resolve_exact_duplicates(store, "exact/hashes", len(PARTS), f"drops-{checked}", checked)
+        calls[checked] = STATS.snapshot()["attempts"] - before
+        drops[checked] = (
+            stats.to_json(),
+            [store.get_bytes(f"drops-{checked}/part-{i:05d}.npy") for i in range(4)],
+        )
+    assert drops[True] == drops[False]
+    if not isinstance(store, FileStore):
+        assert calls[True] <= calls[False] - len(PARTS), calls
+    store.delete("exact/hashes/part-00001.done")
+    with pytest.raises(RuntimeError, match="part-00001"):
+        resolve_exact_duplicates(store, "exact/hashes", len(PARTS), "drops-again")
