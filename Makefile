@@ -9,7 +9,7 @@ export DS_ACCELERATOR ?= cpu
 
 .PHONY: setup demo build test test-fast test-slow lint format clean-store
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(wildcard pipeline/*.c pipeline/*/*.c)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: the CPU wheel here, so nothing pulls a multi-GB CUDA build

@@ -238,3 +238,81 @@ def test_state_depth_is_the_automatons_deepest_state() -> None:
         depth[reached] = d
         frontier = reached
     assert depth.min() == 0 and depth.max() == STATE_DEPTH
+
+
+def _walk_texts() -> list[str]:
+    """The sample corpus's documents (every language it has), cut to the classified sample, and random text
+    and bytes of every length around the compiled walk's cut into lanes (16 bytes per lane)."""
+    import random
+
+    records, _, _ = ingest_all([str(sample_corpus_path())], target=1 << 20)
+    rng = random.Random(2)
+    alphabet = "abcdefgh éü中文日本語Привет ,.\n\t"
+    texts = [r.text[:3000] for r in records] + ["", "x", "\x00\x00", CHINESE * 40]
+    texts += ["".join(rng.choice(alphabet) for _ in range(n)) for n in range(100, 160)]
+    texts += [
+        bytes(rng.randrange(256) for _ in range(rng.randrange(2000))).decode("latin-1") for _ in range(40)
+    ]
+    return texts
+
+
+def test_the_compiled_walk_counts_what_the_numpy_walk_finds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``walk_counts`` (pipeline/_langid_walk.c) gives each document's distinct features in increasing order
+    with their counts, as sorting the numpy walk's features does, so the scores and the answers are bitwise
+    those of the numpy path; where a C compiler was found at install (CI's machine has one) it is built."""
+    import os
+
+    import numpy as np
+
+    import pipeline.langid as langid
+
+    if langid.walk_kernel is None:
+        assert not os.environ.get("CI"), (
+            "the compiled language-ID walk was not built (pip install -e . needs gcc)"
+        )
+        pytest.skip("pipeline._langid_walk was not built (no C compiler at install)")
+    fast = langid._fast()
+    texts = _walk_texts()
+    datas = [t.encode("utf-8", "surrogatepass") for t in texts]
+    data = b"".join(datas)
+    offsets = np.concatenate(([0], np.cumsum([len(d) for d in datas]))).astype(np.int64)
+    found, counts = np.empty(len(data), np.int32), np.empty(len(data), np.int32)
+    at = np.empty(len(datas) + 1, np.int64)
+    root = int(fast.first2[(fast.pad[0] << 8) | fast.pad[0]])
+    total = langid.walk_kernel.walk_counts(
+        fast.next_row, fast.next_feature, root, STATE_DEPTH, len(fast.ptc), data, offsets, found, counts, at
+    )
+    assert total == at[-1]
+    for d, raw in enumerate(datas):
+        emitted = fast.features(raw)
+        want, want_counts = np.unique(emitted[emitted >= 0], return_counts=True)
+        assert found[at[d] : at[d + 1]].tolist() == want.tolist(), d
+        assert counts[at[d] : at[d + 1]].tolist() == want_counts.tolist(), d
+    a, b = (np.zeros((len(datas), len(fast.pc)), np.float32) for _ in range(2))
+    fast._score_numpy(datas, a)
+    monkeypatch.setattr(langid, "KERNEL_BYTES", 5000)  # several calls, documents packed across them
+    fast._score_compiled(langid.walk_kernel, datas, b)
+    assert a.tobytes() == b.tobytes()
+    compiled = fast.classify_batch(texts)
+    monkeypatch.setattr(langid, "walk_kernel", None)
+    assert fast.classify_batch(texts) == compiled
+
+
+def test_the_compiled_walk_refuses_corrupt_tables() -> None:
+    """A table entry that points past the tables (a corrupt cache) raises instead of reading out of bounds."""
+    import numpy as np
+
+    import pipeline.langid as langid
+
+    if langid.walk_kernel is None:
+        pytest.skip("pipeline._langid_walk was not built")
+    fast = langid._fast()
+    broken = np.array(fast.next_row)
+    broken[:] = len(broken)  # every next row is past the end
+    data = b"some text to walk over"
+    out = [np.empty(len(data), np.int32), np.empty(len(data), np.int32), np.empty(2, np.int64)]
+    args = (fast.next_feature, 0, STATE_DEPTH, len(fast.ptc), data, np.array([0, len(data)], np.int64), *out)
+    with pytest.raises(ValueError, match="corrupt"):
+        langid.walk_kernel.walk_counts(broken, *args)
+    with pytest.raises(ValueError, match="offsets"):
+        langid.walk_kernel.walk_counts(fast.next_row, *args[:5], np.array([0, 99], np.int64), *out)
