@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.clean import normalize
 from pipeline.clean.config import CleanConfig
 from pipeline.clean.normalize import line_hash, normalize_text
 from pipeline.records import Record, iter_part_batches
@@ -55,19 +56,39 @@ def doc_line_hashes(text: str, min_line_chars: int) -> set[int]:
     return {line_hash(line) for line in text.split("\n") if len(line.strip()) >= min_line_chars}
 
 
+def doc_line_keys(text: str, min_line_chars: int) -> bytes:
+    """:func:`doc_line_hashes` as sorted native uint64 bytes: compiled where built (``line_hashes`` of
+    ``pipeline/clean/_lines.c``, the same keys: tested), else (and for a text with a lone surrogate) from the
+    Python set."""
+    kernel = normalize.lines_kernel
+    if kernel is not None and (keys := kernel.line_hashes(text, min_line_chars)) is not None:
+        return keys
+    return np.array(sorted(doc_line_hashes(text, min_line_chars)), dtype=np.uint64).tobytes()
+
+
 def count_lines_part(records: Iterable[Record], cfg: CleanConfig, normalized: bool = False) -> dict[int, int]:
     """xxhash64 of stripped line -> number of documents containing it (counted once per document).
     ``normalized``: the texts are already normalised with ``cfg`` (a build's ingest does it)."""
+    hashes, docs = _count_array([_part_keys(records, cfg, normalized)])
+    return dict(zip(hashes.tolist(), docs.tolist(), strict=True))
+
+
+def _part_keys(records: Iterable[Record], cfg: CleanConfig, normalized: bool) -> bytes:
     scratch: Counter[str] = Counter()
     texts = (rec.text if normalized else normalize_text(rec.text, cfg, scratch) for rec in records)
-    return dict(_count_lines(texts, cfg.boilerplate.min_line_chars))
+    return _keys(texts, cfg.boilerplate.min_line_chars)
 
 
-def _count_lines(texts: Iterable[str], min_chars: int) -> Counter[int]:
-    counts: Counter[int] = Counter()
-    for text in texts:
-        counts.update(doc_line_hashes(text, min_chars))
-    return counts
+def _keys(texts: Iterable[str], min_chars: int) -> bytes:
+    """Every document's distinct line keys, one document after another."""
+    return b"".join(doc_line_keys(text, min_chars) for text in texts)
+
+
+def _count_array(keys: list[bytes]) -> np.ndarray:
+    """A 2 x n uint64 array from documents' distinct keys: row 0 the sorted hashes, row 1 how many documents
+    hold each."""
+    hashes, docs = np.unique(np.frombuffer(b"".join(keys), dtype=np.uint64), return_counts=True)
+    return np.stack([hashes, docs.astype(np.uint64)])
 
 
 def input_normalized(store: ObjectStore, in_folder: str, index: int) -> bool:
@@ -100,16 +121,16 @@ def run_boilerplate_count_part(
         return done
     stats = StageStats(stage="boilerplate_count")
     if texts is not None:
-        counts = _count_lines(texts, cfg.boilerplate.min_line_chars)
+        keys = [_keys(texts, cfg.boilerplate.min_line_chars)]
         stats.docs_in = len(texts)
     else:
-        counts, normalized = Counter(), input_normalized(store, in_folder, index)
+        keys, normalized = [], input_normalized(store, in_folder, index)
         for batch in iter_part_batches(store, in_folder, index):
             stats.docs_in += len(batch)
-            counts.update(count_lines_part(batch, cfg, normalized))
+            keys.append(_part_keys(batch, cfg, normalized))
     stats.docs_out = stats.docs_in
-    stats.extra = {"distinct_lines": len(counts)}
-    array = counts_to_array(counts)
+    array = _count_array(keys)
+    stats.extra = {"distinct_lines": array.shape[1]}
     put_npy(store, f"{unit}.npy", array)
     put_npy(store, f"{unit}.fences.npy", fences_of(array[0]))
     return finish_unit(store, unit, stats)

@@ -34,8 +34,10 @@ import unicodedata
 from collections import Counter
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
+from types import ModuleType
 
 import ftfy
+import numpy as np
 import xxhash
 from ftfy.badness import BADNESS_RE
 
@@ -47,6 +49,12 @@ except ImportError:  # Python 3.10
     import sre_parse as sre_parser
 
 from pipeline.clean.config import CleanConfig
+
+lines_kernel: ModuleType | None
+try:  # the compiled line keys and removal (pipeline/clean/_lines.c), built at install where a compiler is found
+    import pipeline.clean._lines as lines_kernel
+except ImportError:  # pragma: no cover - exercised by the tests through monkeypatch
+    lines_kernel = None
 
 FTFY_CONFIG = ftfy.TextFixerConfig(
     unescape_html=False,
@@ -257,8 +265,20 @@ def line_hash(line: str) -> int:
     return xxhash.xxh64_intdigest(line.strip().encode("utf-8", "surrogatepass"))
 
 
+@functools.lru_cache(maxsize=4)
+def sorted_keys(boilerplate: frozenset[int]) -> np.ndarray:
+    """The boilerplate set as the sorted uint64 array the compiled removal searches (once per set)."""
+    return np.array(sorted(boilerplate), dtype=np.uint64)
+
+
 def remove_boilerplate(text: str, boilerplate: frozenset[int], min_line_chars: int) -> tuple[str, int]:
-    """Drop the lines of ``text`` whose hash is in ``boilerplate``; returns (text, lines removed)."""
+    """Drop the lines of ``text`` whose hash is in ``boilerplate``; returns (text, lines removed). Compiled
+    where built (``lines_kernel.remove_lines``, the same lines out: tested); a text with a lone surrogate, or
+    no kernel, takes the Python lines below."""
+    if lines_kernel is not None and boilerplate:
+        done = lines_kernel.remove_lines(text, sorted_keys(boilerplate), min_line_chars)
+        if done is not None:
+            return done
     lines = text.split("\n")
     kept = [line for line in lines if len(line) < min_line_chars or line_hash(line) not in boilerplate]
     removed = len(lines) - len(kept)

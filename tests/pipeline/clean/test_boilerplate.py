@@ -177,3 +177,72 @@ def test_a_merge_on_s3_reads_each_part_once_whatever_the_ranges(store):
         assert calls[16 * 1024] == calls[1 << 40] == 0
     else:
         assert calls[16 * 1024] == calls[1 << 40] <= 6 * 5 + 3  # stats, marker and two arrays per part
+
+
+def _line_cases() -> list[str]:
+    """Documents whose lines test every edge of the line rules: Python's whitespace at both ends of a line
+    (NBSP, ideographic space, U+001C-U+001F, NEL, U+2028), lines of exactly the minimum length in multi-byte
+    characters, empty lines and documents, CRLF, boilerplate at the start, the end and twice in a row, and
+    random lines of every length around xxhash64's 4-, 8- and 32-byte steps."""
+    rng = random.Random(5)
+    edges = ["\xa0", "\u3000", "\x1c", "\x1f", "\x85", "\u2028", "\t", " ", "\r", "\x0b"]
+    lines = [
+        FOOTER,
+        NAV,
+        RARE,
+        "ééééééééééééééééééé",
+        "中文中文中文中文中文中文中文中文中文中",
+        "x" * 19,
+        "x" * 20,
+    ]
+    lines += ["".join(rng.choice("ab é中\U0001f600.") for _ in range(n)) for n in range(0, 70)]
+    docs = ["", "\n", "\n\n", FOOTER, FOOTER + "\n" + FOOTER, "\n" + FOOTER + "\n", NAV + "\r\n" + NAV]
+    for _ in range(300):
+        picked = [rng.choice(lines) for _ in range(rng.randrange(1, 8))]
+        docs.append(
+            "\n".join(
+                rng.choice(edges) * rng.randrange(3) + p + rng.choice(edges) * rng.randrange(3)
+                for p in picked
+            )
+        )
+    return docs + [" ".join(r.text for r in part) for part in corpus()]
+
+
+def test_compiled_line_keys_and_removal_are_the_python_rules(monkeypatch: pytest.MonkeyPatch):
+    """``pipeline/clean/_lines.c`` (xxhash64, str.strip()'s whitespace, lengths in code points) gives the keys
+    and removals of the Python lines on every edge case; a text with a lone surrogate goes to the Python path;
+    where a C compiler was found at install (CI's machine has one) it is built."""
+    import os
+
+    from pipeline.clean import boilerplate as bp_module
+    from pipeline.clean import normalize
+
+    kernel = normalize.lines_kernel
+    if kernel is None:
+        assert not os.environ.get("CI"), (
+            "the compiled boilerplate lines were not built (pip install -e . needs gcc)"
+        )
+        pytest.skip("pipeline.clean._lines was not built (no C compiler at install)")
+    docs = _line_cases()
+    boilerplate = frozenset(line_hash(line) for line in (FOOTER, NAV, "ééééééééééééééééééé", "x" * 20))
+    for min_chars in (0, 1, 19, 20):
+        compiled = [
+            (normalize.remove_boilerplate(d, boilerplate, min_chars), bp_module.doc_line_keys(d, min_chars))
+            for d in docs
+        ]
+        assert kernel.line_hashes("a\ud800b", min_chars) is None
+        assert kernel.remove_lines("a\ud800b", normalize.sorted_keys(boilerplate), min_chars) is None
+        with monkeypatch.context() as m:
+            m.setattr(normalize, "lines_kernel", None)
+            python = [
+                (
+                    normalize.remove_boilerplate(d, boilerplate, min_chars),
+                    bp_module.doc_line_keys(d, min_chars),
+                )
+                for d in docs
+            ]
+            assert normalize.remove_boilerplate("a\ud800b\n" + FOOTER, boilerplate, 20) == ("a\ud800b", 1)
+        assert compiled == python, min_chars
+        assert sum(removed for (_, removed), _ in compiled) > 50  # the cases do remove lines
+    keys = [np.frombuffer(bp_module.doc_line_keys(d, 20), np.uint64).tolist() for d in docs]
+    assert keys == [sorted(bp_module.doc_line_hashes(d, 20)) for d in docs]
