@@ -13,15 +13,28 @@ the per-document path.
 
 The scan is proven against ``text.split()`` and the per-document rules in ``tests/pipeline/clean/test_quality.py``
 (the reference rules live in ``tests/pipeline/clean/quality_oracle.py``).
+
+Where the install found a C compiler, :func:`scan_chunks` runs the compiled scan (``pipeline/clean/_wordscan.c``:
+one pass over each document's UTF-8 bytes, the same words, lengths, hashes, word and CJK counts and
+per-document routing, and repetition bounds with exact keys instead of packed ones, so never looser); the
+numpy scan below stays the path without it, and both are tested against the reference rules.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import ModuleType
 
 import numpy as np
 
 from pipeline.clean.config import QualityConfig
+from pipeline.units import packed_ranges
+
+scan_kernel: ModuleType | None
+try:  # the compiled scan (pipeline/clean/_wordscan.c), built at install where a C compiler is found
+    import pipeline.clean._wordscan as scan_kernel
+except ImportError:  # pragma: no cover - exercised by the tests through monkeypatch
+    scan_kernel = None
 
 # Kana, CJK symbols/punctuation, CJK ideographs (+ ext. A), Yi, Hangul syllables, compatibility ideographs,
 # halfwidth/fullwidth forms and the CJK ideograph extensions in the supplementary planes.
@@ -186,6 +199,21 @@ def _scan_chunk(
     return hashes, lengths, sizes, per_doc, _repetition_passes(buf, doc_start, words, cont, cfg), cjk
 
 
+def _limit(fraction: float | None) -> float:
+    return -1.0 if fraction is None else float(fraction)
+
+
+def _scan_compiled(
+    kernel: ModuleType, texts: list[str], cfg: QualityConfig
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    limits = (cfg.max_dup_line_fraction, cfg.max_dup_line_char_fraction, cfg.max_dup_para_fraction,
+              cfg.max_dup_para_char_fraction)  # fmt: skip
+    h, n, sizes, per_doc, ok, cjk = kernel.scan_words(texts, *map(_limit, limits))
+    return (np.frombuffer(h, dtype=np.uint64), np.frombuffer(n, dtype=np.int64), np.frombuffer(sizes, dtype=np.int64),
+            np.frombuffer(per_doc, dtype=np.bool_), np.frombuffer(ok, dtype=np.bool_),
+            np.frombuffer(cjk, dtype=np.int64))  # fmt: skip
+
+
 def scan_chunks(
     texts: list[str], cfg: QualityConfig
 ) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
@@ -194,6 +222,13 @@ def scan_chunks(
     (concatenated in order), per document its word count (CJK characters left out), whether it must take the
     per-document path instead (then its words here are not its words), whether it passes the repetition
     rules for certain (see ``_repetition_passes``) and its CJK character count (each one a word)."""
+    kernel = scan_kernel
+    if not texts:
+        return
+    if kernel is not None:
+        for lo, hi in packed_ranges([len(t) for t in texts], SCAN_BYTES):
+            yield lo, hi, *_scan_compiled(kernel, texts[lo:hi], cfg)
+        return
     encoded: list[bytes] = []
     lo, size, ascii_only = 0, 0, True
     for i, text in enumerate(texts):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import random
 import string
 from collections import Counter
@@ -193,7 +194,7 @@ def borderline_docs(n_docs: int, seed: int) -> list[str]:
     return docs
 
 
-def test_batch_screen_gives_the_exact_per_document_answers(monkeypatch):
+def test_batch_screen_gives_the_exact_per_document_answers(monkeypatch, scan_path):
     monkeypatch.setattr(quality, "_CHUNK_WORDS", 3000)  # several chunks per batch
     docs = borderline_docs(600, seed=1) + [t for texts in PLANTED.values() for t in texts] + NORMAL
     cfg = QualityConfig(max_words=None, max_chars=None)
@@ -260,7 +261,18 @@ def mixed_script_docs(n_docs: int, seed: int) -> list[str]:
     return docs
 
 
-def test_byte_level_word_scan_gives_the_exact_per_document_answers(monkeypatch):
+@pytest.fixture(params=["compiled", "numpy"])
+def scan_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The word scan under test: the compiled one (pipeline/clean/_wordscan.c) or the numpy one."""
+    if request.param == "numpy":
+        monkeypatch.setattr(wordscan, "scan_kernel", None)
+    elif wordscan.scan_kernel is None:
+        assert not os.environ.get("CI"), "the compiled word scan was not built (pip install -e . needs gcc)"
+        pytest.skip("pipeline.clean._wordscan was not built (no C compiler at install)")
+    return str(request.param)
+
+
+def test_byte_level_word_scan_gives_the_exact_per_document_answers(monkeypatch, scan_path):
     monkeypatch.setattr(wordscan, "SCAN_BYTES", 4000)  # several scan chunks per batch
     monkeypatch.setattr(quality, "_CHUNK_WORDS", 3000)
     docs = [*mixed_script_docs(500, seed=7), CHINESE * 3, JAPANESE * 3, GERMAN * 2]
@@ -280,7 +292,7 @@ def test_byte_level_word_scan_gives_the_exact_per_document_answers(monkeypatch):
             assert cjk.tolist() == [n_cjk]
 
 
-def test_sample_corpus_batch_equals_per_document_rules():
+def test_sample_corpus_batch_equals_per_document_rules(scan_path):
     texts = []
     for path in sorted(glob.glob(str(sample_corpus_path() / "*.jsonl.zst"))):
         with open(path, "rb") as f:
@@ -355,3 +367,40 @@ def test_sorted_packing_helpers_equal_their_definitions():
         repeats = rng.random(40) < 0.1
         covered = [any(repeats[max(j - n + 1, 0) : j + 1]) for j in range(40 + n - 1)]
         assert quality._covered(repeats, n).tolist() == covered
+
+
+def test_the_compiled_scan_finds_the_numpy_scans_words_and_bounds_no_looser(monkeypatch):
+    """Document by document, the compiled scan gives the numpy scan's routing, word hashes, lengths, word and
+    CJK counts; its repetition bounds (exact keys) prove at least every document the numpy ones prove, and
+    only documents that pass the exact rules."""
+    if wordscan.scan_kernel is None:
+        pytest.skip("pipeline.clean._wordscan was not built")
+    cfg = QualityConfig()
+    docs = [
+        *mixed_script_docs(300, seed=11),
+        CHINESE * 3,
+        JAPANESE * 3,
+        GERMAN * 2,
+        "",
+        "\n",
+        "a\n\nb\n\n\na",
+    ]
+    docs += ["\n".join(["same line here"] * k + ["other words"] * j) for k in range(4) for j in range(3)]
+    docs += ["\n\n".join(["a paragraph of words"] * k + ["x y"]) for k in range(4)]
+    compiled = [next(wordscan.scan_chunks([t], cfg))[2:] for t in docs]
+    monkeypatch.setattr(wordscan, "scan_kernel", None)
+    proven = 0
+    for text, got in zip(docs, compiled, strict=True):
+        want = next(wordscan.scan_chunks([text], cfg))[2:]
+        assert got[3].tolist() == want[3].tolist(), text  # routing
+        if want[3][0]:
+            continue  # a lone surrogate: the per-document path, whatever the scans found
+        for k in (0, 1, 2, 5):  # hashes, lengths, word count, CJK count
+            assert got[k].tolist() == want[k].tolist(), (k, text)
+        trusted = text[:1] != "\n" and text[-1:] != "\n"
+        if trusted:
+            assert got[4][0] or not want[4][0], text
+            if got[4][0]:
+                proven += 1
+                assert quality._repetition_reason(text, cfg) is None, text
+    assert proven > 100

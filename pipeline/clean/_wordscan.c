@@ -1,0 +1,318 @@
+/* The byte-level word scan of the quality rules, compiled (the numpy scan: pipeline/clean/wordscan.py).
+ *
+ * scan_words(texts, max_dup_line_fraction, max_dup_line_char_fraction, max_dup_para_fraction,
+ *            max_dup_para_char_fraction) -> (hashes, lengths, sizes, per_doc, repetition_ok, cjk)
+ *
+ * For a list of str: every word's 64-bit hash (uint64) and length in code points (int64), concatenated in
+ * order; per document its word count (int64), whether it must take the per-document path (a lone
+ * surrogate: no strict UTF-8 form; then it has no words here), whether upper bounds prove that it passes
+ * the four repetition rules, and its CJK character count (int64); all as bytes for numpy.frombuffer. A
+ * threshold below 0 is a rule turned off.
+ *
+ * Words are those of str.split() once every CJK character (CJK_RANGES of wordscan.py) is taken out:
+ * separators are Python's whitespace (Py_UNICODE_ISSPACE, what str.split() splits on) and CJK characters,
+ * each of which is counted. A word's hash mixes its byte length with its first and last 8 bytes, as
+ * wordscan._word_hashes does, so the n-gram screen that reads them gives the same answers.
+ *
+ * Repetition bounds: lines are the non-empty stretches between newlines, paragraphs those between runs of
+ * two or more newlines (and the document's ends), as wordscan._repetition_passes cuts them. An item's key
+ * mixes the sum of its words' hashes with its byte length, so equal items have equal keys and the repeats
+ * counted can only be too many (each key after the first of its kind is a repeat; the characters of a key's
+ * repeats are all of its items' but the shortest one's). A document passes when neither fraction is over
+ * its threshold with those counts: then the exact rules pass too.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define M1 0xFF51AFD7ED558CCDULL
+#define M2 0xC4CEB9FE1A85EC53ULL
+
+static const Py_UCS4 CJK_RANGES[][2] = {
+    {0x3000, 0x30FF}, {0x3400, 0x4DBF}, {0x4E00, 0x9FFF}, {0xA000, 0xA4CF},
+    {0xAC00, 0xD7A3}, {0xF900, 0xFAFF}, {0xFF00, 0xFFEF}, {0x20000, 0x3134F},
+};
+
+static inline int is_cjk(Py_UCS4 cp) {
+    if (cp < 0x3000) return 0;
+    for (size_t k = 0; k < sizeof(CJK_RANGES) / sizeof(CJK_RANGES[0]); k++)
+        if (cp >= CJK_RANGES[k][0] && cp <= CJK_RANGES[k][1]) return 1;
+    return 0;
+}
+
+/* The bytes below 0x80: 0 a word byte, 1 whitespace other than a newline, 2 a newline; 3 a lead or
+ * continuation byte of a multi-byte character. Filled from Py_UNICODE_ISSPACE when the module loads. */
+static uint8_t BYTE_CLASS[256];
+
+/* A growable array of fixed-size items. */
+typedef struct {
+    char *data;
+    size_t size, cap, item;
+} Vec;
+
+static int vec_push(Vec *v, const void *value) {
+    if (v->size == v->cap) {
+        size_t cap = v->cap ? 2 * v->cap : 1024;
+        char *grown = realloc(v->data, cap * v->item);
+        if (!grown) return -1;
+        v->data = grown;
+        v->cap = cap;
+    }
+    memcpy(v->data + v->size * v->item, value, v->item);
+    v->size++;
+    return 0;
+}
+
+typedef struct {
+    uint64_t key;
+    int64_t chars;
+} Item;
+
+/* Whether the items (lines or paragraphs of one document) pass both fractions, each item whose key came
+ * before it counted as a repeat (`table`: scratch of at least 2 * n + 2 slots, zeroed on return). */
+static int items_pass(const Item *items, size_t n, double max_frac, double max_char_frac, uint64_t *table,
+                      size_t slots) {
+    if (max_frac < 0 && max_char_frac < 0) return 1;
+    size_t mask = 1;
+    while (mask < 2 * n) mask <<= 1;
+    if (mask > slots) mask = slots;  /* never: the caller sized the table */
+    mask -= 1;
+    int64_t repeats = 0, repeat_chars = 0, total = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t key = items[i].key ? items[i].key : 1;  /* 0 marks an empty slot */
+        total += items[i].chars;
+        size_t at = (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 32) & mask;
+        while (table[at] && table[at] != key) at = (at + 1) & mask;
+        if (table[at]) {
+            repeats++;
+            repeat_chars += items[i].chars;
+        } else {
+            table[at] = key;
+        }
+    }
+    memset(table, 0, (mask + 1) * sizeof(uint64_t));
+    int64_t count = n > 0 ? (int64_t)n : 1;
+    if (max_frac >= 0 && (double)repeats / (double)count > max_frac) return 0;
+    if (max_char_frac >= 0 && (double)repeat_chars / (double)(total > 1 ? total : 1) > max_char_frac) return 0;
+    return 1;
+}
+
+/* A word's hash from its first and last (up to) 8 bytes, read little-endian as numpy reads them (a short word
+ * is read as 8 bytes when the document goes on that far, and masked to its own). */
+static inline uint64_t word_hash(const uint8_t *s, Py_ssize_t n, Py_ssize_t start, Py_ssize_t end) {
+    uint64_t len = (uint64_t)(end - start), first = 0, last = 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (len >= 8) {
+        memcpy(&first, s + start, 8);
+        memcpy(&last, s + end - 8, 8);
+        return (first * M1) ^ (last * M2) ^ len;
+    }
+    if (start + 8 <= n) {
+        memcpy(&first, s + start, 8);
+        first &= ((uint64_t)1 << (8 * len)) - 1;
+        return (first * M1) ^ (first * M2) ^ len;
+    }
+#endif
+    size_t k = len < 8 ? (size_t)len : 8;
+    for (size_t i = 0; i < k; i++) {
+        first |= (uint64_t)s[start + i] << (8 * i);
+        last |= (uint64_t)s[end - (Py_ssize_t)k + i] << (8 * i);
+    }
+    return (first * M1) ^ (last * M2) ^ len;
+}
+
+typedef struct {
+    Py_ssize_t start;
+    uint64_t sum;
+    int64_t chars;
+} Stretch;
+
+static int close_stretch(Vec *items, Stretch *st, Py_ssize_t end) {
+    if (end > st->start) {
+        Item item = {((st->sum * M2) ^ (uint64_t)(end - st->start)), st->chars};
+        if (vec_push(items, &item)) return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    Vec hashes, lengths, lines, paras;
+    uint64_t *table;
+    size_t slots;
+} Scan;
+
+/* The repeat table, at least 2 * items + 2 slots (a power of two), zeroed. */
+static int reserve_table(Scan *sc, size_t items) {
+    size_t need = 2;
+    while (need < 2 * items + 2) need <<= 1;
+    if (need <= sc->slots) return 0;
+    free(sc->table);
+    sc->table = calloc(need, sizeof(uint64_t));
+    sc->slots = sc->table ? need : 0;
+    return sc->table ? 0 : -1;
+}
+
+/* Scans one document: appends its words; returns its word count (-1: out of memory) and sets *cjk, *ok. */
+static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const double *limits, int64_t *cjk,
+                           int *ok) {
+    Py_ssize_t words = 0, word_start = -1;
+    int64_t word_chars = 0;
+    Stretch line = {0, 0, 0}, para = {0, 0, 0};
+    sc->lines.size = sc->paras.size = 0;
+    *cjk = 0;
+    for (Py_ssize_t i = 0; i <= n;) {
+        int size = 1, separator = 1;
+        Py_UCS4 cp = '\n';  /* past the end: the document's end closes everything */
+        if (i < n) {
+            uint8_t b = s[i];
+            if (BYTE_CLASS[b] == 0) {  /* a run of ASCII word bytes */
+                Py_ssize_t j = i + 1;
+                while (j < n && BYTE_CLASS[s[j]] == 0) j++;
+                if (word_start < 0) {
+                    word_start = i;
+                    word_chars = 0;
+                }
+                word_chars += j - i;
+                line.chars += j - i;
+                para.chars += j - i;
+                i = j;
+                continue;
+            }
+            if (BYTE_CLASS[b] == 1) {  /* whitespace: ends a word */
+                if (word_start >= 0) {
+                    uint64_t h = word_hash(s, n, word_start, i);
+                    if (vec_push(&sc->hashes, &h) || vec_push(&sc->lengths, &word_chars)) return -1;
+                    line.sum += h;
+                    para.sum += h;
+                    words++;
+                    word_start = -1;
+                }
+                line.chars++;
+                para.chars++;
+                i++;
+                continue;
+            }
+            if (b < 0x80) {
+                cp = b;
+                separator = 1;
+            } else {
+                size = b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+                cp = size == 2 ? ((Py_UCS4)(b & 0x1F) << 6) | (s[i + 1] & 0x3F)
+                     : size == 3 ? ((Py_UCS4)(b & 0x0F) << 12) | ((Py_UCS4)(s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F)
+                                 : ((Py_UCS4)(b & 0x07) << 18) | ((Py_UCS4)(s[i + 1] & 0x3F) << 12) |
+                                       ((Py_UCS4)(s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
+                int wide = is_cjk(cp);
+                *cjk += wide;
+                separator = wide || Py_UNICODE_ISSPACE(cp);
+            }
+        }
+        if (separator && word_start >= 0) {  /* a word ends */
+            uint64_t h = word_hash(s, n, word_start, i);
+            if (vec_push(&sc->hashes, &h) || vec_push(&sc->lengths, &word_chars)) return -1;
+            line.sum += h;
+            para.sum += h;
+            words++;
+            word_start = -1;
+        } else if (!separator) {
+            if (word_start < 0) {
+                word_start = i;
+                word_chars = 0;
+            }
+            word_chars++;
+        }
+        if (cp != '\n') {
+            line.chars++;
+            para.chars++;
+            i += size;
+            continue;
+        }
+        Py_ssize_t run = 0;  /* a newline (or the end): the line ends; a run of two or more ends the paragraph */
+        while (i + run < n && s[i + run] == '\n') run++;
+        if (close_stretch(&sc->lines, &line, i)) return -1;
+        int breaks = i >= n || i == 0 || run >= 2 || i + run >= n;
+        if (breaks) {
+            if (close_stretch(&sc->paras, &para, i)) return -1;
+            para = (Stretch){i + (run ? run : 1), 0, 0};
+        } else {
+            para.chars++;
+        }
+        line = (Stretch){i + (run ? run : 1), 0, 0};
+        i += run ? run : 1;
+    }
+    if (reserve_table(sc, sc->lines.size > sc->paras.size ? sc->lines.size : sc->paras.size)) return -1;
+    *ok = items_pass((const Item *)sc->lines.data, sc->lines.size, limits[0], limits[1], sc->table, sc->slots) &&
+          items_pass((const Item *)sc->paras.data, sc->paras.size, limits[2], limits[3], sc->table, sc->slots);
+    return words;
+}
+
+static PyObject *scan_words(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *texts;
+    double limits[4];
+    if (!PyArg_ParseTuple(args, "O!dddd", &PyList_Type, &texts, &limits[0], &limits[1], &limits[2], &limits[3]))
+        return NULL;
+    Py_ssize_t docs = PyList_GET_SIZE(texts);
+    Scan sc = {{NULL, 0, 0, 8}, {NULL, 0, 0, 8}, {NULL, 0, 0, sizeof(Item)}, {NULL, 0, 0, sizeof(Item)}, NULL, 0};
+    PyObject *sizes = PyBytes_FromStringAndSize(NULL, docs * 8), *per_doc = PyBytes_FromStringAndSize(NULL, docs);
+    PyObject *rep_ok = PyBytes_FromStringAndSize(NULL, docs), *cjk = PyBytes_FromStringAndSize(NULL, docs * 8);
+    PyObject *result = NULL;
+    if (!sizes || !per_doc || !rep_ok || !cjk) goto done;
+    for (Py_ssize_t d = 0; d < docs; d++) {
+        PyObject *text = PyList_GET_ITEM(texts, d);
+        if (!PyUnicode_Check(text)) {
+            PyErr_SetString(PyExc_TypeError, "scan_words: every text must be a str");
+            goto done;
+        }
+        Py_ssize_t n;
+        const uint8_t *s = (const uint8_t *)PyUnicode_AsUTF8AndSize(text, &n);
+        int64_t words = 0, wide = 0;
+        int ok = 0, other = s == NULL;
+        if (other) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) goto done;
+            PyErr_Clear();  /* a lone surrogate: the per-document path */
+        } else {
+            Py_ssize_t found = scan_one(&sc, s, n, limits, &wide, &ok);
+            if (found < 0) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            words = found;
+        }
+        memcpy(PyBytes_AS_STRING(sizes) + 8 * d, &words, 8);
+        memcpy(PyBytes_AS_STRING(cjk) + 8 * d, &wide, 8);
+        PyBytes_AS_STRING(per_doc)[d] = (char)other;
+        PyBytes_AS_STRING(rep_ok)[d] = (char)ok;
+    }
+    PyObject *hashes = PyBytes_FromStringAndSize(sc.hashes.data, (Py_ssize_t)(sc.hashes.size * 8));
+    PyObject *lengths = PyBytes_FromStringAndSize(sc.lengths.data, (Py_ssize_t)(sc.lengths.size * 8));
+    if (hashes && lengths) result = PyTuple_Pack(6, hashes, lengths, sizes, per_doc, rep_ok, cjk);
+    Py_XDECREF(hashes);
+    Py_XDECREF(lengths);
+done:
+    Py_XDECREF(sizes);
+    Py_XDECREF(per_doc);
+    Py_XDECREF(rep_ok);
+    Py_XDECREF(cjk);
+    free(sc.hashes.data);
+    free(sc.lengths.data);
+    free(sc.lines.data);
+    free(sc.paras.data);
+    free(sc.table);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_words", scan_words, METH_VARARGS, "The words, word counts and repetition bounds of documents."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_wordscan",
+                                    "The compiled word scan of the quality rules (see pipeline/clean/_wordscan.c).",
+                                    -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__wordscan(void) {
+    for (int b = 0; b < 256; b++) BYTE_CLASS[b] = b >= 0x80 ? 3 : b == '\n' ? 2 : Py_UNICODE_ISSPACE(b) ? 1 : 0;
+    return PyModule_Create(&module);
+}
