@@ -1,13 +1,16 @@
 /* The byte-level word scan of the quality rules, compiled (the numpy scan: pipeline/clean/wordscan.py).
  *
  * scan_words(texts, max_dup_line_fraction, max_dup_line_char_fraction, max_dup_para_fraction,
- *            max_dup_para_char_fraction) -> (hashes, lengths, sizes, per_doc, repetition_ok, cjk)
+ *            max_dup_para_char_fraction) -> (hashes, lengths, sizes, per_doc, repetition_ok, cjk, marks)
  *
  * For a list of str: every word's 64-bit hash (uint64) and length in code points (int64), concatenated in
  * order; per document its word count (int64), whether it must take the per-document path (a lone
  * surrogate: no strict UTF-8 form; then it has no words here), whether upper bounds prove that it passes
  * the four repetition rules, and its CJK character count (int64); all as bytes for numpy.frombuffer. A
- * threshold below 0 is a rule turned off.
+ * threshold below 0 is a rule turned off. marks: per document six int64 counts for the per-document rules:
+ * text.count("#"), text.count("..."), text.count("…"), text.count("\n"), the bullet lines (BULLET_LINE_RE's
+ * matches plus a first line that starts with a bullet) and the lines ending in an ellipsis (text.count("...\n")
+ * + text.count("…\n") + whether text.rstrip() ends with one).
  *
  * Words are those of str.split() once every CJK character (CJK_RANGES of wordscan.py) is taken out:
  * separators are Python's whitespace (Py_UNICODE_ISSPACE, what str.split() splits on) and CJK characters,
@@ -137,6 +140,62 @@ static int close_stretch(Vec *items, Stretch *st, Py_ssize_t end) {
     return 0;
 }
 
+/* The marks the per-document rules count (quality._counted_reason, _line_reason), in this order. */
+enum { MARK_HASH, MARK_DOTS, MARK_ELLIPSIS, MARK_NEWLINES, MARK_BULLET_LINES, MARK_ELLIPSIS_ENDS, MARKS };
+
+static const Py_UCS4 BULLETS[] = {0x2022, 0x2023, 0x25E6, 0x2043, 0x25CF, 0x25AA, '-', '*', 0xB7, 0x2013};
+
+static inline Py_UCS4 decode_at(const uint8_t *s, Py_ssize_t i) {
+    uint8_t b = s[i];
+    if (b < 0x80) return b;
+    if (b < 0xE0) return ((Py_UCS4)(b & 0x1F) << 6) | (s[i + 1] & 0x3F);
+    if (b < 0xF0) return ((Py_UCS4)(b & 0x0F) << 12) | ((Py_UCS4)(s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
+    return ((Py_UCS4)(b & 0x07) << 18) | ((Py_UCS4)(s[i + 1] & 0x3F) << 12) | ((Py_UCS4)(s[i + 2] & 0x3F) << 6) |
+           (s[i + 3] & 0x3F);
+}
+
+/* Whether a bullet line starts at j: spaces and tabs, then a bullet (quality.BULLETS; BULLET_LINE_RE). */
+static int bullet_at(const uint8_t *s, Py_ssize_t n, Py_ssize_t j) {
+    while (j < n && (s[j] == ' ' || s[j] == '\t')) j++;
+    if (j >= n) return 0;
+    Py_UCS4 cp = decode_at(s, j);
+    for (size_t k = 0; k < sizeof(BULLETS) / sizeof(BULLETS[0]); k++)
+        if (cp == BULLETS[k]) return 1;
+    return 0;
+}
+
+static inline int ends_with_ellipsis(const uint8_t *s, Py_ssize_t end) {
+    if (end < 3) return 0;
+    const uint8_t *t = s + end - 3;
+    return (t[0] == '.' && t[1] == '.' && t[2] == '.') || (t[0] == 0xE2 && t[1] == 0x80 && t[2] == 0xA6);
+}
+
+/* The counts of text.count("#"), text.count("..."), text.count("…") (non-overlapping, as str.count), and
+ * whether text.rstrip() ends with an ellipsis. */
+static void count_marks(const uint8_t *s, Py_ssize_t n, int64_t *marks) {
+    const uint8_t *p = s, *end = s + n;
+    while ((p = memchr(p, '#', (size_t)(end - p))) != NULL) {
+        marks[MARK_HASH]++;
+        p++;
+    }
+    for (p = s; (p = memchr(p, '.', (size_t)(end - p))) != NULL;) {
+        const uint8_t *q = p;
+        while (q < end && *q == '.') q++;
+        marks[MARK_DOTS] += (q - p) / 3;
+        p = q;
+    }
+    for (p = s; (p = memchr(p, 0xE2, (size_t)(end - p))) != NULL; p++)
+        if (end - p >= 3 && p[1] == 0x80 && p[2] == 0xA6) marks[MARK_ELLIPSIS]++;
+    Py_ssize_t b = n;
+    while (b > 0) {
+        Py_ssize_t k = b - 1;
+        while (k > 0 && (s[k] & 0xC0) == 0x80) k--;
+        if (!Py_UNICODE_ISSPACE(decode_at(s, k))) break;
+        b = k;
+    }
+    marks[MARK_ELLIPSIS_ENDS] += ends_with_ellipsis(s, b);
+}
+
 typedef struct {
     Vec hashes, lengths, lines, paras;
     uint64_t *table;
@@ -156,12 +215,15 @@ static int reserve_table(Scan *sc, size_t items) {
 
 /* Scans one document: appends its words; returns its word count (-1: out of memory) and sets *cjk, *ok. */
 static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const double *limits, int64_t *cjk,
-                           int *ok) {
+                           int *ok, int64_t *marks) {
     Py_ssize_t words = 0, word_start = -1;
     int64_t word_chars = 0;
     Stretch line = {0, 0, 0}, para = {0, 0, 0};
     sc->lines.size = sc->paras.size = 0;
     *cjk = 0;
+    memset(marks, 0, MARKS * sizeof(int64_t));
+    count_marks(s, n, marks);
+    marks[MARK_BULLET_LINES] += bullet_at(s, n, 0);
     for (Py_ssize_t i = 0; i <= n;) {
         int size = 1, separator = 1;
         Py_UCS4 cp = '\n';  /* past the end: the document's end closes everything */
@@ -230,6 +292,11 @@ static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const doubl
         }
         Py_ssize_t run = 0;  /* a newline (or the end): the line ends; a run of two or more ends the paragraph */
         while (i + run < n && s[i + run] == '\n') run++;
+        if (run) {  /* only the first newline of a run follows a character, only the last precedes one */
+            marks[MARK_NEWLINES] += run;
+            marks[MARK_ELLIPSIS_ENDS] += ends_with_ellipsis(s, i);
+            marks[MARK_BULLET_LINES] += bullet_at(s, n, i + run);
+        }
         if (close_stretch(&sc->lines, &line, i)) return -1;
         int breaks = i >= n || i == 0 || run >= 2 || i + run >= n;
         if (breaks) {
@@ -257,8 +324,9 @@ static PyObject *scan_words(PyObject *self, PyObject *args) {
     Scan sc = {{NULL, 0, 0, 8}, {NULL, 0, 0, 8}, {NULL, 0, 0, sizeof(Item)}, {NULL, 0, 0, sizeof(Item)}, NULL, 0};
     PyObject *sizes = PyBytes_FromStringAndSize(NULL, docs * 8), *per_doc = PyBytes_FromStringAndSize(NULL, docs);
     PyObject *rep_ok = PyBytes_FromStringAndSize(NULL, docs), *cjk = PyBytes_FromStringAndSize(NULL, docs * 8);
+    PyObject *marks = PyBytes_FromStringAndSize(NULL, docs * MARKS * 8);
     PyObject *result = NULL;
-    if (!sizes || !per_doc || !rep_ok || !cjk) goto done;
+    if (!sizes || !per_doc || !rep_ok || !cjk || !marks) goto done;
     for (Py_ssize_t d = 0; d < docs; d++) {
         PyObject *text = PyList_GET_ITEM(texts, d);
         if (!PyUnicode_Check(text)) {
@@ -267,13 +335,14 @@ static PyObject *scan_words(PyObject *self, PyObject *args) {
         }
         Py_ssize_t n;
         const uint8_t *s = (const uint8_t *)PyUnicode_AsUTF8AndSize(text, &n);
-        int64_t words = 0, wide = 0;
+        int64_t words = 0, wide = 0, *doc_marks = (int64_t *)PyBytes_AS_STRING(marks) + MARKS * d;
         int ok = 0, other = s == NULL;
+        memset(doc_marks, 0, MARKS * sizeof(int64_t));
         if (other) {
             if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) goto done;
             PyErr_Clear();  /* a lone surrogate: the per-document path */
         } else {
-            Py_ssize_t found = scan_one(&sc, s, n, limits, &wide, &ok);
+            Py_ssize_t found = scan_one(&sc, s, n, limits, &wide, &ok, doc_marks);
             if (found < 0) {
                 PyErr_NoMemory();
                 goto done;
@@ -287,7 +356,7 @@ static PyObject *scan_words(PyObject *self, PyObject *args) {
     }
     PyObject *hashes = PyBytes_FromStringAndSize(sc.hashes.data, (Py_ssize_t)(sc.hashes.size * 8));
     PyObject *lengths = PyBytes_FromStringAndSize(sc.lengths.data, (Py_ssize_t)(sc.lengths.size * 8));
-    if (hashes && lengths) result = PyTuple_Pack(6, hashes, lengths, sizes, per_doc, rep_ok, cjk);
+    if (hashes && lengths) result = PyTuple_Pack(7, hashes, lengths, sizes, per_doc, rep_ok, cjk, marks);
     Py_XDECREF(hashes);
     Py_XDECREF(lengths);
 done:
@@ -295,6 +364,7 @@ done:
     Py_XDECREF(per_doc);
     Py_XDECREF(rep_ok);
     Py_XDECREF(cjk);
+    Py_XDECREF(marks);
     free(sc.hashes.data);
     free(sc.lengths.data);
     free(sc.lines.data);

@@ -67,17 +67,28 @@ def count_words(text: str, words: list[str] | None = None) -> tuple[int, int]:
     return len(plain) + cjk, cjk
 
 
-def _line_reason(text: str, cfg: QualityConfig, ellipses: tuple[int, int] | None = None) -> str | None:
+def _line_reason(
+    text: str, cfg: QualityConfig, ellipses: tuple[int, int] | None = None, marks: list[int] | None = None
+) -> str | None:
     """Bullet and ellipsis line fractions (text is whitespace-normalised: lines carry no trailing spaces).
-    ``ellipses``: the counts of "..." and "…" when known (a line cannot end in one that does not occur)."""
-    n_lines = text.count("\n") + 1
+    ``ellipses``: the counts of "..." and "…" when known (a line cannot end in one that does not occur);
+    ``marks``: the compiled scan's counts (``wordscan.MARK_NAMES``), which make every count here."""
+    n_lines = (marks[3] if marks else text.count("\n")) + 1
     if cfg.max_bullet_line_fraction is not None:
-        bullets = len(BULLET_LINE_RE.findall(text)) + text.lstrip(" \t").startswith(BULLETS)
+        if marks:
+            bullets = marks[4]
+        else:
+            bullets = len(BULLET_LINE_RE.findall(text)) + text.lstrip(" \t").startswith(BULLETS)
         if bullets / n_lines > cfg.max_bullet_line_fraction:
             return "bullet_lines"
     if cfg.max_ellipsis_line_fraction is not None:
-        present = ELLIPSES if ellipses is None else [e for e, k in zip(ELLIPSES, ellipses, strict=True) if k]
-        ends = sum(text.count(e + "\n") for e in present) + text.rstrip().endswith(ELLIPSES)
+        if marks:
+            ends = marks[5]
+        else:
+            present = (
+                ELLIPSES if ellipses is None else [e for e, k in zip(ELLIPSES, ellipses, strict=True) if k]
+            )
+            ends = sum(text.count(e + "\n") for e in present) + text.rstrip().endswith(ELLIPSES)
         if ends / n_lines > cfg.max_ellipsis_line_fraction:
             return "ellipsis_lines"
     return None
@@ -334,10 +345,16 @@ def screen_ngrams(word_lists: list[list[str]], cfg: QualityConfig) -> list[bool]
 
 
 def _counted_reason(
-    text: str, n_words: int, n_plain: int, plain_chars: int, cfg: QualityConfig, repetition_ok: bool = False
+    text: str,
+    n_words: int,
+    n_plain: int,
+    plain_chars: int,
+    cfg: QualityConfig,
+    repetition_ok: bool = False,
+    marks: list[int] | None = None,
 ) -> str | None:
     """The word, symbol, line and repetition rules, given the word count, the number of non-CJK words and
-    their characters (and whether the repetition rules are known to pass)."""
+    their characters (and whether the repetition rules are known to pass, and the compiled scan's counts)."""
     if cfg.min_words is not None and n_words < cfg.min_words:
         return "too_few_words"
     if cfg.max_words is not None and n_words > cfg.max_words:
@@ -350,10 +367,11 @@ def _counted_reason(
             return "mean_word_length"
     ellipses = None
     if cfg.max_symbol_word_ratio is not None and n_words:
-        ellipses = (text.count(ELLIPSES[0]), text.count(ELLIPSES[1]))
-        if (text.count("#") + ellipses[0] + ellipses[1]) / n_words > cfg.max_symbol_word_ratio:
+        ellipses = (marks[1], marks[2]) if marks else (text.count(ELLIPSES[0]), text.count(ELLIPSES[1]))
+        hashes = marks[0] if marks else text.count("#")
+        if (hashes + ellipses[0] + ellipses[1]) / n_words > cfg.max_symbol_word_ratio:
             return "symbol_ratio"
-    reason = _line_reason(text, cfg, ellipses)
+    reason = _line_reason(text, cfg, ellipses, marks)
     return reason if reason or repetition_ok else _repetition_reason(text, cfg)
 
 
@@ -382,7 +400,7 @@ def _fast_batch(texts: list[str], cfg: QualityConfig) -> tuple[list[str | None],
     (their reasons are left None)."""
     reasons: list[str | None] = []
     others: list[int] = []
-    for lo, hi, hashes, lengths, sizes, per_doc, rep_ok, cjk in scan_chunks(texts, cfg):
+    for lo, hi, hashes, lengths, sizes, per_doc, rep_ok, cjk, marks in scan_chunks(texts, cfg):
         cum = np.concatenate(([0], np.cumsum(lengths)))
         bounds = np.concatenate(([0], np.cumsum(sizes)))
         chars = cum[bounds[1:]] - cum[bounds[:-1]]
@@ -393,11 +411,12 @@ def _fast_batch(texts: list[str], cfg: QualityConfig) -> tuple[list[str | None],
             per_doc.tolist(),
             rep_ok.tolist(),
             cjk.tolist(),
+            marks.tolist() if marks is not None else [None] * (hi - lo),
             strict=True,
         )
-        for text, n, c, other, ok, k in flags:
+        for text, n, c, other, ok, k, m in flags:
             ok = ok and text[:1] != "\n" and text[-1:] != "\n"  # else its paragraphs differ from the scan's
-            reasons.append(None if other else _counted_reason(text, n + k, n, c, cfg, ok))
+            reasons.append(None if other else _counted_reason(text, n + k, n, c, cfg, ok, m))
         others.extend((lo + np.flatnonzero(per_doc)).tolist())
         # the n-gram rules: documents with at least two non-CJK words, and not mostly CJK (see _word_reason)
         ngrams = (sizes >= 2) & ~per_doc & (cjk <= sizes)

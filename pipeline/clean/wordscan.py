@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +60,10 @@ _M1 = np.uint64(0xFF51AFD7ED558CCD)
 _M2 = np.uint64(0xC4CEB9FE1A85EC53)
 _BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)  # the first k bytes
 SCAN_BYTES = 1 << 19
+# the counts the compiled scan gives per document for quality._counted_reason: text.count("#"),
+# text.count("..."), text.count("…"), text.count("\n"), bullet lines, lines ending in an ellipsis
+MARK_NAMES = ("hash", "dots", "ellipsis", "newlines", "bullet_lines", "ellipsis_ends")
+MARKS = len(MARK_NAMES)
 
 
 def _word_hashes(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -205,23 +210,25 @@ def _limit(fraction: float | None) -> float:
 
 def _scan_compiled(
     kernel: ModuleType, texts: list[str], cfg: QualityConfig
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     limits = (cfg.max_dup_line_fraction, cfg.max_dup_line_char_fraction, cfg.max_dup_para_fraction,
               cfg.max_dup_para_char_fraction)  # fmt: skip
-    h, n, sizes, per_doc, ok, cjk = kernel.scan_words(texts, *map(_limit, limits))
+    h, n, sizes, per_doc, ok, cjk, marks = kernel.scan_words(texts, *map(_limit, limits))
     return (np.frombuffer(h, dtype=np.uint64), np.frombuffer(n, dtype=np.int64), np.frombuffer(sizes, dtype=np.int64),
             np.frombuffer(per_doc, dtype=np.bool_), np.frombuffer(ok, dtype=np.bool_),
-            np.frombuffer(cjk, dtype=np.int64))  # fmt: skip
+            np.frombuffer(cjk, dtype=np.int64), np.frombuffer(marks, dtype=np.int64).reshape(len(texts), MARKS))  # fmt: skip
 
 
 def scan_chunks(
     texts: list[str], cfg: QualityConfig
-) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any]]:
     """Words of ``texts`` in chunks of ~0.5 MB, which keep numpy's temporaries in cache: ``(lo, hi, hashes,
-    lengths, sizes, per_doc, repetition_ok, cjk)`` for texts lo..hi-1: per word its hash and character length
-    (concatenated in order), per document its word count (CJK characters left out), whether it must take the
-    per-document path instead (then its words here are not its words), whether it passes the repetition
-    rules for certain (see ``_repetition_passes``) and its CJK character count (each one a word)."""
+    lengths, sizes, per_doc, repetition_ok, cjk, marks)`` for texts lo..hi-1: per word its hash and character
+    length (concatenated in order), per document its word count (CJK characters left out), whether it must take
+    the per-document path instead (then its words here are not its words), whether it passes the repetition
+    rules for certain (see ``_repetition_passes``) and its CJK character count (each one a word); ``marks``
+    (the compiled scan only, else None): per document the counts of :data:`MARK_NAMES` that the per-document
+    rules take."""
     kernel = scan_kernel
     if not texts:
         return
@@ -236,5 +243,5 @@ def scan_chunks(
         size += len(encoded[-1])
         ascii_only = ascii_only and len(encoded[-1]) == len(text)
         if size >= SCAN_BYTES or i == len(texts) - 1:
-            yield lo, i + 1, *_scan_chunk(encoded, ascii_only, cfg)
+            yield lo, i + 1, *_scan_chunk(encoded, ascii_only, cfg), None
             encoded, lo, size, ascii_only = [], i + 1, 0, True

@@ -285,7 +285,7 @@ def test_byte_level_word_scan_gives_the_exact_per_document_answers(monkeypatch, 
     assert sum(bool(quality.CJK_RE.search(t)) and fast_words(t) for t in docs) > 30  # and CJK in the scan
     for text in docs[:200]:  # and so is the word scan itself
         words, n_cjk = quality._split_cjk(text, text.split())
-        ((_, _, _, lengths, sizes, per_doc, _, cjk),) = wordscan.scan_chunks([text], cfg)
+        ((_, _, _, lengths, sizes, per_doc, _, cjk, _),) = wordscan.scan_chunks([text], cfg)
         assert per_doc.tolist() == [not fast_words(text)]
         if not per_doc[0]:
             assert sizes.tolist() == [len(words)] and lengths.tolist() == [len(w) for w in words]
@@ -387,6 +387,25 @@ def test_the_compiled_scan_finds_the_numpy_scans_words_and_bounds_no_looser(monk
     ]
     docs += ["\n".join(["same line here"] * k + ["other words"] * j) for k in range(4) for j in range(3)]
     docs += ["\n\n".join(["a paragraph of words"] * k + ["x y"]) for k in range(4)]
+    marked = [
+        "....",
+        "......\n",
+        "…\n",
+        "\n  - item",
+        "\t• x\n\n\t\t· y\n*z",
+        "text...   ",
+        "a…\u3000",
+        "##",
+        "ab...",
+    ]
+    marked += [
+        "- a\n\n\n– b\n‣c\n◦ d\n⁃e\n●f\n▪g\n.\n..\n...\n....\n…\n……\n",
+        "x\n \t\n-",
+        "\n",
+        "…",
+        "#.#..#...",
+    ]
+    docs += [*marked, "\n".join(marked)]
     compiled = [next(wordscan.scan_chunks([t], cfg))[2:] for t in docs]
     monkeypatch.setattr(wordscan, "scan_kernel", None)
     proven = 0
@@ -397,6 +416,10 @@ def test_the_compiled_scan_finds_the_numpy_scans_words_and_bounds_no_looser(monk
             continue  # a lone surrogate: the per-document path, whatever the scans found
         for k in (0, 1, 2, 5):  # hashes, lengths, word count, CJK count
             assert got[k].tolist() == want[k].tolist(), (k, text)
+        bullets = len(quality.BULLET_LINE_RE.findall(text)) + text.lstrip(" \t").startswith(quality.BULLETS)
+        ends = text.count("...\n") + text.count("…\n") + text.rstrip().endswith(quality.ELLIPSES)
+        counts = [text.count("#"), text.count("..."), text.count("…"), text.count("\n"), bullets, ends]
+        assert got[6].tolist() == [counts], text
         trusted = text[:1] != "\n" and text[-1:] != "\n"
         if trusted:
             assert got[4][0] or not want[4][0], text
