@@ -373,8 +373,243 @@ done:
     return result;
 }
 
+
+/* ------------------------------------------------------------------ the n-gram screen
+ *
+ * screen_ngrams(hashes, lengths, sizes, pending, top, dup) -> flagged
+ *
+ * Per document (its words' hashes and lengths, as scan_words gives them; `sizes` the word counts, `pending`
+ * one byte per document, 0: skip it) whether the n-gram rules may fail it: 0 proves that it passes them, so
+ * only flagged documents need the exact rules (quality._fast_ngram_reason). `top`, `dup`: the (n, fraction)
+ * pairs of QualityConfig.top_ngram_max_fraction and dup_ngram_max_fraction.
+ *
+ * n-grams are counted by key in a hash table per document; a key mixes the n words' hashes, so equal n-grams
+ * have equal keys and counts can only be too high (keys that collide add up). From them, upper bounds:
+ *  - top n-gram rule: count x characters of each n-gram. An n-gram occurs at most as often as its first word
+ *    (or its (n-1)-gram prefix), so the bound from the shorter counts is tried first, and the n-gram table
+ *    is only built when that bound is over the threshold.
+ *  - repeated n-gram rules: the characters of the words covered by an n-gram whose key came earlier. As the
+ *    exact rules run them in order of n, a bound over n's threshold flags the document and one at most the
+ *    smallest threshold still to come proves it (the true coverage there is no higher, so the exact rules
+ *    stop there and pass it).
+ * Thresholds are taken times (1 - 1e-9) of the characters, so float rounding cannot clear a failing document.
+ */
+#define MIX 0x9E3779B97F4A7C15ULL
+#define STEP 0xD6E8FEB86659FD93ULL
+#define SLACK (1.0 - 1e-9)
+#define MAX_RULES 32
+
+typedef struct {
+    uint64_t key;
+    uint32_t count, first;
+} Slot;
+
+typedef struct {
+    uint64_t *keys;   /* the n-gram keys of the document, by start */
+    uint32_t *slot;   /* the slot of each start's key */
+    int64_t *cum;     /* characters before each word */
+    uint32_t *count1; /* each start's first-word count */
+    Slot *table;
+    size_t words, slots;
+} Screen;
+
+static int screen_reserve(Screen *sc, size_t words) {
+    if (words <= sc->words) return 0;
+    size_t slots = 2;
+    while (slots < 2 * words) slots <<= 1;
+    free(sc->keys);
+    free(sc->slot);
+    free(sc->cum);
+    free(sc->count1);
+    free(sc->table);
+    sc->keys = malloc(words * sizeof(uint64_t));
+    sc->slot = malloc(words * sizeof(uint32_t));
+    sc->cum = malloc((words + 1) * sizeof(int64_t));
+    sc->count1 = malloc(words * sizeof(uint32_t));
+    sc->table = malloc(slots * sizeof(Slot));
+    sc->words = words;
+    sc->slots = slots;
+    return sc->keys && sc->slot && sc->cum && sc->count1 && sc->table ? 0 : -1;
+}
+
+/* Counts the m keys of sc->keys in the table (2^k >= 2m slots): each start's slot, each slot's count and
+ * first start. */
+static void count_keys(Screen *sc, size_t m) {
+    size_t slots = 2;
+    while (slots < 2 * m) slots <<= 1;
+    size_t mask = slots - 1;
+    memset(sc->table, 0, slots * sizeof(Slot));
+    for (size_t p = 0; p < m; p++) {
+        uint64_t key = sc->keys[p];
+        size_t at = (size_t)((key * MIX) >> 40) & mask;
+        while (sc->table[at].count && sc->table[at].key != key) at = (at + 1) & mask;
+        if (!sc->table[at].count) {
+            sc->table[at].key = key;
+            sc->table[at].first = (uint32_t)p;
+        }
+        sc->table[at].count++;
+        sc->slot[p] = (uint32_t)at;
+    }
+}
+
+/* Whether some n-gram (starts 0..m-1) may score over `limit` by count x characters, with `count_of(p)` an upper
+ * bound of the count of the n-gram at p (and only counts of 2 or more scoring, as the exact rule requires). */
+static int top_over(const Screen *sc, size_t m, size_t n, const uint32_t *bound, int from_table, double limit) {
+    for (size_t p = 0; p < m; p++) {
+        uint32_t c = from_table ? sc->table[sc->slot[p]].count : bound[p];
+        if (c >= 2 && (double)c * (double)(sc->cum[p + n] - sc->cum[p]) > limit) return 1;
+    }
+    return 0;
+}
+
+/* The characters of the words covered by an n-gram start (0..m-1) whose key came earlier. */
+static int64_t covered_chars(const Screen *sc, size_t m, size_t n) {
+    int64_t covered = 0;
+    size_t until = 0; /* words before `until` are counted already */
+    for (size_t p = 0; p < m; p++) {
+        if (sc->table[sc->slot[p]].first >= p) continue;
+        size_t from = p > until ? p : until, to = p + n;
+        if (to > from) covered += sc->cum[to] - sc->cum[from];
+        if (to > until) until = to;
+    }
+    return covered;
+}
+
+static int screen_one(Screen *sc, const uint64_t *hashes, const int64_t *lengths, size_t w, const long *top_n,
+                      const double *top_f, size_t n_top, const long *dup_n, const double *dup_f, size_t n_dup) {
+    sc->cum[0] = 0;
+    for (size_t i = 0; i < w; i++) sc->cum[i + 1] = sc->cum[i] + lengths[i];
+    double chars = (double)sc->cum[w] * SLACK;
+    size_t max_n = 0;
+    for (size_t k = 0; k < n_top; k++) max_n = (size_t)top_n[k] > max_n ? (size_t)top_n[k] : max_n;
+    for (size_t k = 0; k < n_dup; k++) max_n = (size_t)dup_n[k] > max_n ? (size_t)dup_n[k] : max_n;
+    if (max_n > w) max_n = w;
+    /* n = 1: each word's count bounds the top rules of every n until a table of n-grams is built */
+    for (size_t p = 0; p < w; p++) sc->keys[p] = hashes[p] * MIX;
+    count_keys(sc, w);
+    for (size_t p = 0; p < w; p++) sc->count1[p] = sc->table[sc->slot[p]].count;
+    int built = 1, undecided = n_dup > 0; /* built: the table holds the current n's counts */
+    size_t last_top = 0;
+    for (size_t k = 0; k < n_top; k++) last_top = (size_t)top_n[k] > last_top ? (size_t)top_n[k] : last_top;
+    uint32_t *bound = sc->count1; /* the shorter n-grams' counts, where no table of this n is built */
+    for (size_t n = 1; n <= max_n; n++) {
+        size_t m = w - n + 1;
+        if (n > 1) {
+            for (size_t p = 0; p < m; p++) sc->keys[p] = sc->keys[p] * STEP + hashes[p + n - 1] * MIX;
+            built = 0;
+        }
+        for (size_t k = 0; k < n_top; k++) {
+            if ((size_t)top_n[k] != n) continue;
+            double limit = top_f[k] * chars;
+            if (n == 1 || top_over(sc, m, n, bound, 0, limit)) { /* the bound is not enough: count them */
+                if (!built) {
+                    count_keys(sc, m);
+                    built = 1;
+                }
+                if (top_over(sc, m, n, NULL, 1, limit)) return 1;
+                for (size_t p = 0; p < m; p++) bound[p] = sc->table[sc->slot[p]].count; /* tighter from now */
+            }
+        }
+        for (size_t k = 0; k < n_dup && undecided; k++) {
+            if ((size_t)dup_n[k] != n) continue;
+            double least = dup_f[k];
+            for (size_t j = k; j < n_dup; j++) least = dup_f[j] < least ? dup_f[j] : least;
+            int64_t covered = 0;
+            if (m > 1) {
+                if (!built) {
+                    count_keys(sc, m);
+                    built = 1;
+                }
+                covered = covered_chars(sc, m, n);
+            }
+            if ((double)covered > dup_f[k] * chars) return 1;
+            undecided = (double)covered > least * chars;
+        }
+        if (n >= last_top && !undecided) break;
+    }
+    return 0;
+}
+
+static int read_rules(PyObject *pairs, long *ns, double *fs, size_t *count) {
+    PyObject *seq = PySequence_Fast(pairs, "screen_ngrams: rules must be a sequence of (n, fraction)");
+    if (!seq) return -1;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    if (k > MAX_RULES) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "screen_ngrams: too many rules");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ld", &ns[i], &fs[i]) || ns[i] < 1) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "screen_ngrams: n must be >= 1");
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    *count = (size_t)k;
+    Py_DECREF(seq);
+    return 0;
+}
+
+static PyObject *screen_ngrams(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer hashes, lengths, sizes, pending;
+    PyObject *top, *dup;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*OO", &hashes, &lengths, &sizes, &pending, &top, &dup)) return NULL;
+    PyObject *result = NULL;
+    Screen sc = {NULL, NULL, NULL, NULL, NULL, 0, 0};
+    long top_n[MAX_RULES], dup_n[MAX_RULES];
+    double top_f[MAX_RULES], dup_f[MAX_RULES];
+    size_t n_top = 0, n_dup = 0;
+    if (read_rules(top, top_n, top_f, &n_top) || read_rules(dup, dup_n, dup_f, &n_dup)) goto done;
+    Py_ssize_t docs = sizes.len / 8, words = hashes.len / 8;
+    const int64_t *size = sizes.buf;
+    if (lengths.len != hashes.len || pending.len != docs) {
+        PyErr_SetString(PyExc_ValueError, "screen_ngrams: arrays of different lengths");
+        goto done;
+    }
+    Py_ssize_t at = 0;
+    for (Py_ssize_t d = 0; d < docs; d++) {
+        if (size[d] < 0 || at + size[d] > words) {
+            PyErr_SetString(PyExc_ValueError, "screen_ngrams: word counts past the words");
+            goto done;
+        }
+        at += size[d];
+    }
+    result = PyBytes_FromStringAndSize(NULL, docs);
+    if (!result) goto done;
+    char *flagged = PyBytes_AS_STRING(result);
+    at = 0;
+    for (Py_ssize_t d = 0; d < docs; d++) {
+        size_t w = (size_t)size[d];
+        flagged[d] = 0;
+        if (((const char *)pending.buf)[d] && w >= 1) {
+            if (screen_reserve(&sc, w)) {
+                Py_CLEAR(result);
+                PyErr_NoMemory();
+                goto done;
+            }
+            flagged[d] = (char)screen_one(&sc, (const uint64_t *)hashes.buf + at, (const int64_t *)lengths.buf + at,
+                                          w, top_n, top_f, n_top, dup_n, dup_f, n_dup);
+        }
+        at += (Py_ssize_t)w;
+    }
+done:
+    free(sc.keys);
+    free(sc.slot);
+    free(sc.cum);
+    free(sc.count1);
+    free(sc.table);
+    PyBuffer_Release(&hashes);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&sizes);
+    PyBuffer_Release(&pending);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"scan_words", scan_words, METH_VARARGS, "The words, word counts and repetition bounds of documents."},
+    {"screen_ngrams", screen_ngrams, METH_VARARGS, "Whether the n-gram rules may fail each document."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,4 +1,6 @@
-"""Type stub of the compiled word scan (``pipeline/clean/_wordscan.c``)."""
+"""Type stub of the compiled word scan and n-gram screen (``pipeline/clean/_wordscan.c``)."""
+
+from typing import Any as Buffer  # collections.abc.Buffer is Python 3.12+
 
 def scan_words(
     texts: list[str],
@@ -7,4 +9,13 @@ def scan_words(
     max_dup_para_fraction: float,
     max_dup_para_char_fraction: float,
     /,
-) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes]: ...
+) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes]: ...
+def screen_ngrams(
+    hashes: Buffer,
+    lengths: Buffer,
+    sizes: Buffer,
+    pending: Buffer,
+    top: tuple[tuple[int, float], ...],
+    dup: tuple[tuple[int, float], ...],
+    /,
+) -> bytes: ...

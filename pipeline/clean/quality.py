@@ -41,6 +41,7 @@ from itertools import chain
 
 import numpy as np
 
+from pipeline.clean import wordscan
 from pipeline.clean.config import QualityConfig
 from pipeline.clean.wordscan import CJK_RANGES, MIX, STEP, _repeats, scan_chunks
 from pipeline.units import packed_ranges
@@ -344,6 +345,22 @@ def screen_ngrams(word_lists: list[list[str]], cfg: QualityConfig) -> list[bool]
     return _screen_words(word_hash, lengths, sizes, cfg).tolist()
 
 
+def _screen_pending(
+    hashes: np.ndarray, lengths: np.ndarray, sizes: np.ndarray, pending: np.ndarray, cfg: QualityConfig
+) -> np.ndarray:
+    """The n-gram screen of the ``pending`` documents of a scanned chunk: compiled where built
+    (``screen_ngrams`` of ``pipeline/clean/_wordscan.c``: the same sound bounds per document, from hash tables
+    instead of bucket counts and sorts), else :func:`_screen_words`."""
+    kernel = wordscan.scan_kernel
+    if kernel is not None:
+        found = kernel.screen_ngrams(
+            hashes, lengths, sizes, pending, cfg.top_ngram_max_fraction, cfg.dup_ngram_max_fraction
+        )
+        return np.frombuffer(found, dtype=np.bool_)[pending]
+    keep = np.repeat(pending, sizes)
+    return _screen_words(hashes[keep], lengths[keep], sizes[pending], cfg)
+
+
 def _counted_reason(
     text: str,
     n_words: int,
@@ -422,8 +439,7 @@ def _fast_batch(texts: list[str], cfg: QualityConfig) -> tuple[list[str | None],
         ngrams = (sizes >= 2) & ~per_doc & (cjk <= sizes)
         pending = np.array([r is None for r in reasons[lo:hi]], dtype=bool) & ngrams
         if pending.any():
-            keep = np.repeat(pending, sizes)
-            flagged = _screen_words(hashes[keep], lengths[keep], sizes[pending], cfg)
+            flagged = _screen_pending(hashes, lengths, sizes, pending, cfg)
             for i in (lo + np.flatnonzero(pending)[flagged]).tolist():
                 text = texts[i]
                 reasons[i] = _fast_ngram_reason(_split_cjk(text, text.split())[0], cfg)

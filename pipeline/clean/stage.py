@@ -43,8 +43,9 @@ def clean_text(
         if removed:
             counts["boilerplate_lines_removed"] += removed
             counts["docs_with_boilerplate"] += 1
-            if cfg.normalize_whitespace:
-                text = normalize_whitespace(text, cfg.max_blank_lines)
+            if cfg.normalize_whitespace:  # normalised text with whole lines out: only blank-line runs and
+                # the ends can need it again (no Unicode space, carriage return or trailing space appears)
+                text = normalize_whitespace(text, cfg.max_blank_lines, unicode_spaces=False)
     return text
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -246,3 +247,35 @@ def test_compiled_line_keys_and_removal_are_the_python_rules(monkeypatch: pytest
         assert sum(removed for (_, removed), _ in compiled) > 50  # the cases do remove lines
     keys = [np.frombuffer(bp_module.doc_line_keys(d, 20), np.uint64).tolist() for d in docs]
     assert keys == [sorted(bp_module.doc_line_hashes(d, 20)) for d in docs]
+
+
+def test_whitespace_after_removal_needs_only_blank_runs_and_ends_on_normalised_text():
+    """Clean normalises again after taking lines out, without the Unicode-space pass: on normalised text
+    (ingest's), removing whole lines can only leave blank-line runs and blank ends, so the light pass gives
+    what the full one gives."""
+    from pipeline.clean.normalize import normalize_text, normalize_whitespace, remove_boilerplate
+
+    rng = random.Random(9)
+    pieces = [
+        FOOTER,
+        NAV,
+        "a\u00a0b\u2003c",
+        "x\u2028y",
+        "trailing  ",
+        "\r\nz",
+        "",
+        "",
+        "\t",
+        "ünï\u3000cödé",
+    ]
+    cfg = CleanConfig()
+    boilerplate = frozenset({line_hash(FOOTER), line_hash(NAV)})
+    removed = 0
+    for _ in range(400):
+        raw = "\n".join(rng.choice(pieces) for _ in range(rng.randrange(1, 12)))
+        text = normalize_text(raw, cfg, Counter())
+        out, n = remove_boilerplate(text, boilerplate, 20)
+        removed += n
+        full = normalize_whitespace(out, cfg.max_blank_lines)
+        assert normalize_whitespace(out, cfg.max_blank_lines, unicode_spaces=False) == full, raw
+    assert removed > 100

@@ -427,3 +427,32 @@ def test_the_compiled_scan_finds_the_numpy_scans_words_and_bounds_no_looser(monk
                 proven += 1
                 assert quality._repetition_reason(text, cfg) is None, text
     assert proven > 100
+
+
+def test_the_compiled_ngram_screen_flags_every_failing_document_and_spares_most_others():
+    """``screen_ngrams`` (pipeline/clean/_wordscan.c) over the borderline documents and varied rule sets: every
+    document that the exact n-gram rules fail is flagged, and most that pass are proven (not flagged)."""
+    if wordscan.scan_kernel is None:
+        pytest.skip("pipeline.clean._wordscan was not built")
+    docs = borderline_docs(400, seed=3)
+    rules = [
+        QualityConfig(),
+        QualityConfig(
+            top_ngram_max_fraction=((1, 0.05), (3, 0.1)), dup_ngram_max_fraction=((2, 0.3), (6, 0.05))
+        ),
+        QualityConfig(top_ngram_max_fraction=(), dup_ngram_max_fraction=((5, 0.01),)),
+        QualityConfig(top_ngram_max_fraction=((2, 0.02),), dup_ngram_max_fraction=()),
+    ]
+    for cfg in rules:
+        words = [d.split() for d in docs]
+        flagged = np.concatenate(
+            [
+                quality._screen_pending(hashes, lengths, sizes, np.ones(hi - lo, dtype=bool), cfg)
+                for lo, hi, hashes, lengths, sizes, *_ in wordscan.scan_chunks(docs, cfg)
+            ]
+        )
+        fails = [quality._fast_ngram_reason(w, cfg) is not None for w in words]
+        assert all(f <= g for f, g in zip(fails, flagged.tolist(), strict=True)), cfg
+        passing = [not f for f in fails]
+        assert sum(g for g, p in zip(flagged.tolist(), passing, strict=True) if p) < sum(passing) // 2, cfg
+        assert sum(fails) > 20 or cfg.dup_ngram_max_fraction == (), cfg
