@@ -265,10 +265,20 @@ def line_hash(line: str) -> int:
     return xxhash.xxh64_intdigest(line.strip().encode("utf-8", "surrogatepass"))
 
 
-@functools.lru_cache(maxsize=4)
+_last_keys: tuple[frozenset[int], np.ndarray] | None = None
+
+
 def sorted_keys(boilerplate: frozenset[int]) -> np.ndarray:
-    """The boilerplate set as the sorted uint64 array the compiled removal searches (once per set)."""
-    return np.array(sorted(boilerplate), dtype=np.uint64)
+    """The boilerplate set as the sorted uint64 array the compiled removal searches, made once per set object.
+    Cached by identity, not equality: every part loads its own (equal) set, and comparing two sets of
+    thousands of hashes on every document cost more than the removal itself (an lru_cache did that)."""
+    global _last_keys
+    last = _last_keys
+    if last is not None and last[0] is boilerplate:
+        return last[1]
+    keys = np.array(sorted(boilerplate), dtype=np.uint64)
+    _last_keys = (boilerplate, keys)
+    return keys
 
 
 def remove_boilerplate(text: str, boilerplate: frozenset[int], min_line_chars: int) -> tuple[str, int]:
