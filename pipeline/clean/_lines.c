@@ -129,6 +129,12 @@ static const uint8_t *utf8_of(PyObject *text, Py_ssize_t *size) {
     return (const uint8_t *)s;
 }
 
+/* The end of the line that starts at i: the next newline, or size. */
+static inline Py_ssize_t line_end(const uint8_t *s, Py_ssize_t i, Py_ssize_t size) {
+    const uint8_t *nl = memchr(s + i, '\n', (size_t)(size - i));
+    return nl ? nl - s : size;
+}
+
 static int compare_u64(const void *a, const void *b) {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return (x > y) - (x < y);
@@ -149,13 +155,16 @@ static PyObject *line_hashes(PyObject *self, PyObject *args) {
     uint64_t *keys = malloc(sizeof(uint64_t) * (size_t)lines);
     if (!keys) return PyErr_NoMemory();
     Py_ssize_t n = 0, start = 0;
-    for (Py_ssize_t i = 0; i <= size; i++) {
-        if (i < size && s[i] != '\n') continue;
+    for (Py_ssize_t i = line_end(s, 0, size);; i = line_end(s, start, size)) {
         Py_ssize_t lo = start, hi = i;
         start = i + 1;
-        if (hi - lo < min_chars) continue;  /* fewer bytes than the minimum: fewer code points too */
+        if (hi - lo < min_chars) {
+            if (i >= size) break;
+            continue;
+        }  /* fewer bytes than the minimum: fewer code points too */
         strip(s, &lo, &hi);
         if (at_least(s, lo, hi, min_chars)) keys[n++] = xxh64(s + lo, (size_t)(hi - lo));
+        if (i >= size) break;
     }
     qsort(keys, (size_t)n, sizeof(uint64_t), compare_u64);
     Py_ssize_t distinct = 0;
@@ -166,14 +175,18 @@ static PyObject *line_hashes(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* Whether key is in sorted[0..n): a branch-free search (the comparisons are unpredictable, and a mispredicted
+ * branch per step cost more than the step). */
 static int in_sorted(const uint64_t *sorted, Py_ssize_t n, uint64_t key) {
-    Py_ssize_t lo = 0, hi = n;
-    while (lo < hi) {
-        Py_ssize_t mid = lo + (hi - lo) / 2;
-        if (sorted[mid] < key) lo = mid + 1;
-        else hi = mid;
+    if (n <= 0) return 0;
+    const uint64_t *at = sorted;
+    Py_ssize_t len = n;
+    while (len > 1) {  /* the last key <= key lies in [at, at + len) */
+        Py_ssize_t half = len / 2;
+        at = at[half] <= key ? at + half : at;
+        len -= half;
     }
-    return lo < n && sorted[lo] == key;
+    return *at == key;
 }
 
 static PyObject *remove_lines(PyObject *self, PyObject *args) {
@@ -196,8 +209,7 @@ static PyObject *remove_lines(PyObject *self, PyObject *args) {
     const uint64_t *keys = (const uint64_t *)boilerplate.buf;
     Py_ssize_t n_keys = boilerplate.len / 8, removed = 0, written = 0, start = 0;
     int first = 1;
-    for (Py_ssize_t i = 0; i <= size; i++) {
-        if (i < size && s[i] != '\n') continue;
+    for (Py_ssize_t i = line_end(s, 0, size);; i = line_end(s, start, size)) {
         Py_ssize_t lo = start, hi = i;
         start = i + 1;
         int drop = 0;
@@ -218,13 +230,13 @@ static PyObject *remove_lines(PyObject *self, PyObject *args) {
         }
         if (drop) {
             removed++;
-            continue;
+        } else if (removed) {
+            if (!first) out[written++] = '\n';
+            memcpy(out + written, s + lo, (size_t)(hi - lo));
+            written += hi - lo;
+            first = 0;
         }
-        if (!removed) continue;
-        if (!first) out[written++] = '\n';
-        memcpy(out + written, s + lo, (size_t)(hi - lo));
-        written += hi - lo;
-        first = 0;
+        if (i >= size) break;
     }
     PyObject *kept = removed ? PyUnicode_DecodeUTF8((const char *)out, written, "strict") : Py_NewRef(text);
     if (kept) {
