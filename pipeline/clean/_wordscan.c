@@ -68,6 +68,24 @@ static int vec_push(Vec *v, const void *value) {
     return 0;
 }
 
+/* Room for `more` items without a check per push (a document of n bytes has at most n / 2 + 1 words). */
+static int vec_reserve(Vec *v, size_t more) {
+    if (v->size + more <= v->cap) return 0;
+    size_t cap = v->cap ? v->cap : 1024;
+    while (cap < v->size + more) cap *= 2;
+    char *grown = realloc(v->data, cap * v->item);
+    if (!grown) return -1;
+    v->data = grown;
+    v->cap = cap;
+    return 0;
+}
+
+/* Appends a word: the caller reserved the room. */
+static inline void push_word(Vec *hashes, Vec *lengths, uint64_t h, int64_t chars) {
+    ((uint64_t *)hashes->data)[hashes->size++] = h;
+    ((int64_t *)lengths->data)[lengths->size++] = chars;
+}
+
 typedef struct {
     uint64_t key;
     int64_t chars;
@@ -220,6 +238,7 @@ static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const doubl
     int64_t word_chars = 0;
     Stretch line = {0, 0, 0}, para = {0, 0, 0};
     sc->lines.size = sc->paras.size = 0;
+    if (vec_reserve(&sc->hashes, (size_t)n / 2 + 1) || vec_reserve(&sc->lengths, (size_t)n / 2 + 1)) return -1;
     *cjk = 0;
     memset(marks, 0, MARKS * sizeof(int64_t));
     count_marks(s, n, marks);
@@ -245,7 +264,7 @@ static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const doubl
             if (BYTE_CLASS[b] == 1) {  /* whitespace: ends a word */
                 if (word_start >= 0) {
                     uint64_t h = word_hash(s, n, word_start, i);
-                    if (vec_push(&sc->hashes, &h) || vec_push(&sc->lengths, &word_chars)) return -1;
+                    push_word(&sc->hashes, &sc->lengths, h, word_chars);
                     line.sum += h;
                     para.sum += h;
                     words++;
@@ -272,7 +291,7 @@ static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const doubl
         }
         if (separator && word_start >= 0) {  /* a word ends */
             uint64_t h = word_hash(s, n, word_start, i);
-            if (vec_push(&sc->hashes, &h) || vec_push(&sc->lengths, &word_chars)) return -1;
+            push_word(&sc->hashes, &sc->lengths, h, word_chars);
             line.sum += h;
             para.sum += h;
             words++;
