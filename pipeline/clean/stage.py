@@ -16,6 +16,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
+from pipeline import langid
+from pipeline.clean import normalize, wordscan
 from pipeline.clean.boilerplate import input_normalized, load_boilerplate
 from pipeline.clean.config import CleanConfig
 from pipeline.clean.normalize import normalize_text, normalize_whitespace, remove_boilerplate
@@ -25,6 +27,17 @@ from pipeline.records import Record, iter_part_batches, write_part
 from pipeline.sources import SOURCE_NAME, SourceConfig, provenance
 from pipeline.storage import ObjectStore
 from pipeline.units import StageStats, part_done, read_part_stats
+
+
+def missing_kernels() -> list[str]:
+    """The compiled kernels of the clean stage that this install lacks (built by ``pip install`` where a C
+    compiler is found): without them clean takes its numpy and Python paths, same output, about 1.7x the CPU."""
+    kernels = {
+        "pipeline._langid_walk": langid.walk_kernel,
+        "pipeline.clean._lines": normalize.lines_kernel,
+        "pipeline.clean._wordscan": wordscan.scan_kernel,
+    }
+    return [name for name, module in kernels.items() if module is None]
 
 
 def _utf8_len(text: str) -> int:

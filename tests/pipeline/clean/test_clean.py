@@ -268,3 +268,15 @@ def test_run_clean_part_writes_and_reruns_skip(tmp_path):
     store.delete("ingest/part-00000.parquet")  # a rerun must not read its input again
     again = run_clean_part(store, "ingest", "clean", 0, CleanConfig())
     assert again.to_json() == stats.to_json()
+
+
+def test_missing_kernels_names_what_the_install_lacks(monkeypatch):
+    """The build warns when a compiled kernel is missing; under CI (a C compiler present) none is."""
+    import os
+
+    from pipeline.clean import stage, wordscan
+
+    if os.environ.get("CI"):
+        assert stage.missing_kernels() == []
+    monkeypatch.setattr(wordscan, "scan_kernel", None)
+    assert "pipeline.clean._wordscan" in stage.missing_kernels()
