@@ -263,4 +263,7 @@ def load_boilerplate(store: ObjectStore, key: str) -> frozenset[int]:
     array = get_npy(store, key)
     if array.dtype != np.uint64 or array.ndim != 1:
         raise ValueError(f"{store.uri_of(key)} is not a 1-d uint64 boilerplate hash array")
-    return frozenset(array.tolist())
+    boilerplate = frozenset(array.tolist())
+    if bool(np.all(array[1:] > array[:-1])):  # as the merge writes it: the compiled removal's array as it is
+        normalize.remember_sorted_keys(boilerplate, array)
+    return boilerplate

@@ -281,6 +281,14 @@ def sorted_keys(boilerplate: frozenset[int]) -> np.ndarray:
     return keys
 
 
+def remember_sorted_keys(boilerplate: frozenset[int], keys: np.ndarray) -> None:
+    """Give :func:`sorted_keys` the array of ``boilerplate`` a loader already has (sorted, distinct): the set
+    grows with the corpus (tens of thousands of lines at 4 GB), and sorting it again for every part cost more
+    than its removal."""
+    global _last_keys
+    _last_keys = (boilerplate, np.ascontiguousarray(keys, dtype=np.uint64))
+
+
 def remove_boilerplate(text: str, boilerplate: frozenset[int], min_line_chars: int) -> tuple[str, int]:
     """Drop the lines of ``text`` whose hash is in ``boilerplate``; returns (text, lines removed). Compiled
     where built (``lines_kernel.remove_lines``, the same lines out: tested); a text with a lone surrogate, or

@@ -279,3 +279,21 @@ def test_whitespace_after_removal_needs_only_blank_runs_and_ends_on_normalised_t
         full = normalize_whitespace(out, cfg.max_blank_lines)
         assert normalize_whitespace(out, cfg.max_blank_lines, unicode_spaces=False) == full, raw
     assert removed > 100
+
+
+def test_loading_the_set_hands_its_sorted_array_to_the_removal(tmp_path):
+    """The merge's sorted array serves the compiled removal as it is (no sort per part), and the lines out are
+    the same as with a set the removal sorts itself."""
+    from pipeline.clean import normalize
+
+    store = FileStore(tmp_path)
+    keys = np.array(sorted({line_hash(FOOTER), line_hash(NAV), 7, 2**63}), dtype=np.uint64)
+    store.put_bytes("bp.npy", (lambda b: (np.save(b, keys), b.getvalue())[1])(io.BytesIO()))
+    loaded = load_boilerplate(store, "bp.npy")
+    assert normalize.sorted_keys(loaded) is normalize._last_keys[1]
+    assert normalize.sorted_keys(loaded).tolist() == keys.tolist()
+    text = "\n".join([FOOTER, "kept line of text here", NAV])
+    assert normalize.remove_boilerplate(text, loaded, 20) == normalize.remove_boilerplate(
+        text, frozenset(loaded), 20
+    )
+    assert normalize.remove_boilerplate(text, loaded, 20)[1] == 2
