@@ -231,6 +231,19 @@ static int reserve_table(Scan *sc, size_t items) {
     return sc->table ? 0 : -1;
 }
 
+/* Ends the word that started at *word_start (if one did) at end: appends it, adds its hash to its line and
+ * paragraph. */
+static inline void end_word(Scan *sc, const uint8_t *s, Py_ssize_t n, Py_ssize_t *word_start, Py_ssize_t end,
+                            int64_t chars, Stretch *line, Stretch *para, Py_ssize_t *words) {
+    if (*word_start < 0) return;
+    uint64_t h = word_hash(s, n, *word_start, end);
+    push_word(&sc->hashes, &sc->lengths, h, chars);
+    line->sum += h;
+    para->sum += h;
+    (*words)++;
+    *word_start = -1;
+}
+
 /* Scans one document: appends its words; returns its word count (-1: out of memory) and sets *cjk, *ok. */
 static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const double *limits, int64_t *cjk,
                            int *ok, int64_t *marks) {
@@ -262,14 +275,7 @@ static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const doubl
                 continue;
             }
             if (BYTE_CLASS[b] == 1) {  /* whitespace: ends a word */
-                if (word_start >= 0) {
-                    uint64_t h = word_hash(s, n, word_start, i);
-                    push_word(&sc->hashes, &sc->lengths, h, word_chars);
-                    line.sum += h;
-                    para.sum += h;
-                    words++;
-                    word_start = -1;
-                }
+                end_word(sc, s, n, &word_start, i, word_chars, &line, &para, &words);
                 line.chars++;
                 para.chars++;
                 i++;
@@ -280,23 +286,15 @@ static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const doubl
                 separator = 1;
             } else {
                 size = b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-                cp = size == 2 ? ((Py_UCS4)(b & 0x1F) << 6) | (s[i + 1] & 0x3F)
-                     : size == 3 ? ((Py_UCS4)(b & 0x0F) << 12) | ((Py_UCS4)(s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F)
-                                 : ((Py_UCS4)(b & 0x07) << 18) | ((Py_UCS4)(s[i + 1] & 0x3F) << 12) |
-                                       ((Py_UCS4)(s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
+                cp = decode_at(s, i);
                 int wide = is_cjk(cp);
                 *cjk += wide;
                 separator = wide || Py_UNICODE_ISSPACE(cp);
             }
         }
-        if (separator && word_start >= 0) {  /* a word ends */
-            uint64_t h = word_hash(s, n, word_start, i);
-            push_word(&sc->hashes, &sc->lengths, h, word_chars);
-            line.sum += h;
-            para.sum += h;
-            words++;
-            word_start = -1;
-        } else if (!separator) {
+        if (separator) {
+            end_word(sc, s, n, &word_start, i, word_chars, &line, &para, &words);
+        } else {
             if (word_start < 0) {
                 word_start = i;
                 word_chars = 0;
