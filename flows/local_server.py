@@ -25,7 +25,6 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from pipeline.errors import PileworksError
 
@@ -40,7 +39,7 @@ HEALTH_TIMEOUT_S = 3.0
 # every 5 s: about 8% of a core while idle on a 2-core machine (measured), which every build pays as
 # orchestration. The local server is one user's: with these it idles at about 4%, and a run is marked late, a
 # pause expires or a lease is revoked up to 30 s later than Prefect's defaults would. Settings the user exported
-# win; the poll interval is not a Prefect setting, so :func:`serve` sets it.
+# win.
 QUIET_SERVER_SETTINGS = {
     f"PREFECT_SERVER_SERVICES_{name}": "30"
     for name in (
@@ -48,7 +47,6 @@ QUIET_SERVER_SETTINGS = {
         "SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS", "REPOSSESSOR_LOOP_SECONDS", "FOREMAN_LOOP_SECONDS",
     )
 }  # fmt: skip
-BACKGROUND_POLL_S = 2.0
 SERVER_MODULE = "flows.local_server"  # `python -m` this module starts the server (:func:`serve`)
 
 
@@ -296,24 +294,9 @@ def using_api(api: Api) -> Iterator[Api]:
 
 
 def serve(argv: list[str]) -> None:
-    """``prefect <argv>`` (``server start ...``) with the server's background-task worker polling every
-    :data:`BACKGROUND_POLL_S` seconds instead of docket's 250 ms (Prefect passes no interval and has no setting
-    for it). When docket's ``Worker`` no longer takes these arguments, Prefect's defaults stay."""
-    import inspect
-    from datetime import timedelta
-
-    from docket.worker import Worker
-
-    init = Worker.__init__
-    if {"minimum_check_interval", "scheduling_resolution"} <= inspect.signature(init).parameters.keys():
-        poll = timedelta(seconds=BACKGROUND_POLL_S)
-
-        def quiet_init(self: Any, *args: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("minimum_check_interval", poll)
-            kwargs.setdefault("scheduling_resolution", poll)
-            init(self, *args, **kwargs)
-
-        Worker.__init__ = quiet_init  # type: ignore[method-assign]
+    """``prefect <argv>`` (``server start ...``) in this process, with the settings the caller put in its
+    environment (:data:`QUIET_SERVER_SETTINGS`). Prefect's background-task worker (docket) keeps its own poll
+    interval (250 ms): neither Prefect nor docket offers a setting for it, and we do not replace their code."""
     from prefect.cli import app
 
     sys.argv = ["prefect", *argv]

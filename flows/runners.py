@@ -19,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import functools
-import json
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -43,148 +41,25 @@ def make_task_runner(spec: str = "local", workers: int | None = None) -> Any:
         raise ValueError(f"--workers must be >= 1, got {workers}")
     n = workers or default_workers()
     if spec == "threads":
-        from prefect.task_runners import ThreadPoolTaskRunner
-
-        return ThreadPoolTaskRunner(max_workers=n)
+        return _threads_runner(n)
     if spec not in RUNNERS and not spec.startswith(("dask://", "tcp://")):
         raise ValueError(f"--task-runner must be local, threads or dask://host:port; got {spec!r}")
     try:
-        runner = _unhashed_runner()
+        from prefect_dask import DaskTaskRunner
     except ImportError as exc:
         raise ValueError("worker processes need `pip install pileworks[dask]` (dask, distributed)") from exc
     if "://" in spec:
-        return runner(address="tcp://" + spec.split("://", 1)[1])
+        return DaskTaskRunner(address="tcp://" + spec.split("://", 1)[1])
     quiet_dask()
     one_thread = {"PILEWORKS_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     cluster = {"n_workers": n, "threads_per_worker": 1, "processes": True, "dashboard_address": None}
-    return runner(cluster_kwargs=cluster | {"env": one_thread})
-
-
-def __getattr__(name: str) -> Any:
-    """``UnhashedDaskTaskRunner`` on first use, in any process (a worker unpickling a flow run's context)."""
-    if name == "UnhashedDaskTaskRunner":
-        return _unhashed_runner()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _unhashed_runner() -> Any:
-    """``DaskTaskRunner`` whose client submits tasks as impure. Prefect's client submits them as pure, so Dask
-    derives each key by hashing every argument (the task, its parameters and Prefect's whole serialised
-    context): about 20 ms of the flow process's CPU per task run, for a key that is unique anyway (each
-    submission carries a new task-run id). Defined once, as this module's ``UnhashedDaskTaskRunner``, so it
-    pickles by name like any class."""
-    if (cls := globals().get("UnhashedDaskTaskRunner")) is not None:
-        return cls
-    from prefect_dask import DaskTaskRunner
-
-    lighter_task_runs()  # in the flow's process, and in a worker as it unpickles its first task
-
-    class UnhashedDaskTaskRunner(DaskTaskRunner):  # type: ignore[misc]
-        @property
-        def client(self) -> Any:
-            client = super().client  # created on first use
-            if "submit" not in vars(client):
-                client.submit = functools.partial(type(client).submit, client, pure=False)
-            return client
-
-    UnhashedDaskTaskRunner.__qualname__ = "UnhashedDaskTaskRunner"
-    globals()["UnhashedDaskTaskRunner"] = UnhashedDaskTaskRunner
-    return UnhashedDaskTaskRunner
-
-
-def lighter_task_runs() -> None:
-    """Take repeated work out of Prefect's per-task-run bookkeeping (:func:`settings_context_once`,
-    :func:`shared_tls_context`): about 110 ms of CPU per task run in the flow's process and its worker before,
-    ~15 ms after (``tests/bench/bench_task_runs.py``). ``PILEWORKS_PREFECT_PATCHES=0`` leaves Prefect as it is
-    (should a Prefect release change what these rely on)."""
-    if os.environ.get("PILEWORKS_PREFECT_PATCHES", "1") == "0":
-        return
-    settings_context_once()
-    shared_tls_context()
-
-
-class _SharedTls:
-    """The ``ssl`` module as Prefect's client module sees it, with ``create_default_context(cafile=F)``
-    answered once per file."""
-
-    def __init__(self, real: Any) -> None:
-        self.real, self.contexts = real, {}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.real, name)
-
-    def create_default_context(self, *args: Any, **kwargs: Any) -> Any:
-        if args or set(kwargs) != {"cafile"} or not kwargs["cafile"]:
-            return self.real.create_default_context(*args, **kwargs)  # e.g. the insecure path, which edits it
-        cafile = str(kwargs["cafile"])
-        if (ctx := self.contexts.get(cafile)) is None:
-            ctx = self.contexts[cafile] = self.real.create_default_context(cafile=cafile)
-        return ctx
-
-
-def shared_tls_context() -> None:
-    """One verifying TLS context per CA file for Prefect's API clients in this process.
-
-    Prefect builds a new API client for every task run in a worker (two of them, in fact), and each one builds
-    a TLS context from the CA bundle (``ssl.create_default_context(cafile=certifi.where())``: ~20 ms of
-    parsing certificates), even for ``http://127.0.0.1``. A verifying context is not changed once made and may be
-    shared by any number of clients (httpx does so itself); the insecure one Prefect edits after creating it is
-    still made fresh. Idempotent.
-    """
-    import prefect.client.orchestration as orchestration
-
-    if not isinstance(orchestration.ssl, _SharedTls):
-        orchestration.ssl = _SharedTls(orchestration.ssl)  # type: ignore[assignment]
-
-
-def settings_context_once() -> None:
-    """Serialise Prefect's settings context once per settings, and validate it once per worker.
-
-    Prefect ships its whole settings model with every task run it submits to a worker: the flow's process
-    serialises it to a dict (``SettingsContext.serialize``, ~14 ms) and the worker validates that dict back
-    into a settings model (~24 ms), identical each time; a third of a task run's bookkeeping CPU. Here the flow's
-    process serialises a settings context object once (the object is immutable: new settings make a new
-    context), and a worker validates a given serialised form once, then builds later contexts from the
-    validated profile and settings objects (pydantic takes model instances as they are). The values are the
-    same; only repeated work goes. Idempotent.
-    """
-    from prefect.context import SettingsContext
-
-    if getattr(SettingsContext.serialize, "pileworks", False):
-        return
-    serialize, init = SettingsContext.serialize, SettingsContext.__init__
-    last: list[Any] = [None, None, None]  # context, include_secrets, its serialised form
-
-    def serialize_once(self: Any, include_secrets: bool = True) -> dict[str, Any]:
-        context, secrets, done = last
-        if context is not self or secrets != include_secrets:
-            done = serialize(self, include_secrets=include_secrets)
-            last[:] = [self, include_secrets, done]
-        return done
-
-    validated: dict[str, tuple[Any, Any]] = {}
-
-    def init_once(self: Any, **data: Any) -> None:
-        if not isinstance(data.get("settings"), dict) or set(data) != {"profile", "settings"}:
-            init(self, **data)
-            return
-        key = json.dumps(data, sort_keys=True, default=str)
-        if (hit := validated.get(key)) is None:
-            init(self, **data)
-            if len(validated) >= 8:
-                validated.clear()
-            validated[key] = (self.profile, self.settings)
-            return
-        init(self, profile=hit[0], settings=hit[1])
-
-    serialize_once.pileworks = True  # type: ignore[attr-defined]
-    SettingsContext.serialize = serialize_once  # type: ignore[method-assign]
-    SettingsContext.__init__ = init_once  # type: ignore[method-assign]
+    return DaskTaskRunner(cluster_kwargs=cluster | {"env": one_thread})
 
 
 # Dask's background loops cost about 7% of a core on an idle 2-worker cluster (measured: 1.38 CPU-s per 20 s;
 # 0.39 with these), most of it the statistical profiler sampling every worker's stack every 10 ms, which
-# also taxes every task. Nanny ships this config to the worker processes it starts.
+# also taxes every task. Nanny ships this config to the worker processes it starts. Only Dask's public config
+# is used: nothing of Prefect's, docket's or Dask's code is replaced (tests/test_architecture.py checks it).
 QUIET_DASK = {
     "distributed.worker.profile.enabled": False,
     "distributed.admin.system-monitor.interval": "5s",
@@ -197,28 +72,11 @@ QUIET_DASK = {
 }
 
 
-# A Dask scheduler asks up to 10 workers for a heartbeat every 0.5 s (``distributed.scheduler.heartbeat_interval``,
-# not a config key): a third of an idle worker's CPU. Task results do not wait for heartbeats (they travel on
-# the batched stream), and a dead worker's nanny or closed connection reports it at once, so the local
-# cluster's scheduler, which lives in the flow's process, asks every 5 s.
-LOCAL_HEARTBEAT_S = 5.0
-
-
 def quiet_dask() -> None:
-    """Apply :data:`QUIET_DASK` in this process (and so in the local cluster's workers), and space the heartbeats
-    of the schedulers started here (the local cluster's) to at least :data:`LOCAL_HEARTBEAT_S`."""
+    """Apply :data:`QUIET_DASK` in this process (and so in the local cluster's workers)."""
     import dask
-    import distributed.scheduler
 
     dask.config.set(QUIET_DASK)
-    dask_interval = distributed.scheduler.heartbeat_interval
-    if not getattr(dask_interval, "pileworks", False):
-
-        def heartbeat_interval(n: int) -> float:
-            return max(LOCAL_HEARTBEAT_S, dask_interval(n))
-
-        heartbeat_interval.pileworks = True  # type: ignore[attr-defined]
-        distributed.scheduler.heartbeat_interval = heartbeat_interval
 
 
 _USER_RAYON = os.environ.get("RAYON_NUM_THREADS")  # a user's own setting wins
@@ -280,4 +138,17 @@ def worker_count() -> int:
     runner = ctx.task_runner if ctx else None
     if isinstance(runner, DaskTaskRunner):  # the client starts the cluster (the first task would anyway)
         return max(1, len(runner.client.scheduler_info(n_workers=-1)["workers"]))
-    return max(1, int(getattr(runner, "_max_workers", None) or 1))
+    return max(1, int(getattr(runner, "workers", 1)))
+
+
+def _threads_runner(workers: int) -> Any:
+    """Prefect's thread pool of ``workers`` threads, which also says its size (:func:`worker_count`) as a
+    public attribute of our own subclass instead of reading the pool's private one."""
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    class SizedThreadPoolTaskRunner(ThreadPoolTaskRunner):  # type: ignore[misc]
+        def __init__(self, max_workers: int | None = None) -> None:
+            super().__init__(max_workers=max_workers)
+            self.workers = max_workers or 1
+
+    return SizedThreadPoolTaskRunner(max_workers=workers)

@@ -387,3 +387,72 @@ def test_store_config_checker_catches_a_violation(tmp_path: Path) -> None:
         "makes S3Options(...): take the resolved s3 settings instead",
         "calls plan_parts without the s3 settings",
     ]
+
+
+# ---------------------------------------------------------------- other libraries used through their public interfaces
+
+FOREIGN = ("prefect", "prefect_dask", "docket", "dask", "distributed")
+
+
+def _foreign_names(tree: ast.AST) -> set[str]:
+    """Names bound in a module to another library's modules or objects (``import prefect.x``,
+    ``from docket.worker import Worker``)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").split(".")[0] in FOREIGN
+            and not node.level
+        ):
+            names |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            names |= {
+                (a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] in FOREIGN
+            }
+    return names
+
+
+def foreign_patch_violations(paths: list[Path]) -> list[str]:
+    """Assignments to (or ``setattr`` on) an attribute of another library's module, class or object: replacing
+    its code from ours, which a release of that library can break silently."""
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        foreign = _foreign_names(tree)
+        for node in ast.walk(tree):
+            targets: list[ast.expr] = []
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+                targets = node.args[:1]
+            for target in targets:
+                base = target
+                while isinstance(base, ast.Attribute):
+                    base = base.value
+                if base is not target and isinstance(base, ast.Name) and base.id in foreign:
+                    found.append(f"{path.name}:{node.lineno} assigns to an attribute of {base.id}")
+                elif isinstance(node, ast.Call) and isinstance(base, ast.Name) and base.id in foreign:
+                    found.append(f"{path.name}:{node.lineno} setattr on {base.id}")
+    return found
+
+
+def test_no_patches_of_other_libraries() -> None:
+    paths = [p for room in PROJECT for p in sources(room)]
+    violations = foreign_patch_violations(paths)
+    assert not violations, "\n".join(violations)
+
+
+def test_foreign_patch_checker_catches_a_violation(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import prefect.client.orchestration as o\nfrom docket.worker import Worker\nimport distributed.scheduler\n"
+        "from prefect.context import SettingsContext\n"
+        "o.ssl = None\nWorker.__init__ = f\ndistributed.scheduler.heartbeat_interval = g\n"
+        "setattr(SettingsContext, 'serialize', h)\nself.workers = 2\nmine.x = 1\n"
+    )
+    assert [f.split(" ", 1)[1] for f in foreign_patch_violations([bad])] == [
+        "assigns to an attribute of o",
+        "assigns to an attribute of Worker",
+        "assigns to an attribute of distributed",
+        "setattr on SettingsContext",
+    ]

@@ -1,6 +1,6 @@
 """What one task run costs the orchestration: N empty tasks on the local 2-worker cluster, against the local
-Prefect server, with pileworks' lighter task-run bookkeeping (``flows.runners.lighter_task_runs``) and without
-it (``PILEWORKS_PREFECT_PATCHES=0``), each in a fresh process, back to back.
+Prefect server, each run in a fresh process (Prefect and Dask as released: pileworks replaces none of their
+code).
 
 CPU is the flow's process and its workers (``getrusage`` of the process and its reaped children) plus the
 server's own; the per-task figure is the difference between N tasks and a handful, divided by the difference,
@@ -61,11 +61,8 @@ def child(tasks: int, workers: int) -> None:
     print(json.dumps({"tasks": tasks, "cpu": cpu, "server": server1 - server0, "wall": tasks_wall}))
 
 
-def measure(tasks: int, workers: int, patched: bool) -> dict[str, float]:
-    env = os.environ | {
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PILEWORKS_PREFECT_PATCHES": "1" if patched else "0",
-    }
+def measure(tasks: int, workers: int) -> dict[str, float]:
+    env = os.environ | {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     out = subprocess.run(
         [sys.executable, __file__, "--child", str(tasks), "--workers", str(workers)],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=900, check=True,
@@ -82,12 +79,11 @@ def main() -> None:
     if args.child is not None:
         child(args.child, args.workers)
         return
-    print(f"{'bookkeeping':<12}{'CPU ms/task':>13}{'server ms/task':>16}{'wall ms/task':>14}")
-    for patched in (False, True):
-        few, many = measure(FEW, args.workers, patched), measure(args.tasks, args.workers, patched)
-        n = args.tasks - FEW
-        print(f"{'lighter' if patched else 'as Prefect':<12}{(many['cpu'] - few['cpu']) / n * 1000:13.1f}"
-              f"{(many['server'] - few['server']) / n * 1000:16.1f}{(many['wall'] - few['wall']) / n * 1000:14.1f}")  # fmt: skip
+    print(f"{'CPU ms/task':>13}{'server ms/task':>16}{'wall ms/task':>14}")
+    few, many = measure(FEW, args.workers), measure(args.tasks, args.workers)
+    n = args.tasks - FEW
+    print(f"{(many['cpu'] - few['cpu']) / n * 1000:13.1f}{(many['server'] - few['server']) / n * 1000:16.1f}"
+          f"{(many['wall'] - few['wall']) / n * 1000:14.1f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -114,9 +113,7 @@ def _thread_env() -> tuple[str | None, str | None]:
 def _background(dask_worker: Any) -> dict[str, Any]:
     import dask
 
-    callbacks = dask_worker.periodic_callbacks
-    return {"heartbeat_ms": callbacks["heartbeat"].callback_time, "profile": dask.config.get(
-        "distributed.worker.profile.enabled")}  # fmt: skip
+    return {"profile": dask.config.get("distributed.worker.profile.enabled")}
 
 
 def test_n_workers_use_n_cores_one_thread_per_worker_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,24 +129,13 @@ def test_n_workers_use_n_cores_one_thread_per_worker_process(monkeypatch: pytest
         Client(cluster) as client,
     ):
         seen = client.run(_thread_env)
-        deadline = (
-            time.monotonic() + 15
-        )  # a worker takes the scheduler's interval from its first heartbeat (1 s)
-        while (background := client.run(_background)) and time.monotonic() < deadline:
-            if all(b["heartbeat_ms"] != 1000 for b in background.values()):
-                break
-            time.sleep(0.2)
+        background = client.run(_background)
         scheduler_loops = set(cluster.scheduler.periodic_callbacks)
     assert len(seen) == 2 and set(seen.values()) == {("1", "1")}
-    # the local cluster's background loops are spaced out: heartbeats every 5 s (Dask: 0.5 s for up to 10
-    # workers), no statistical profiler, no active memory manager
-    assert [b["heartbeat_ms"] for b in background.values()] == [runners.LOCAL_HEARTBEAT_S * 1000] * 2
-    assert not any(b["profile"] for b in background.values())
+    # the local cluster's background loops are quieter through Dask's public config only: no statistical
+    # profiler, no active memory manager
+    assert len(background) == 2 and not any(b["profile"] for b in background.values())
     assert not any(name.startswith("amm") for name in scheduler_loops)
-    import distributed.scheduler
-
-    assert distributed.scheduler.heartbeat_interval(2) == runners.LOCAL_HEARTBEAT_S
-    assert distributed.scheduler.heartbeat_interval(10_000) > runners.LOCAL_HEARTBEAT_S  # Dask's, when larger
 
     monkeypatch.setenv("PILEWORKS_THREADS", "1")
     assert encoder_threads(TokenizeConfig()) == 1 and encoder_threads(TokenizeConfig(num_threads=3)) == 3

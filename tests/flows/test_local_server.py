@@ -78,22 +78,18 @@ def test_the_local_server_is_started_once_reused_and_stopped(
     assert stop_server(private_home) is None  # nothing left to stop
 
 
-def test_serve_polls_the_background_queue_every_two_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``serve`` runs Prefect's CLI with docket's Worker polling every BACKGROUND_POLL_S, not every 250 ms."""
-    from datetime import timedelta
-
+def test_serve_runs_prefects_cli_and_leaves_dockets_worker_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve`` runs Prefect's CLI with the given arguments and replaces nothing of docket's (its Worker keeps
+    its own defaults)."""
     import prefect.cli
     from docket.worker import Worker
 
     from flows import local_server
 
+    init = Worker.__init__
     ran: list[list[str]] = []
-    monkeypatch.setattr(Worker, "__init__", Worker.__init__)  # restored after the test
     monkeypatch.setattr(prefect.cli, "app", lambda: ran.append(list(local_server.sys.argv)))
     monkeypatch.setattr(local_server.sys, "argv", ["x"])
     local_server.serve(["server", "start", "--port", "1"])
     assert ran == [["prefect", "server", "start", "--port", "1"]]
-    worker = Worker(object())  # type: ignore[arg-type]
-    poll = timedelta(seconds=local_server.BACKGROUND_POLL_S)
-    assert worker.minimum_check_interval == poll and worker.scheduling_resolution == poll
-    assert Worker(object(), scheduling_resolution=timedelta(seconds=9)).scheduling_resolution.seconds == 9  # type: ignore[arg-type]
+    assert Worker.__init__ is init
