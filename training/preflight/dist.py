@@ -7,15 +7,14 @@ becomes a FAIL after ``timeout_s`` instead of a stuck preflight, and the parent 
 from __future__ import annotations
 
 import datetime
-import json
 import multiprocessing as mp
 import os
 import queue as queue_mod
 import socket
 import time
-from pathlib import Path
 from typing import Any
 
+from pipeline.config import load_mapping
 from training.preflight.base import CheckResult, DoctorConfig, Status
 
 ALLREDUCE_ITERS = 10
@@ -159,20 +158,6 @@ def check_allreduce(cfg: DoctorConfig, world: int = 2) -> list[CheckResult]:
     ]
 
 
-def load_deepspeed_config(path: str) -> dict[str, Any]:
-    """A user's DeepSpeed config, JSON or YAML."""
-    text = Path(path).read_text()
-    if path.endswith((".yaml", ".yml")):
-        import yaml
-
-        loaded = yaml.safe_load(text)
-    else:
-        loaded = json.loads(text)
-    if not isinstance(loaded, dict):
-        raise ValueError(f"{path}: a DeepSpeed config must be a mapping, got {type(loaded).__name__}")
-    return loaded
-
-
 class _DataParallelOnly:
     """The minimum of an ``mpu`` DeepSpeedConfig asks for, so batch sizes are checked for the target world size."""
 
@@ -279,10 +264,8 @@ def check_deepspeed_config(cfg: DoctorConfig) -> list[CheckResult]:
     """Validate the DeepSpeed config for the target world size and run one step of a tiny engine with it."""
     world = cfg.world_size or 1
     try:
-        if cfg.deepspeed_config:
-            config = load_deepspeed_config(cfg.deepspeed_config)
-        else:
-            config = _trainer_config(cfg, world)
+        # a user's file is read by the one loader training.config merges it with
+        config = load_mapping(cfg.deepspeed_config) if cfg.deepspeed_config else _trainer_config(cfg, world)
     except (OSError, ValueError) as exc:
         return [
             CheckResult(

@@ -265,7 +265,7 @@ def test_unreadable_deepspeed_config_fails(tmp_path: Path) -> None:
     bad = tmp_path / "ds.yaml"
     bad.write_text("- just\n- a list\n")
     [res] = check_deepspeed_config(DoctorConfig(deepspeed_config=str(bad)))
-    assert res.status is Status.FAIL and "must be a mapping" in res.message
+    assert res.status is Status.FAIL and "must hold a mapping" in res.message
 
 
 # ---------------------------------------------------------------- object store
