@@ -144,11 +144,17 @@ def crash(client: Any, run: RunningRun, reason: str) -> None:
     logger.warning("flow run %s (%s): %s", run.name, run.id, message)
 
 
-def reap(max_age_s: float, *, dry_run: bool = False, flow_names: list[str] | None = None) -> list[str]:
+def reap(
+    max_age_s: float,
+    *,
+    dry_run: bool = False,
+    flow_names: list[str] | None = None,
+    clock: Callable[[], float] = time.time,
+) -> list[str]:
     """Mark zombie Running flow runs Crashed (see the module doc); returns their ids.
 
     ``flow_names`` limits the sweep to those flows: on a server shared with flows that never beat, rule 3 would
-    otherwise crash their long runs too.
+    otherwise crash their long runs too. ``clock``: the time the heartbeats' ages are measured at.
     """
     from prefect.client.orchestration import get_client
 
@@ -157,7 +163,7 @@ def reap(max_age_s: float, *, dry_run: bool = False, flow_names: list[str] | Non
     host, reaped = socket.gethostname(), []
     with get_client(sync_client=True) as client:
         for run in running_runs(client, flow_names):
-            reason = zombie_reason(run, now=time.time(), max_age_s=max_age_s, host=host)
+            reason = zombie_reason(run, now=clock(), max_age_s=max_age_s, host=host)
             if reason is None:
                 continue
             if not dry_run:

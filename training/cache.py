@@ -32,7 +32,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -154,7 +154,9 @@ class ShardCache:
         *,
         namespace: str | None = None,
         prefetch_threads: int = 2,
+        clock: Callable[[], float] = time.time,
     ):
+        """``clock``: the time of a use, which orders eviction (the wall clock; a test gives its own)."""
         if max_bytes <= 0:
             raise ValueError(f"max_bytes must be > 0, got {max_bytes}")
         if prefetch_threads < 1:
@@ -169,6 +171,7 @@ class ShardCache:
         self.max_bytes = int(max_bytes)
         self.namespace = namespace
         self.prefetch_threads = prefetch_threads
+        self.clock = clock
         self.root.mkdir(parents=True, exist_ok=True)
         self._reset_runtime()
 
@@ -193,7 +196,7 @@ class ShardCache:
             self._verified = set(verified)
 
     def __getstate__(self) -> dict:
-        keep = ("store", "root", "max_bytes", "namespace", "prefetch_threads")
+        keep = ("store", "root", "max_bytes", "namespace", "prefetch_threads", "clock")
         return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict) -> None:
@@ -323,6 +326,8 @@ class ShardCache:
         meta.parent.mkdir(parents=True, exist_ok=True)
         tmp = meta.with_name(f"{PART_PREFIX}{uuid.uuid4().hex}.json")
         tmp.write_text(json.dumps(record))
+        now = self.clock()  # the sidecar's mtime is the last use, on the cache's clock
+        os.utime(tmp, (now, now))
         os.replace(tmp, meta)
 
     def _download(self, key: str, sha256: str, size: int, data: Path, meta: Path) -> None:
@@ -439,7 +444,7 @@ class ShardCache:
                 self._pins[key] = fd
 
     def _touch(self, key: str, meta: Path, force: bool = False) -> None:
-        now = time.time()
+        now = self.clock()
         if not force and now - self._touched.get(key, 0.0) < _TOUCH_EVERY_S:
             return
         self._touched[key] = now

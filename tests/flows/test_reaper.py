@@ -207,8 +207,8 @@ def test_reap_crashes_a_killed_run_and_leaves_a_live_one(server: PrefectServer, 
             assert read_state(runs[survivor.pid])[0] == "RUNNING"
 
             survivor.send_signal(signal.SIGSTOP)  # alive, but its heartbeat stops: the age rule must catch it
-            time.sleep(4.0)
-            assert reap(max_age_s=3) == [runs[survivor.pid]]
+            later = lambda: time.time() + 60.0  # noqa: E731  (a minute on: its last beat is older than 3 s)
+            assert reap(max_age_s=3, clock=later) == [runs[survivor.pid]]
             state, message = read_state(runs[survivor.pid])
             assert state == "CRASHED" and "no heartbeat for" in message, message
             assert task_states(runs[survivor.pid]) == ["CRASHED"]

@@ -7,7 +7,6 @@ import multiprocessing as mp
 import os
 import pickle
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -16,17 +15,39 @@ from pipeline.storage import FileStore, StorageError, sha256_bytes
 from training.cache import ShardCache
 
 
+class Ticks:
+    """A clock that moves one second per reading: each use of the cache is later than the one before."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
 class CountingStore(FileStore):
-    """A FileStore that appends one line per ``get_file`` to a file (counts across processes) and is slow."""
+    """A FileStore that appends one line per ``get_file`` to a file (counts across processes) and is slow:
+    ``started`` is set when a download begins, which then waits up to ``delay_s`` for ``finish``."""
 
     def __init__(self, root: Path, count_file: Path, delay_s: float = 0.0):
         super().__init__(root)
         self.count_file, self.delay_s = Path(count_file), delay_s
+        self.started, self.finish = threading.Event(), threading.Event()
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("started", "finish")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.started, self.finish = threading.Event(), threading.Event()
 
     def get_file(self, key, path):
         with open(self.count_file, "a") as f:
             f.write(f"{os.getpid()} {key}\n")
-        time.sleep(self.delay_s)
+        self.started.set()
+        if self.delay_s:
+            self.finish.wait(self.delay_s)
         super().get_file(key, path)
 
     def downloads(self) -> list[str]:
@@ -132,11 +153,10 @@ def test_threads_fetching_one_shard_download_it_once(tmp_path: Path) -> None:
 def test_lru_eviction_keeps_usage_under_the_bound(tmp_path: Path) -> None:
     store, objects = make_objects(tmp_path, 6, 1000)
     keys = sorted(objects)
-    cache = ShardCache(store, tmp_path / "cache", 3500)
+    cache = ShardCache(store, tmp_path / "cache", 3500, clock=Ticks())
     for key in keys[:3]:
         fetch(cache, objects, key)
         cache.release(key)
-        time.sleep(0.01)
     fetch(cache, objects, keys[0])  # a use makes keys[0] the most recent
     cache.release(keys[0])
     for key in keys[3:]:
@@ -218,7 +238,7 @@ def test_a_worker_forked_during_a_background_download_does_not_inherit_its_lock(
     sha, size, _ = objects[key]
     cache = ShardCache(store, tmp_path / "cache", 1 << 20)
     (future,) = cache.prefetch([(key, sha, size)])
-    time.sleep(0.3)  # the prefetch thread now holds the key lock, inside the slow download
+    assert store.started.wait(30)  # the prefetch thread now holds the key lock, inside the slow download
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     child = ctx.Process(target=_read_in_forked_child, args=(cache, key, sha, size, out))
