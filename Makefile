@@ -37,7 +37,7 @@ test-slow: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy pipeline training
+	$(BIN)/mypy pipeline training flows
 
 format: setup
 	$(BIN)/ruff format .

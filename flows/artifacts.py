@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import textwrap
 from typing import Any
+from uuid import UUID
 
 from flows import charts, readable
 from flows.corpus_config import CorpusConfig
@@ -254,7 +255,9 @@ class RunProgress:
         from prefect.artifacts import create_progress_artifact
 
         self.stages, self.done = stages, 0
-        self.id = create_progress_artifact(0.0, key=key, description=f"0/{len(stages)} stages")
+        created = create_progress_artifact(0.0, key=key, description=f"0/{len(stages)} stages")
+        assert isinstance(created, UUID)  # the synchronous call returns the id
+        self.id = created
 
     def finished(self, *stages: str) -> None:
         from prefect.artifacts import update_progress_artifact

@@ -146,7 +146,7 @@ def _threads_runner(workers: int) -> Any:
     public attribute of our own subclass instead of reading the pool's private one."""
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    class SizedThreadPoolTaskRunner(ThreadPoolTaskRunner):  # type: ignore[misc]
+    class SizedThreadPoolTaskRunner(ThreadPoolTaskRunner):
         def __init__(self, max_workers: int | None = None) -> None:
             super().__init__(max_workers=max_workers)
             self.workers = max_workers or 1

@@ -7,7 +7,6 @@ fails the run on a non-zero exit, and turns the rank-0 metrics JSONL into artifa
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import re
 from pathlib import Path
@@ -28,9 +27,7 @@ from training import launch
 from training.config import TrainConfig, load_train_config
 from training.ranklog import LOG_TIME_ENV
 
-DEFAULT_TRAIN_CONFIG = (
-    Path(importlib.util.find_spec("training").origin or "").parent / "configs" / "tiny.yaml"
-)
+DEFAULT_TRAIN_CONFIG = Path(launch.__file__).parent / "configs" / "tiny.yaml"
 FLOW_RUN_ENV = "PILEWORKS_FLOW_RUN_ID"
 
 

@@ -19,6 +19,7 @@ import re
 import time
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -55,9 +56,11 @@ class TrainingWatch:
         )  # earlier runs' lines are not ours
         self.last_poll = 0.0
         self.last_train: dict[str, Any] | None = None
-        self.progress_id = create_progress_artifact(
+        created = create_progress_artifact(
             0.0, key="training-progress", description=f"waiting for step 1 of {readable.count(max_steps)}"
         )
+        assert isinstance(created, UUID)  # the synchronous call returns the id
+        self.progress_id = created
 
     def on_line(self, line: str) -> None:
         failed = RANK_FAILED.search(line)

@@ -39,11 +39,11 @@ def run(args: argparse.Namespace) -> int:
             else "no local Prefect server was running"
         )
     else:
-        state, ok = server_status()
-        out = {"running": ok, "ui_url": state.url if state else None, "pid": state.pid if state else None}
+        found, ok = server_status()
+        out = {"running": ok, "ui_url": found.url if found else None, "pid": found.pid if found else None}
         line = (
-            f"Prefect server running: UI {state.url} (pid {state.pid})"
-            if state and ok
+            f"Prefect server running: UI {found.url} (pid {found.pid})"
+            if found and ok
             else "no local Prefect server runs; flow commands start one (or `pileworks server start`)"
         )
     configured = configured_api_url()
