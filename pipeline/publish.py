@@ -498,7 +498,7 @@ def run_shard_and_publish(
 ) -> str:
     """Global step in one process: plan balanced shards over all token parts, write them locally, publish;
     returns the manifest URI. ``stats`` holds the earlier stages' merged stats; tokenize and shard stats are
-    added. (A build writes the shards on its workers instead: ``flows/build.py``.)"""
+    added. (A build writes the shards on its workers instead: ``flows/build/flow.py``.)"""
     tok = TokenizerFiles.load(store.get_bytes(tokenizer_key), eos_token, pad_token)
     all_stats = {k: v.to_json() for k, v in (stats or {}).items()}
     all_stats["tokenize"] = merged_stats(store, token_folder, num_parts, "tokenize").to_json()

@@ -21,7 +21,7 @@ from pipeline.storage import ObjectStore, S3Options, open_store
 from tests.fixtures.aws_trap import aws_trap  # noqa: F401  (a fixture for every test module)
 
 # A private Prefect home for the whole session, set before anything imports prefect: a command that starts the
-# local background server (flows/local_server.py) starts it here, and the session stops it and removes the folder.
+# local background server (flows/runtime/local_server.py) starts it here, and the session stops it and removes the folder.
 TEST_PREFECT_HOME = tempfile.mkdtemp(prefix="pileworks-test-prefect-")
 os.environ["PREFECT_HOME"] = TEST_PREFECT_HOME
 # A private cache (the language-ID tables) for the session, inherited by the processes the tests start.
@@ -32,7 +32,7 @@ os.environ["PILEWORKS_CACHE_DIR"] = TEST_CACHE_DIR
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from pathlib import Path
 
-    from flows.local_server import stop_server
+    from flows.runtime.local_server import stop_server
 
     stop_server(Path(TEST_PREFECT_HOME))
     shutil.rmtree(TEST_PREFECT_HOME, ignore_errors=True)

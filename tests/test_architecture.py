@@ -230,6 +230,43 @@ def test_nothing_imports_flows() -> None:
     )
 
 
+# The rooms of flows/ (DESIGN.md): presentation and plumbing at the bottom, the flows over them, the CLI on top.
+FLOWS_ROOMS: dict[str, set[str]] = {  # room -> the rooms of flows/ it must not import
+    "flows.runtime": {"flows.ui", "flows.build", "flows.train", "flows.cli"},
+    "flows.ui": {"flows.runtime", "flows.build", "flows.train", "flows.cli"},
+    "flows.build": {"flows.train", "flows.cli"},
+    "flows.train": {"flows.cli"},
+}
+
+
+def flows_room_violations(root: Path = ROOT) -> list[str]:
+    found = []
+    for room, forbidden in FLOWS_ROOMS.items():
+        for path in sources(room.replace(".", "/"), root):
+            for imp in imports_of(path, root):
+                if any(imp.module == f or imp.module.startswith(f + ".") for f in forbidden):
+                    found.append(f"{path.relative_to(root)}:{imp.line} ({room}) imports {imp.module}")
+    return found
+
+
+def test_flows_rooms_import_downward() -> None:
+    assert [p.name for p in (ROOT / "flows").glob("*.py")] == ["__init__.py"], (
+        "flows/ holds rooms, not modules"
+    )
+    violations = flows_room_violations()
+    assert not violations, (
+        "flows/ rooms: runtime and ui below build, build below train, cli on top:\n" + "\n".join(violations)
+    )
+
+
+def test_flows_room_checker_catches_a_violation(tmp_path: Path) -> None:
+    _plant(
+        tmp_path,
+        {"flows/ui/a.py": "from flows.build.flow import x\n", "flows/build/b.py": "import flows.ui.a\n"},
+    )
+    assert flows_room_violations(tmp_path) == ["flows/ui/a.py:1 (flows.ui) imports flows.build.flow"]
+
+
 def test_errors_module_is_dependency_free() -> None:
     """pipeline.errors is imported by every floor and the CLI: it may import nothing (not even the project)."""
     assert [imp.module for imp in imports_of(ROOT / "pipeline" / "errors.py")] == ["__future__"]
@@ -329,7 +366,7 @@ def test_no_circle_is_reported_for_a_layered_graph() -> None:
 # Where an S3Options may be made: the config dataclasses' defaults (the s3: sections) and the one resolver.
 MAY_MAKE_S3_OPTIONS = {
     "pipeline/storage/options.py",  # resolve_s3_options
-    "flows/corpus_config.py",  # CorpusConfig.s3 default
+    "pipeline/corpus_config.py",  # CorpusConfig.s3 default
     "training/config.py",  # TrainConfig.s3 default
 }
 # Functions that reach a store: each call must hand over the store configuration (positional or s3=).

@@ -8,7 +8,7 @@ exponential, so two checkpoints evaluated on the same data and ``seq_len`` compa
 * no ``data``: the valid split of the dataset the checkpoint was trained on (its record's manifest URI);
 * a manifest URI, dataset folder or ``datasets/<name>``: that dataset's valid split; its tokenizer must be the
   checkpoint's (ids of another tokenizer mean nothing to the model);
-* ``tokens``: a user's documents already encoded as one stream (each ending in EOS): ``flows.evaluate`` encodes
+* ``tokens``: a user's documents already encoded as one stream (each ending in EOS): ``flows.train.evaluate`` encodes
   a ``.jsonl`` file with the pipeline's tokenize stage and the checkpoint's tokenizer, then calls this.
 """
 

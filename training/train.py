@@ -316,7 +316,7 @@ def checkpoint(run: Run, uploads: list[threading.Thread]) -> None:
         "model_config": dataclasses.asdict(run.model_cfg),
         "progress": dataclasses.asdict(p),
         "train_config": run.cfg.to_dict(),
-        # Lineage: the Prefect flow run that trained this (set by flows/train.py) and the dataset's own lineage.
+        # Lineage: the Prefect flow run that trained this (set by flows/train/flow.py) and the dataset's own lineage.
         "lineage": {
             "prefect_flow_run_id": os.environ.get(FLOW_RUN_ENV) or None,
             "dataset": run.manifest.lineage,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flows.s3_flags import add_s3_arguments, dotted_s3_overrides
+from flows.cli.s3_flags import add_s3_arguments, dotted_s3_overrides
 from pipeline.config import parse_overrides, split_overrides
 
 
@@ -20,7 +20,7 @@ def add_build_arguments(
     p: argparse.ArgumentParser,
     set_help: str = "override a corpus config field, e.g. dedup.near.threshold=0.7 (repeatable)",
 ) -> None:
-    p.add_argument("--config", help="corpus YAML (default: the embedded flows/configs/corpus.yaml)")
+    p.add_argument("--config", help="corpus YAML (default: the embedded pipeline/configs/corpus.yaml)")
     p.add_argument("--input", action="append", dest="inputs", help="input path/glob/URI (repeatable)")
     p.add_argument("--output", help="store root: a folder, file:// or s3://bucket/prefix")
     p.add_argument("--name", help="dataset name (default: the config's, `sample` for the bundled corpus)")
@@ -60,9 +60,9 @@ def precheck(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flows.build import build_corpus
+    from flows.build.flow import build_corpus
     from flows.cli.report import flow_run_outcome
-    from flows.runners import prefect_api, with_task_runner
+    from flows.runtime.runners import prefect_api, with_task_runner
 
     flow = with_task_runner(build_corpus, args.task_runner, args.workers)
     with prefect_api():  # one API for the flow and every worker
@@ -111,7 +111,7 @@ def print_summary(summary: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from flows.artifacts import stage_rows
+    from flows.ui.build_artifacts import stage_rows
 
     # Not a terminal: wide enough for the table; the values that must be copied whole are printed as plain lines.
     console = Console() if sys.stdout.isatty() else Console(width=120)

@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Iterator
 
-from flows.s3_flags import add_s3_arguments, resolve_s3
+from flows.cli.s3_flags import add_s3_arguments, resolve_s3
 
 
 def _csv(text: str) -> tuple[str, ...]:

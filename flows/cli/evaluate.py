@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from flows.s3_flags import add_s3_arguments, resolve_s3
+from flows.cli.s3_flags import add_s3_arguments, resolve_s3
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from flows.evaluate import evaluate
+    from flows.train.evaluate import evaluate
 
     result = evaluate(
         args.checkpoint,

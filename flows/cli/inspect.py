@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from flows.s3_flags import add_s3_arguments, resolve_s3
+from flows.cli.s3_flags import add_s3_arguments, resolve_s3
 from pipeline.storage import ObjectStore, S3Options, open_store
 
 

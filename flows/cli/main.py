@@ -37,8 +37,8 @@ from flows.cli import (
     train,
 )
 from flows.cli.precheck import UsageError
-from flows.local_server import resolve_api, using_api
-from flows.progress import display, interactive, open_display, setup_logging
+from flows.runtime.local_server import resolve_api, using_api
+from flows.ui.progress import display, interactive, open_display, setup_logging
 from pipeline import __version__
 from pipeline.errors import ConfigError, PileworksError
 

@@ -43,7 +43,7 @@ def check_build(
     overrides: dict[str, Any],
 ) -> Any:
     """Load the corpus config and list its inputs (exist, match something of a known format, readable)."""
-    from flows.corpus_config import load_corpus_config
+    from pipeline.corpus_config import load_corpus_config
     from pipeline.ingest import stage as ingest
 
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
@@ -97,7 +97,9 @@ def check_train(manifest_uri: str, config_path: str | None, overrides: dict[str,
 
     if not manifest_uri.startswith("s3://"):
         load_manifest(manifest_uri, None)
-    from flows.train import resolved_train_config  # prefect and torch: only once a local dataset is found
+    from flows.train.flow import (
+        resolved_train_config,  # prefect and torch: only once a local dataset is found
+    )
 
     cfg = resolved_train_config(config_path, overrides)
     if manifest_uri.startswith("s3://"):

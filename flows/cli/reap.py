@@ -33,7 +33,7 @@ def precheck(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flows.reaper import reap
+    from flows.runtime.reaper import reap
 
     try:
         while True:

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def precheck_run(args: argparse.Namespace) -> None:
     from flows.cli.precheck import check_build
-    from flows.train import resolved_train_config
+    from flows.train.flow import resolved_train_config
 
     corpus_overrides, train_overrides = corpus_and_train_overrides(args)
     check_build(args.config, args.inputs, args.output, args.name, corpus_overrides)
@@ -37,9 +37,9 @@ def precheck_run(args: argparse.Namespace) -> None:
 
 def run_prepare_and_train(args: argparse.Namespace) -> int:
     from flows.cli.report import finish, flow_run_outcome
-    from flows.progress import display
-    from flows.runners import prefect_api
-    from flows.train import prepare_and_train
+    from flows.runtime.runners import prefect_api
+    from flows.train.flow import prepare_and_train
+    from flows.ui.progress import display
 
     corpus_overrides, train_overrides = corpus_and_train_overrides(args)
     with prefect_api():  # one API for the flow and every worker of its build

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from flows.s3_flags import add_s3_arguments, resolve_s3
+from flows.cli.s3_flags import add_s3_arguments, resolve_s3
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from flows.cli.build import add_set_argument, corpus_and_train_overrides
-from flows.s3_flags import add_s3_arguments
+from flows.cli.s3_flags import add_s3_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,9 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def build_deployments(args: argparse.Namespace) -> list[Any]:
     from prefect.schedules import Cron
 
-    from flows.build import build_corpus
-    from flows.corpus_config import load_corpus_config
-    from flows.train import prepare_and_train
+    from flows.build.flow import build_corpus
+    from flows.train.flow import prepare_and_train
+    from pipeline.corpus_config import load_corpus_config
 
     overrides, train_overrides = corpus_and_train_overrides(args)
     # fail now, not at 3 a.m., on a bad config

@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
 
-    from flows.local_server import configured_api_url, server_status, start_server, stop_server
+    from flows.runtime.local_server import configured_api_url, server_status, start_server, stop_server
 
     if args.action == "start":
         state = start_server(on_wait=logging.getLogger("pileworks").info)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.cli.build import add_set_argument
-from flows.s3_flags import add_s3_arguments, dotted_s3_overrides
+from flows.cli.s3_flags import add_s3_arguments, dotted_s3_overrides
 from pipeline.config import parse_overrides
 
 
@@ -53,7 +53,7 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_train(args: argparse.Namespace) -> int:
     from flows.cli.report import flow_run_outcome
-    from flows.train import train
+    from flows.train.flow import train
 
     state = train(
         args.manifest, args.train_config, args.nproc, train_overrides(args), args.timeout,

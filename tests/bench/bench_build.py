@@ -20,11 +20,11 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
-from flows.corpus_config import load_corpus_config
 from pipeline import publish, tokenize
 from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
 from pipeline.clean.normalize import normalizer
+from pipeline.corpus_config import load_corpus_config
 from pipeline.dedup import exact, near
 from pipeline.ingest import stage as ingest
 from pipeline.sample_corpus import sample_corpus_path
@@ -105,7 +105,7 @@ def bench_stages(root: Path) -> None:
 
 
 def bench_rebuild(root: Path) -> None:
-    from flows.build import build_corpus
+    from flows.build.flow import build_corpus
 
     raw = root / "raw"
     shutil.copytree(sample_corpus_path(), raw, ignore=shutil.ignore_patterns("*.py", "*.md"))

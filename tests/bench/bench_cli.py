@@ -78,7 +78,7 @@ def main() -> None:
                 old = [
                     sys.executable,
                     "-c",
-                    f"from flows.build import build_corpus; build_corpus(output={str(store)!r})",
+                    f"from flows.build.flow import build_corpus; build_corpus(output={str(store)!r})",
                 ]
                 old_env = {k: v for k, v in env.items() if k != "PREFECT_HOME"} | {
                     "PREFECT_HOME": str(root / "eph"),

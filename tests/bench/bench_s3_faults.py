@@ -32,7 +32,7 @@ from tests.fixtures.s3_corpus import FAST_BUILD, upload_corpus, write_corpus  # 
 
 
 def build(inputs: str, output: str, endpoint: str) -> dict:
-    from flows.build import build_corpus
+    from flows.build.flow import build_corpus
 
     overrides = FAST_BUILD | {
         "ingest.target_part_bytes": 1_000_000,

@@ -223,7 +223,7 @@ class TreeSampler(threading.Thread):
 def server_pids() -> tuple[int, ...]:
     """The local Prefect server the builds report to (``pileworks`` keeps one running per PREFECT_HOME): its CPU
     during a build is orchestration, so it is sampled with the build's tree."""
-    from flows.local_server import prefect_home, read_state, resolve_api
+    from flows.runtime.local_server import prefect_home, read_state, resolve_api
 
     resolve_api(start=True)  # started before the first build, so both builds pay the same (nothing)
     state = read_state(prefect_home())

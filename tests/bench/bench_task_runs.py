@@ -36,8 +36,8 @@ def child(tasks: int, workers: int) -> None:
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
 
-    from flows.local_server import resolve_api, using_api
-    from flows.runners import make_task_runner
+    from flows.runtime.local_server import resolve_api, using_api
+    from flows.runtime.runners import make_task_runner
 
     @task(cache_policy=NO_CACHE)
     def empty(i: int, payload: dict[str, list[int]]) -> dict[str, int]:

@@ -34,9 +34,9 @@ def test_prefect_yaml_deployments_are_valid() -> None:
 
 
 def test_serve_builds_a_cron_rebuild_and_a_one_click_deployment() -> None:
-    from flows.build import build_corpus
+    from flows.build.flow import build_corpus
     from flows.cli.serve import build_deployments
-    from flows.train import prepare_and_train
+    from flows.train.flow import prepare_and_train
 
     args = argparse.Namespace(
         cron="*/30 * * * *", timezone="UTC", config=None, output="/tmp/x", train_config=None,
@@ -65,7 +65,7 @@ def test_serve_rejects_a_bad_config_before_serving(tmp_path: Path) -> None:
 
 
 def test_flow_parameters_are_validated() -> None:
-    from flows.build import build_corpus
+    from flows.build.flow import build_corpus
 
     with pytest.raises(Exception, match="inputs"):
         build_corpus.validate_parameters({"inputs": 5})

@@ -159,7 +159,7 @@ def test_dataset_name_rule_refuses(name: str) -> None:
 
 def test_corpus_config_and_publish_share_the_name_rule(tmp_path: Path) -> None:
     """``.hidden`` used to load and fail only at publish, after all the compute."""
-    from flows.corpus_config import load_corpus_config
+    from pipeline.corpus_config import load_corpus_config
 
     with pytest.raises(ConfigError, match=r"dataset name '\.hidden'"):
         load_corpus_config(None, name=".hidden")

@@ -1,4 +1,4 @@
-"""``evaluate`` (training.evaluate, and flows.evaluate's JSONL encoding): token-weighted loss and perplexity on the valid split or a JSONL file, against a direct sum."""
+"""``evaluate`` (training.evaluate, and flows.train.evaluate's JSONL encoding): token-weighted loss and perplexity on the valid split or a JSONL file, against a direct sum."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from flows.evaluate import encode_jsonl
+from flows.train.evaluate import encode_jsonl
 from pipeline.manifest import load_manifest
 from tests.fixtures.fake_checkpoint import write_fake_checkpoint
 from tests.fixtures.tiny_dataset import build_tiny_dataset

@@ -1,7 +1,7 @@
 """Run ``pileworks`` as a user does: a subprocess, its exit code and its last line.
 
 Commands that reach Prefect share one local background server per session, started by pileworks' own code
-(``flows/local_server.py``) on 127.0.0.1 under a private PREFECT_HOME, and stopped at the end.
+(``flows/runtime/local_server.py``) on 127.0.0.1 under a private PREFECT_HOME, and stopped at the end.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def home(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def server_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A private PREFECT_HOME whose local server pileworks started (and this fixture stops)."""
-    from flows.local_server import start_server, stop_server
+    from flows.runtime.local_server import start_server, stop_server
     from tests.flows.prefect_server import free_port
 
     path = tmp_path_factory.mktemp("cli-prefect-home")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.local_server import read_state
+from flows.runtime.local_server import read_state
 from tests.flows.cli.conftest import cli_env, run_cli
 from tests.flows.prefect_server import free_port
 

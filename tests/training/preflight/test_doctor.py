@@ -307,7 +307,7 @@ def test_runner_reports_a_crashing_check(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_doctor_flow_reports_artifact_and_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.doctor_flow import doctor_flow
+    from flows.train.doctor import doctor_flow
 
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     with prefect_test_harness(server_startup_timeout=120):

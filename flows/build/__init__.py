@@ -1,0 +1,1 @@
+"""The build flow: its context and tasks, the passes over parts, decontamination."""

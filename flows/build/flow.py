@@ -1,0 +1,293 @@
+"""``build_corpus``: the Prefect flow that turns raw text into a published dataset.
+
+A thin flow over tasks: per-part stages fan out with ``.map``, global steps (boilerplate merge, exact-duplicate
+resolution, near-duplicate clustering, tokenizer training, shard planning + publish) are single tasks. Tasks get
+small serialisable arguments (a :class:`BuildContext` dict and a part index) and return JSON stats; the data
+stays in the store under ``work/<build_key>/``, where every unit writes its outputs, stats and marker, so a rerun
+of a failed flow redoes only the units without a marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from flows.build.decontam import run_decontam
+from flows.build.passes import Passes
+from flows.build.tasks import (
+    BuildContext,
+    StageFailed,
+    build_context,
+    bands_task,
+    boilerplate_merge_task,
+    chunks,
+    clean_chunk_task,
+    clusters_task,
+    commit_task,
+    dedup_index_prefix,
+    edges_task,
+    exact_resolve_task,
+    index_meta_task,
+    ingest_chunk_task,
+    manifest_task,
+    near_filter_chunk_task,
+    near_plan_task,
+    parts_per_task,
+    plan_inputs,
+    publish_shards_task,
+    save_index_chunk_task,
+    shard_plan_task,
+    signatures_chunk_task,
+    tokenize_chunk_task,
+    tokenizer_task,
+    unit_config,
+    write_shards_task,
+)
+from flows.runtime.heartbeat import with_heartbeat
+from flows.runtime.profile import BuildProfile
+from flows.runtime.runners import make_task_runner, use_cores, worker_count
+from flows.ui import build_artifacts, run_names
+from flows.ui.progress import stage_progress
+from pipeline import unitcache
+from pipeline.clean.stage import missing_kernels
+from pipeline.corpus_config import CorpusConfig, load_corpus_config
+from pipeline.manifest import MANIFEST_KEY, dataset_prefix
+from pipeline.storage import open_store
+from pipeline.storage.s3 import abort_recorded_uploads
+from pipeline.storage.uploads import UploadJournal
+from pipeline.units import StageStats
+
+__all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
+
+
+# ---------------------------------------------------------------- the flow
+
+
+def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]], plans: list[dict[str, Any]]) -> str:
+    """Work folder key: the config fingerprint, every input's fingerprint (size, etag/mtime) and the part plan."""
+    h = hashlib.sha256(cfg.fingerprint().encode())
+    for i in inputs:
+        h.update(json.dumps([i["uri"], i["size"], i["etag"]]).encode())
+    h.update(json.dumps(plans, sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def ingest_keys(cfg: CorpusConfig, plans: list[dict[str, Any]], inputs: list[dict[str, Any]]) -> list[str]:
+    """A part's key: its plan plus the fingerprint (size, ETag/mtime) of every object it reads."""
+    fp = {i["uri"]: [i["size"], i["etag"]] for i in inputs}
+    ing = unit_config("ingest", cfg.to_dict())
+    return [
+        unitcache.unit_key("ingest", p["pieces"], [fp.get(x["uri"]) for x in p["pieces"]], ing) for p in plans
+    ]
+
+
+def ingest_and_clean(
+    run: Passes, cfg: CorpusConfig, planned: dict[str, Any], stats: dict[str, StageStats]
+) -> None:
+    """Ingest + count every part, merge the boilerplate counts, clean + hash every part."""
+    c, plans, n = build_context(run.ctx), planned["plans"], run.n
+    keys = ingest_keys(cfg, plans, planned["inputs"])
+    run.fan_out("ingest+count", ingest_chunk_task, chunks(plans, run.size), chunks(keys, run.size))
+    run.note_reuse("ingest", "boilerplate")
+    stats["ingest"] = run.merged("ingest")
+    run.mark_done(c.folder("ingest"), "ingest")
+    docs = [u["stats"]["docs_in"] for u in run.units.get("boilerplate", [])]
+    bp_key = run.once("boilerplate-merge", boilerplate_merge_task, run.ctx, n, docs)
+    run.fan_out(
+        "clean+hash", clean_chunk_task, run.index_chunks(), run.keyed("ingest"), boilerplate_key=bp_key
+    )
+    run.note_reuse("clean")
+    stats["clean"] = run.merged("clean")
+    run.mark_done(c.folder("clean"), "clean")
+
+
+def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> tuple[str, str]:
+    """Exact then near dedup; returns the folder of the deduplicated parts and the step whose keys name them."""
+    c, n = build_context(run.ctx), run.n
+    folder, step = c.folder("clean"), "clean"
+    resolved = (
+        run.once(
+            "exact-resolve", exact_resolve_task, run.ctx, n, [], len(run.units.get("exact-hash", [])) == n
+        )
+        if cfg.dedup.exact.enabled
+        else None
+    )
+    if cfg.dedup.exact.enabled or cfg.dedup.near.enabled:
+        run.fan_out("filter+signatures", signatures_chunk_task, run.index_chunks(), run.keyed("clean"),
+                    resolved=resolved)  # fmt: skip
+    if cfg.dedup.exact.enabled:
+        stats["exact_dedup"] = run.merged("exact dedup", "exact_dedup")
+        folder, step = c.folder("exact/out"), "exact dedup"
+        run.mark_done(folder, "exact dedup")
+    if not cfg.dedup.near.enabled:
+        return folder, step
+    run.note_reuse("signatures")
+    sig_stats = [u["stats"] for u in run.units.get("signatures", [])]
+    plan = run.once("near-plan", near_plan_task, run.ctx, n, sig_stats)
+    run.fan_out("lsh-bands", bands_task, run.index_chunks(light=True), plan=plan)
+    if plan["index_parts"]:
+        run.fan_out("lsh-bands-index", bands_task, run.index_chunks(plan["index_parts"], light=True), plan=plan,
+                    from_index=True)  # fmt: skip
+    run.fan_out(
+        "lsh-edges", edges_task, run.index_chunks(plan["num_partitions"], light=True), plan=plan, wait=[]
+    )
+    exact_json = stats["exact_dedup"].to_json() if "exact_dedup" in stats else None
+    clusters = run.once("near-clusters", clusters_task, run.ctx, folder, n, exact_json, sig_stats)
+    chunked = run.index_chunks(light=True)
+    run.fan_out("near-filter", near_filter_chunk_task, chunked, [folder] * len(chunked), run.keyed(step, True),
+                clusters=clusters)  # fmt: skip
+    stats["near_dedup"] = run.merged("near dedup", "near_dedup")
+    report_key = c.folder("near/clusters/dedup_report.json")
+    report = json.loads(c.store().get_bytes(report_key))
+    stats["near_dedup"].extra["report"] = {
+        k: v for k, v in report.items() if k not in ("sampled_pairs", "largest_clusters")
+    }
+    stats["near_dedup"].extra["report_key"] = report_key
+    run.mark_done(c.folder("dedup"), "near dedup")
+    return c.folder("dedup"), "near dedup"
+
+
+def tokenize_parts(run: Passes, folder: str, step: str, stats: dict[str, StageStats]) -> str:
+    """Train (or load) the tokenizer, then tokenize every part; returns the tokenizer key."""
+    c = build_context(run.ctx)
+    stage_progress.stage("tokenizer (trained once per dataset name)")
+    tokenizer = run.once("train-tokenizer", tokenizer_task, run.ctx, folder, run.n, [])
+    tok_key, sample = tokenizer["key"], tokenizer["sample"]
+    stats["train_tokenizer"] = StageStats(stage="train_tokenizer", docs_in=sample.get("sample_docs", 0),
+                                          bytes_in=sample.get("sample_bytes", 0), extra={"sample": sample})  # fmt: skip
+    chunked = run.index_chunks()
+    run.fan_out("tokenize", tokenize_chunk_task, chunked, [folder] * len(chunked), run.keyed(step),
+                tokenizer_key=tok_key)  # fmt: skip
+    run.mark_done(c.folder("tokens"), "tokenize")
+    stats["tokenize"] = run.merged("tokenize")
+    run.note_reuse("tokenize")
+    return tok_key
+
+
+def shard_and_publish(
+    run: Passes,
+    tok_key: str,
+    inputs: list[dict[str, Any]],
+    stats_json: dict[str, Any],
+    lineage: dict[str, Any],
+    workers: int,
+) -> str:
+    """Plan the shards, write them on the workers (runs of each split's shards), make the manifest, copy and
+    verify the shards under the dataset's prefix on the workers, then write the manifest last."""
+    counted = [u["stats"] for u in run.units.get("split counts", [])]
+    tasks = 1 if workers <= 1 else 2 * workers  # two runs of shards per worker: none idles at the end
+    plan = run.once("shard-plan", shard_plan_task, run.ctx, run.n, tok_key, tasks, counted)
+    folder, tasks = plan["folder"], plan["tasks"]
+    units = run.spread("write-shards", write_shards_task, tasks, folder=folder, dtype=plan["dtype"])
+    manifest = run.once("manifest", manifest_task, run.ctx, run.n, tok_key, [u["stats"] for u in units], inputs,
+                        stats_json, lineage)  # fmt: skip
+    store = build_context(run.ctx).store()
+    prefix = dataset_prefix(manifest["name"], manifest["dataset_id"])
+    if not store.exists(f"{prefix}/{MANIFEST_KEY}"):  # published before: its shards were verified then
+        shards = {(s["split"], s["index"]): s for s in manifest["shards"]}
+        files = [[pair for w in ws for k in range(w["first"], w["stop"]) for pair in _files(shards[w["split"], k])]
+                 for ws in tasks]  # fmt: skip
+        run.spread("publish-shards", publish_shards_task, tasks, files, folder=folder, prefix=prefix)
+    return run.once("publish", commit_task, run.ctx, tok_key, manifest)
+
+
+def _files(shard: dict[str, Any]) -> list[list[Any]]:
+    """A shard's three objects with their sha256 and size, as the manifest lists them."""
+    return [[shard["key"], shard["sha256"], shard["bytes"]], [shard["idx_key"], shard["idx_sha256"], shard["idx_bytes"]],
+            [shard["docs_key"], shard["docs_sha256"], shard["docs_bytes"]]]  # fmt: skip
+
+
+# persist_result=False: a persisted result shows up as an untitled "result" artifact on the run page.
+@flow(
+    name="build_corpus", flow_run_name=run_names.build_run_name, log_prints=False, persist_result=False,
+    task_runner=make_task_runner(),
+)  # fmt: skip
+@with_heartbeat
+def build_corpus(
+    config_path: str | None = None,
+    inputs: list[str] | None = None,
+    output: str | None = None,
+    name: str | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Build and publish a dataset; returns the summary (manifest URI, dataset id, per-stage stats)."""
+    started = time.perf_counter()
+    cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
+    build_profile = BuildProfile()
+    stage_progress.stage("listing inputs")
+    with build_profile.run_pass("plan-inputs"):
+        planned = plan_inputs(cfg.to_dict())
+    n, store = len(planned["plans"]), open_store(cfg.output, cfg.s3)
+    # Uploads still recorded belong to earlier runs that died: abort them now rather than after an hour.
+    abort_recorded_uploads(UploadJournal(store), cfg.s3)
+    work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
+    ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n).to_json()
+    workers = worker_count()
+    use_cores(workers)  # tokenizer training, in this process between passes, uses the workers' cores
+    run = Passes(ctx, n, parts_per_task(n, workers), parts_per_task(n, workers, per_worker=1), build_profile)
+    get_run_logger().info("build %s: %d input object(s) in %d part(s), %d per task, %d worker(s); work folder %s",
+                          cfg.name, len(planned["inputs"]), n, run.size, workers, store.uri_of(work))  # fmt: skip
+    if missing := missing_kernels():
+        get_run_logger().warning("compiled kernels not built: %s; clean takes its numpy paths (same output, about "
+                                 "1.7x the CPU). Reinstall where a C compiler is found: pip install -e .",
+                                 ", ".join(missing))  # fmt: skip
+    stages = build_stages(cfg)  # the terminal's bars and the UI's progress artifact count the same stages
+    stage_progress.start_units({s: 1 if s == "publish" else n for s in stages})
+    progress = build_artifacts.RunProgress(stages, key="build-progress")
+    stats: dict[str, StageStats] = {}
+    ingest_and_clean(run, cfg, planned, stats)
+    progress.finished("ingest", "boilerplate", "clean")
+    dedup_folder, step = run_dedup(run, cfg, stats)
+    dedup_folder, step = run_decontam(run, cfg, dedup_folder, step, stats)
+    progress.finished(*(s for s in stages if s in ("exact dedup", "signatures", "near dedup")))
+    tok_key = tokenize_parts(run, dedup_folder, step, stats)
+    progress.finished("tokenize")
+    lineage = {"prefect_flow_run_id": _flow_run_id(), "build_key": work.split("/")[-1]}
+    stats_json = {k: v.to_json() for k, v in stats.items()}
+    with stage_progress.step("publish"):
+        manifest_uri = shard_and_publish(run, tok_key, planned["inputs"], stats_json, lineage, workers)
+    progress.finished("publish")
+    summary = build_artifacts.build_summary(manifest_uri, stats, cfg, time.perf_counter() - started)
+    summary["reused_units"] = run.reuse
+    summary["lineage"] = lineage
+    if cfg.dedup.near.enabled:
+        stage_progress.stage("saving the dedup index")
+        summary["dedup_index_uri"] = save_dedup_index(run, summary["dataset_id"])
+    summary["profile"] = run.profile.to_json() | {"parts": n, "parts_per_task": run.size, "workers": workers}
+    build_artifacts.publish_build_artifacts(summary, cfg)
+    run_names.rename_flow_run(f"build {cfg.name} {summary['dataset_id'][:8]}")
+    get_run_logger().info(
+        "published %s (dataset %s) in %.1f s", manifest_uri, summary["dataset_id"], summary["seconds"]
+    )
+    return summary
+
+
+def save_dedup_index(run: Passes, dataset_id: str) -> str:
+    """The kept documents' signatures under ``indexes/<name>/<dataset id>``, for a later build's
+    ``dedup.near.index_uri``: each part's unit on the workers, then ``index.json`` (an index already saved
+    for this dataset is kept as it is). Returns the index's URI."""
+    c = build_context(run.ctx)
+    store, prefix = c.store(), dedup_index_prefix(c.cfg.name, dataset_id)
+    if store.exists(f"{prefix}/index.json"):
+        return store.uri_of(prefix)
+    saved = run.spread("save-dedup-index", save_index_chunk_task, run.index_chunks(light=True),
+                       dataset_id=dataset_id)  # fmt: skip
+    docs = sum(k for r in saved for k in r["kept"])
+    return str(run.once("dedup-index-meta", index_meta_task, run.ctx, run.n, dataset_id, docs))
+
+
+def build_stages(cfg: CorpusConfig) -> list[str]:
+    """The stages of this build, in order, as the terminal and the UI's progress artifact name them."""
+    dedup = ["exact dedup"] * cfg.dedup.exact.enabled + ["signatures", "near dedup"] * cfg.dedup.near.enabled
+    return ["ingest", "boilerplate", "clean", *dedup, "tokenize", "publish"]
+
+
+def _flow_run_id() -> str | None:
+    from prefect.runtime import flow_run
+
+    run_id = flow_run.id
+    return str(run_id) if run_id else None

@@ -1,0 +1,632 @@
+"""The tasks of ``build_corpus``: small serialisable arguments in (a :class:`BuildContext` dict and a part
+index), JSON stats and unit keys out; the data stays in the store under ``work/<build_key>/``.
+
+Per-part tasks go through :func:`_unit`, which restores a unit from an earlier build when its key matches
+(``pipeline/unitcache.py``) and names the stage and part when it fails. I/O tasks retry with backoff; CPU tasks
+do not (a deterministic failure would only fail again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.runtime import profile
+from flows.runtime.runners import release_free_memory
+from flows.ui import run_names
+from pipeline import publish, tokenize, unitcache
+from pipeline.clean import boilerplate
+from pipeline.clean import stage as clean
+from pipeline.clean.normalize import normalizer
+from pipeline.corpus_config import CorpusConfig, config_from_dict
+from pipeline.dedup import candidates, clusters, exact, near, signatures
+from pipeline.errors import StageFailed
+from pipeline.ingest import config as ingest_config
+from pipeline.ingest import stage as ingest
+from pipeline.manifest import (
+    DatasetConflictError,
+    Manifest,
+    commit_manifest,
+    copy_verified,
+    dataset_prefix,
+    upload_verified,
+)
+from pipeline.sources import mixture_from_runs
+from pipeline.storage import ObjectStore, open_store
+from pipeline.storage.retry import is_permanent
+from pipeline.storage.uploads import UploadJournal
+from pipeline.units import StageStats, merged_stats, part_name
+
+
+def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition: a whole-unit retry for transient trouble only; a missing input, missing
+    credentials, access denied, a missing bucket, a bad config or a full disk fail the run at once."""
+    return not is_permanent(state.result(raise_on_failure=False))
+
+
+# Each S3 call already retries its own transient errors (pipeline.storage.retry); these are for whole units.
+IO_RETRIES: dict[str, Any] = dict(
+    retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=_worth_retrying
+)
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What every task needs to find its inputs: the store, the work folder and the resolved config."""
+
+    store_uri: str
+    work: str
+    config: dict[str, Any]
+    parts: int = 0  # how many parts the build has (task run names say "parts 1-8/12")
+
+    @property
+    def cfg(self) -> CorpusConfig:
+        return _parsed_config(json.dumps(self.config, sort_keys=True))
+
+    def store(self) -> ObjectStore:
+        store = open_store(self.store_uri, self.cfg.s3)
+        store.uploads = UploadJournal(store)  # multipart uploads recorded in work/uploads until they end
+        return store
+
+    def folder(self, name: str) -> str:
+        return f"{self.work}/{name}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_config(config_json: str) -> CorpusConfig:
+    """Each process parses a build's config once (about 15 ms), not once per task and step."""
+    return config_from_dict(json.loads(config_json))
+
+
+def build_context(data: dict[str, Any]) -> BuildContext:
+    return BuildContext(**data)
+
+
+# ---------------------------------------------------------------- failures name the stage and the part
+
+
+@contextlib.contextmanager
+def stage_errors(stage: str, part: int | None = None) -> Iterator[None]:
+    try:
+        yield
+    except StageFailed:
+        raise
+    except Exception as exc:
+        where = f"stage {stage!r}" + (f" part {part}" if part is not None else "")
+        raise StageFailed(f"{where} failed: {type(exc).__name__}: {exc}") from exc
+
+
+# ---------------------------------------------------------------- per-part units (cached across builds)
+
+
+def _unit(store: ObjectStore, stage: str, key: str, folder: str, index: int, run: Any) -> dict[str, Any]:
+    """Restore the unit from an earlier build when its key matches, else run it; then register it."""
+    with stage_errors(stage, index):
+        records: list[dict[str, Any]] = []
+        with profile.measure(stage, records):
+            reused = unitcache.restore(store, stage, key, folder, index)
+            stats = run(store)
+            unitcache.record(store, stage, key, folder, index)
+    return {"stats": stats.to_json(), "key": key, "reused": reused, "profile": records}
+
+
+def _only(section: dict[str, Any], *fields: str) -> dict[str, Any]:
+    return {f: section[f] for f in fields}
+
+
+def _without(section: dict[str, Any], *fields: str) -> dict[str, Any]:
+    return {k: v for k, v in section.items() if k not in fields}
+
+
+def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The config fields a per-part step reads, and nothing else: a unit's key holds exactly these, so changing
+    any other field (the near-dedup threshold, the boilerplate frequency, the shard size) reuses the unit."""
+    clean, near, tok = config["clean"], config["dedup"]["near"], config["tokenize"]
+    bp = clean["boilerplate"]
+    normalise = _without(clean, "boilerplate", "quality", "langid")  # what ingest normalises with
+    if stage == "ingest":  # a source's per-source overrides change what its documents become
+        return {"ingest": config["ingest"], "sources": config["sources"]} | normalise
+    if stage == "boilerplate":  # hashes the long lines of the normalised text
+        return {"min_line_chars": bp["min_line_chars"]}
+    if stage == "clean":  # the repeated-line set itself is keyed by its content hash
+        return {
+            "langid": clean["langid"],
+            "quality": clean["quality"],
+            "boilerplate": _without(bp, "min_docs", "min_fraction"),
+            "sources": config["sources"],
+        }
+    if stage == "signatures":
+        return _only(near, "num_perm", "seed", "ngram", "shingle", "hash", "scheme")
+    if stage == "decontam":  # the eval-set index itself is keyed by its content hash
+        return config["decontam"]
+    if stage == "tokenize":  # the tokenizer itself is keyed by its content hash
+        return _only(tok, "eos_token")
+    if stage == "split-count":  # which documents are valid: the split rule
+        return _only(config["shard"], "valid_fraction", "seed")
+    if stage in ("exact-hash", "exact-filter", "near-filter"):
+        return {}
+    raise ValueError(f"no unit config for stage {stage!r}")
+
+
+def _unit_key(c: BuildContext, stage: str, upstream: str, *inputs: Any) -> str:
+    return unitcache.unit_key(stage, upstream, unit_config(stage, c.config), *inputs)
+
+
+def chunks(items: list[Any], size: int) -> list[list[Any]]:
+    """``items`` dealt round-robin into as few chunks as hold at most ``size`` each: chunk k of C holds items k,
+    k + C, k + 2C... Neighbouring parts come from the same inputs and cost alike (a run of repetitive or CJK
+    files, say), so dealing them out gives every chunk task a like mix and the workers of a pass finish
+    together instead of one waiting on the chunk of costly parts. :func:`unchunk` restores the order."""
+    count = -(-len(items) // size)
+    return [items[k::count] for k in range(count)]
+
+
+def unchunk(chunked: list[list[Any]]) -> list[Any]:
+    """The items of :func:`chunks` back in their order."""
+    out: list[Any] = [None] * sum(map(len, chunked))
+    for k, chunk in enumerate(chunked):
+        out[k :: len(chunked)] = chunk
+    return out
+
+
+def parts_per_task(num_parts: int, workers: int, max_parts: int = 64, per_worker: int = 4) -> int:
+    """Parts per task: about ``per_worker`` tasks per worker in each pass (four for the heavy passes, so a
+    slow task does not leave the others idle at the end), never more than ``max_parts`` (64 parts of the
+    default 4 MiB: ~256 MiB per task), so a 100 GB build has a few hundred tasks per pass, not one per part."""
+    return max(1, min(max_parts, -(-num_parts // (per_worker * max(1, workers)))))
+
+
+@task(name="plan-inputs", task_run_name="plan inputs", cache_policy=NO_CACHE, **IO_RETRIES)
+def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
+    """List the raw objects with their fingerprints and pack them into parts of similar byte size."""
+    with stage_errors("plan-inputs"), profile.measure("plan-inputs"):
+        cfg = config_from_dict(config)
+        inputs: list[ingest_config.InputFile] = []
+        entry_of: dict[str, int] = {}
+        for entry, source in enumerate(cfg.resolved_sources()):
+            for inp in ingest.list_inputs(list(source.inputs), s3=cfg.s3, extensions=cfg.ingest.extensions):
+                if entry_of.setdefault(inp.uri, entry) != entry:
+                    raise ValueError(f"{inp.uri} is in two sources; each input belongs to one source")
+                inputs.append(inp)
+        inputs.sort(key=lambda i: i.uri)
+        plans = ingest.plan_parts(inputs, cfg.ingest.target_part_bytes, cfg=cfg.ingest, s3=cfg.s3)
+        plans = ingest.assign_sources(plans, entry_of)
+        return {"inputs": [i.to_json() for i in inputs], "plans": [p.to_json() for p in plans]}
+
+
+# ---------------------------------------------------------------- chunk tasks: a pass over a run of parts
+#
+# One task per run of parts and pass, each step of a part still its own cached unit (``_unit``). A chunk
+# task returns one dict per part: step name -> the unit's stats, key, reuse flag and profile.
+
+
+class _Written:
+    """The ingest normaliser that also keeps each text it returns: the part's texts, for its line count."""
+
+    def __init__(self, normalize: Callable[[str, Counter[str]], str]) -> None:
+        self.normalize = normalize
+        self.texts: list[str] = []
+
+    def __call__(self, text: str, counts: Counter[str]) -> str:
+        text = self.normalize(text, counts)
+        self.texts.append(text)
+        return text
+
+
+@task(
+    name="ingest",
+    task_run_name=run_names.parts("ingest + count", "plans"),
+    cache_policy=NO_CACHE,
+    **IO_RETRIES,
+)
+def ingest_chunk_task(
+    ctx: dict[str, Any], plans: list[dict[str, Any]], keys: list[str]
+) -> list[dict[str, Any]]:
+    """Ingest each part (its text normalised as the clean config says, once for the count and clean), then count
+    its lines for the corpus-wide boilerplate set."""
+    c = build_context(ctx)
+    store, cfg, out = c.store(), c.cfg, []
+    ing, bp = c.folder("ingest"), c.folder("boilerplate")
+    for plan, key in zip(plans, keys, strict=True):
+        part, written = ingest_config.PartPlan.from_json(plan), _Written(normalizer(cfg.clean))
+        units = {"ingest": _unit(store, "ingest", key, ing, part.index,
+                                 partial(ingest.run_ingest_part, out_folder=ing, plan=part, cfg=cfg.ingest, s3=cfg.s3,
+                                         sources=cfg.resolved_sources(), normalize=written))}  # fmt: skip
+        # the texts ingest just wrote, unless the part was already done (restored or resumed: nothing passed by)
+        texts = written.texts if len(written.texts) == units["ingest"]["stats"]["docs_out"] else None
+        units["boilerplate"] = _unit(store, "boilerplate", _unit_key(c, "boilerplate", key), bp, part.index,
+                                     partial(boilerplate.run_boilerplate_count_part, in_folder=ing, out_folder=bp,
+                                             index=part.index, cfg=cfg.clean, texts=texts))  # fmt: skip
+        out.append(units)
+    return out
+
+
+@task(name="clean", task_run_name=run_names.parts("clean + exact hash"), cache_policy=NO_CACHE)
+def clean_chunk_task(
+    ctx: dict[str, Any], indices: list[int], upstream: list[str], boilerplate_key: str
+) -> list[dict[str, Any]]:
+    """Clean each part (boilerplate lines out, quality filters), then hash its documents for exact dedup."""
+    c = build_context(ctx)
+    store, cfg, out = c.store(), c.cfg, []
+    bp = boilerplate_key if cfg.clean.boilerplate.enabled else None
+    bp_hash = unitcache.content_hash(store, boilerplate_key)
+    for index, up in zip(indices, upstream, strict=True):
+        key = _unit_key(c, "clean", up, bp_hash)
+        units = {"clean": _unit(store, "clean", key, c.folder("clean"), index,
+                                partial(clean.run_clean_part, in_folder=c.folder("ingest"),
+                                        out_folder=c.folder("clean"), index=index, cfg=cfg.clean, boilerplate_key=bp,
+                                        sources=cfg.resolved_sources()))}  # fmt: skip
+        if cfg.dedup.exact.enabled:
+            units["exact-hash"] = _unit(store, "exact-hash", _unit_key(c, "exact-hash", key), c.folder("exact/hash"),
+                                        index, partial(exact.run_exact_hash_part, in_folder=c.folder("clean"),
+                                                       hash_folder=c.folder("exact/hash"), index=index))  # fmt: skip
+        out.append(units)
+    return out
+
+
+@task(
+    name="minhash-signatures",
+    task_run_name=run_names.parts("exact filter + signatures"),
+    cache_policy=NO_CACHE,
+)
+def signatures_chunk_task(
+    ctx: dict[str, Any], indices: list[int], upstream: list[str], _wait: Any
+) -> list[dict[str, Any]]:
+    """Drop each part's exact duplicates (when enabled), then MinHash its documents (when near dedup is on)."""
+    c = build_context(ctx)
+    store, cfg, out = c.store(), c.cfg, []
+    for index, up in zip(indices, upstream, strict=True):
+        units, folder = {}, c.folder("clean")
+        if cfg.dedup.exact.enabled:
+            drop = unitcache.content_hash(store, f"{c.folder('exact/drop')}/{part_name(index)}.npy")
+            units["exact dedup"] = _unit(store, "exact dedup", _unit_key(c, "exact-filter", up, drop),
+                                         c.folder("exact/out"), index,
+                                         partial(exact.run_exact_filter_part, in_folder=folder,
+                                                 out_folder=c.folder("exact/out"), index=index,
+                                                 drop_folder=c.folder("exact/drop")))  # fmt: skip
+            up, folder = units["exact dedup"]["key"], c.folder("exact/out")
+        if cfg.dedup.near.enabled:
+            units["signatures"] = _unit(store, "signatures", _unit_key(c, "signatures", up),
+                                        c.folder("near/signatures"), index,
+                                        partial(signatures.run_signatures_part, in_folder=folder,
+                                                out_folder=c.folder("near/signatures"), index=index, cfg=cfg.dedup.near))  # fmt: skip
+        out.append(units)
+    return out
+
+
+def one_step_chunk(
+    c: BuildContext,
+    store: ObjectStore,
+    step: str,
+    key_stage: str,
+    indices: list[int],
+    upstream: list[str],
+    out_folder: str,
+    run_part: Callable[..., StageStats],
+    extra: Callable[[ObjectStore, int], str],
+) -> list[dict[str, Any]]:
+    """A chunk task of one step per part: each part's unit keyed by its upstream key and ``extra(store, index)`` (the
+    content hash of what the step reads besides its part), run as ``run_part(store, index=...)``."""
+    return [
+        {step: _unit(store, step, _unit_key(c, key_stage, up, extra(store, index)), out_folder, index,
+                     partial(run_part, index=index))}
+        for index, up in zip(indices, upstream, strict=True)
+    ]  # fmt: skip
+
+
+@task(name="near-filter", task_run_name=run_names.parts("near-dedup: filter"), cache_policy=NO_CACHE)
+def near_filter_chunk_task(
+    ctx: dict[str, Any], indices: list[int], in_folder: str, upstream: list[str], _wait: Any
+) -> list[dict[str, Any]]:
+    c = build_context(ctx)
+    drops = c.folder("near/clusters/drop")
+    return one_step_chunk(
+        c, c.store(), "near dedup", "near-filter", indices, upstream, c.folder("dedup"),
+        partial(near.run_near_filter_part, in_folder=in_folder, out_folder=c.folder("dedup"),
+                clusters_folder=c.folder("near/clusters")),
+        lambda store, index: unitcache.content_hash(store, f"{drops}/{part_name(index)}.npz"),
+    )  # fmt: skip
+
+
+@task(name="tokenize", task_run_name=run_names.parts("tokenize"), cache_policy=NO_CACHE)
+def tokenize_chunk_task(
+    ctx: dict[str, Any], indices: list[int], in_folder: str, upstream: list[str], tokenizer_key: str
+) -> list[dict[str, Any]]:
+    """Tokenize each part, then count its tokens per source and split for the shard plan (so the serial shard
+    step only adds up the counts instead of reading every token part twice)."""
+    c = build_context(ctx)
+    store = c.store()
+    tok_hash = unitcache.content_hash(store, tokenizer_key)
+    out = one_step_chunk(
+        c, store, "tokenize", "tokenize", indices, upstream, c.folder("tokens"),
+        partial(tokenize.run_tokenize_part, in_folder=in_folder, out_folder=c.folder("tokens"),
+                tokenizer_key=tokenizer_key, cfg=c.cfg.tokenize),
+        lambda store, index: tok_hash,
+    )  # fmt: skip
+    for index, units in zip(indices, out, strict=True):
+        units["split counts"] = _unit(store, "split counts", _unit_key(c, "split-count", units["tokenize"]["key"]),
+                                      c.folder("split-counts"), index,
+                                      partial(publish.run_split_count_part, token_folder=c.folder("tokens"),
+                                              out_folder=c.folder("split-counts"), index=index, shard_cfg=c.cfg.shard))  # fmt: skip
+    return out
+
+
+@task(name="boilerplate-merge", task_run_name="boilerplate: merge", cache_policy=NO_CACHE)
+def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, docs: list[int]) -> str:
+    """Merge the parts' line counts (``docs``: each part's document count, from the count units' results)."""
+    with stage_errors("boilerplate-merge"), profile.measure("boilerplate-merge"):
+        c = build_context(ctx)
+        key = c.folder("boilerplate/lines.npy")
+        n = boilerplate.merge_boilerplate(c.store(), c.folder("boilerplate"), num_parts, c.cfg.clean, key,
+                                          docs=docs)  # fmt: skip
+        get_run_logger().info("boilerplate: %d line(s) repeated across many documents will be removed", n)
+        return key
+
+
+@task(name="exact-resolve", task_run_name="exact-dedup: resolve", cache_policy=NO_CACHE)
+def exact_resolve_task(
+    ctx: dict[str, Any], num_parts: int, _wait: list[Any], checked: bool = False
+) -> dict[str, Any]:
+    """Exact duplicates across the corpus (``checked``: every part's hash unit came back to the flow)."""
+    with stage_errors("exact-resolve"), profile.measure("exact-resolve"):
+        c = build_context(ctx)
+        return exact.resolve_exact_duplicates(
+            c.store(), c.folder("exact/hash"), num_parts, c.folder("exact/drop"), checked
+        ).to_json()
+
+
+@task(name="near-plan", task_run_name="near-dedup: plan", cache_policy=NO_CACHE)
+def near_plan_task(ctx: dict[str, Any], num_parts: int, sig_stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """The near-dedup plan (``sig_stats``: every part's signature stats, from the signature units' results)."""
+    with stage_errors("near-plan"), profile.measure("near-plan"):
+        c = build_context(ctx)
+        known = [StageStats.from_json(s) for s in sig_stats]
+        return candidates.plan_near_dedup(c.store(), c.folder("near"), num_parts, c.cfg.dedup.near, known)
+
+
+@task(name="lsh-bands", task_run_name=run_names.parts("near-dedup: bands"), cache_policy=NO_CACHE)
+def bands_task(
+    ctx: dict[str, Any], indices: list[int], plan: dict[str, Any], from_index: bool = False
+) -> list[dict[str, Any]]:
+    c = build_context(ctx)
+    store, cfg, out = c.store(), c.cfg, []
+    for index in indices:
+        records: list[dict[str, Any]] = []
+        with stage_errors("lsh-bands", index), profile.measure("lsh-bands", records):
+            stats = candidates.run_bands_part(
+                store, c.folder("near"), index, cfg.dedup.near, plan, from_index=from_index
+            )
+        out.append({"lsh-bands": {"stats": stats.to_json(), "profile": records}})
+    return out
+
+
+@task(
+    name="lsh-edges", task_run_name=run_names.parts("near-dedup: edges", "partitions"), cache_policy=NO_CACHE
+)
+def edges_task(
+    ctx: dict[str, Any], partitions: list[int], plan: dict[str, Any], _wait: list[Any]
+) -> list[dict[str, Any]]:
+    c = build_context(ctx)
+    store, cfg, out = c.store(), c.cfg, []
+    for partition in partitions:
+        records: list[dict[str, Any]] = []
+        with stage_errors("lsh-edges", partition), profile.measure("lsh-edges", records):
+            stats = candidates.run_edges_part(store, c.folder("near"), partition, cfg.dedup.near, plan)
+        out.append({"lsh-edges": {"stats": stats.to_json(), "profile": records}})
+    return out
+
+
+@task(name="near-clusters", task_run_name="near-dedup: clusters", cache_policy=NO_CACHE)
+def clusters_task(
+    ctx: dict[str, Any],
+    in_folder: str,
+    num_parts: int,
+    exact_stats: dict[str, Any] | None,
+    sig_stats: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Cluster the verified edges (``sig_stats``: every part's signature stats, from the units' results)."""
+    with stage_errors("near-clusters"), profile.measure("near-clusters"):
+        c = build_context(ctx)
+        es = StageStats.from_json(exact_stats) if exact_stats else None
+        known = [StageStats.from_json(s) for s in sig_stats]
+        return clusters.run_clusters(
+            c.store(), in_folder, c.folder("near"), num_parts, c.cfg.dedup.near, exact_stats=es,
+            known_sig_stats=known,
+        ).to_json()  # fmt: skip
+
+
+# ---------------------------------------------------------------- tasks: tokenize and publish
+
+
+@task(name="train-tokenizer", task_run_name="train tokenizer", cache_policy=NO_CACHE)
+def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: list[Any]) -> dict[str, Any]:
+    """Train (or load) the tokenizer; returns its key and the sample it was trained on. A trained tokenizer is
+    pinned per dataset name and tokenizer config, so a scheduled rebuild keeps its token ids and re-tokenizes
+    only the parts that changed."""
+    with stage_errors("train-tokenizer"), profile.measure("train-tokenizer"):
+        c = build_context(ctx)
+        store, cfg = c.store(), c.cfg
+        key = c.folder("tokenizer.json")
+        pin = f"cache/tokenizers/{unitcache.unit_key('tokenizer', cfg.name, c.config['tokenize'])}.json"
+        if (
+            cfg.tokenize.tokenizer is None
+            and cfg.pin_tokenizer
+            and store.exists(pin)
+            and not store.exists(key)
+        ):
+            _copy_tokenizer(store, pin, key)
+            get_run_logger().info(
+                "reusing the pinned tokenizer of dataset %s (%s)", cfg.name, store.uri_of(pin)
+            )
+        sha = tokenize.run_train_tokenizer(store, in_folder, num_parts, key, cfg.tokenize, s3=cfg.s3)
+        release_free_memory()  # the trainer's freed memory back to the system before the shard step
+        if cfg.tokenize.tokenizer is None and not store.exists(pin):
+            _copy_tokenizer(store, key, pin)
+        record = tokenize.sample_record_key(key)
+        sample = json.loads(store.get_bytes(record)) if store.exists(record) else {"source": "pinned"}
+        get_run_logger().info("tokenizer %s (sha256 %s), trained on %s", key, sha[:12],
+                              {k: v for k, v in sample.items() if k != "sample_parts"})  # fmt: skip
+        return {"key": key, "sample": sample}
+
+
+def _copy_tokenizer(store: ObjectStore, src: str, dst: str) -> None:
+    if store.exists(tokenize.sample_record_key(src)):
+        store.copy(tokenize.sample_record_key(src), tokenize.sample_record_key(dst))
+    store.copy(src, dst)
+
+
+@task(name="shard-plan", task_run_name="shards: plan", cache_policy=NO_CACHE, **IO_RETRIES)
+def shard_plan_task(
+    ctx: dict[str, Any], num_parts: int, tokenizer_key: str, tasks: int, counted: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Plan the shards from the per-part token counts (``counted``: the split-count units' stats the tokenize
+    pass returned; else they are read from the store): the windows each write task gets, and the work folder
+    they write to (named by the plan, so a changed plan never reuses another's shards)."""
+    with stage_errors("shard-plan"), profile.measure("shard-plan"):
+        c = build_context(ctx)
+        store, cfg = c.store(), c.cfg
+        tok = publish.TokenizerFiles.load(store.get_bytes(tokenizer_key), cfg.tokenize.eos_token,
+                                          cfg.tokenize.pad_token)  # fmt: skip
+        rule = [cfg.shard.valid_fraction, cfg.shard.seed]
+        if len(counted) == num_parts and all(u["extra"].get("split") == rule for u in counted):
+            counts = [u["extra"]["source_tokens"] for u in counted]
+        else:
+            counts = publish.part_counts(store, c.folder("tokens"), num_parts, cfg.shard,
+                                         c.folder("split-counts"))  # fmt: skip
+        plan = publish.plan_windows(counts, cfg.shard.target_tokens(tok.dtype), tasks)
+        folder = publish.shards_folder(c.work, tok.info().sha256, tok.dtype, cfg.shard, counts)
+        return {
+            "folder": folder,
+            "dtype": tok.dtype.name,
+            "tasks": [[w.to_json() for w in ws] for ws in plan],
+        }
+
+
+@task(
+    name="write-shards", task_run_name=run_names.windows("shards: write"), cache_policy=NO_CACHE, **IO_RETRIES
+)
+def write_shards_task(
+    ctx: dict[str, Any], windows: list[dict[str, Any]], folder: str, dtype: str
+) -> dict[str, Any]:
+    """Write a run of each split's shards into the work folder (a unit: a rerun reuses it)."""
+    records: list[dict[str, Any]] = []
+    with stage_errors("write-shards"), profile.measure("write-shards", records):
+        c = build_context(ctx)
+        stats = publish.run_window_unit(c.store(), c.folder("tokens"), folder,
+                                        [publish.Window.from_json(w) for w in windows], np.dtype(dtype),
+                                        c.cfg.shard)  # fmt: skip
+    return {"stats": stats.to_json(), "profile": records}
+
+
+@task(
+    name="publish-shards",
+    task_run_name=run_names.windows("shards: publish"),
+    cache_policy=NO_CACHE,
+    **IO_RETRIES,
+)
+def publish_shards_task(
+    ctx: dict[str, Any], windows: list[dict[str, Any]], files: list[list[Any]], folder: str, prefix: str
+) -> dict[str, Any]:
+    """Copy the windows' shard files (``[key, sha256, size]`` each) from the work folder under the dataset's
+    prefix, verifying each."""
+    records: list[dict[str, Any]] = []
+    with stage_errors("publish-shards"), profile.measure("publish-shards", records):
+        store = build_context(ctx).store()
+        for key, sha256, size in files:
+            copy_verified(store, f"{folder}/{key}", f"{prefix}/{key}", sha256, size)
+    return {"profile": records}
+
+
+@task(name="manifest", task_run_name="manifest: make", cache_policy=NO_CACHE, **IO_RETRIES)
+def manifest_task(
+    ctx: dict[str, Any],
+    num_parts: int,
+    tokenizer_key: str,
+    units: list[dict[str, Any]],
+    inputs: list[dict[str, Any]],
+    stats: dict[str, dict[str, Any]],
+    lineage: dict[str, Any],
+) -> dict[str, Any]:
+    """The dataset's manifest from the written shards (its id names the prefix they are published under)."""
+    with stage_errors("manifest"), profile.measure("manifest"):
+        c = build_context(ctx)
+        store, cfg = c.store(), c.cfg
+        tok = publish.TokenizerFiles.load(store.get_bytes(tokenizer_key), cfg.tokenize.eos_token,
+                                          cfg.tokenize.pad_token)  # fmt: skip
+        written, runs = publish.window_results(units)
+        all_stats = dict(stats)
+        if "tokenize" not in all_stats:  # a build passes its tokenize pass's merged stats
+            all_stats["tokenize"] = merged_stats(store, c.folder("tokens"), num_parts, "tokenize").to_json()
+        mixture = mixture_from_runs(written, runs, cfg.resolved_sources())
+        config = cfg.to_dict() | {"output": None, "s3": None}
+        return publish.dataset_manifest(cfg.name, tok, written, mixture, all_stats, inputs, config,
+                                        lineage).to_json()  # fmt: skip
+
+
+@task(name="publish", task_run_name="manifest: publish", cache_policy=NO_CACHE, **IO_RETRIES)
+def commit_task(ctx: dict[str, Any], tokenizer_key: str, manifest: dict[str, Any]) -> str:
+    """Upload the tokenizer files, then write the manifest (create-only) and ``latest.json``: the dataset is
+    visible from here on. Returns the manifest URI."""
+    with stage_errors("publish"), profile.measure("publish"):
+        c = build_context(ctx)
+        store, cfg = c.store(), c.cfg
+        m = Manifest.from_json(manifest)
+        tok = publish.TokenizerFiles.load(store.get_bytes(tokenizer_key), cfg.tokenize.eos_token,
+                                          cfg.tokenize.pad_token)  # fmt: skip
+        prefix = dataset_prefix(m.name, m.dataset_id)
+        with tempfile.TemporaryDirectory(prefix="pileworks-tokenizer-") as tmp:
+            tok.stage(Path(tmp))
+            for name, sha in {m.tokenizer.key: m.tokenizer.sha256, **m.tokenizer.files}.items():
+                upload_verified(store, f"{prefix}/{name}", Path(tmp) / name, sha)
+        try:
+            return commit_manifest(store, m.name, m)
+        except DatasetConflictError as exc:
+            # Same content (the dataset id is a content hash) but, e.g., touched input mtimes: the published
+            # dataset is the one to use; it stays immutable.
+            get_run_logger().warning("dataset already published with other metadata: %s", exc)
+            return exc.existing_uri
+
+
+def dedup_index_prefix(name: str, dataset_id: str) -> str:
+    """Where a build saves its dedup index: ``indexes/<name>/<dataset id>`` in the build store."""
+    return f"indexes/{name}/{dataset_id}"
+
+
+@task(name="save-dedup-index", task_run_name=run_names.parts("dedup index: save"), cache_policy=NO_CACHE,
+      **IO_RETRIES)  # fmt: skip
+def save_index_chunk_task(ctx: dict[str, Any], indices: list[int], dataset_id: str) -> dict[str, Any]:
+    """Persist the kept documents' signatures of these parts, so a later build can drop what this dataset already
+    holds (``--set dedup.near.index_uri=<the index URI>``); the flow writes ``index.json`` after every part."""
+    records: list[dict[str, Any]] = []
+    with stage_errors("save-dedup-index"), profile.measure("save-dedup-index", records):
+        c = build_context(ctx)
+        store = c.store()
+        uri = store.uri_of(dedup_index_prefix(c.cfg.name, dataset_id))
+        kept = signatures.save_index_parts(store, c.folder("near"), indices, c.cfg.dedup.near, uri)
+    return {"kept": kept, "profile": records}
+
+
+@task(name="dedup-index-meta", task_run_name="dedup index: index.json", cache_policy=NO_CACHE, **IO_RETRIES)
+def index_meta_task(ctx: dict[str, Any], num_parts: int, dataset_id: str, docs: int) -> str:
+    """``index.json`` of the saved dedup index (its parts are all written): the index is usable from now on."""
+    with stage_errors("save-dedup-index"), profile.measure("save-dedup-index"):
+        c = build_context(ctx)
+        store = c.store()
+        uri = store.uri_of(dedup_index_prefix(c.cfg.name, dataset_id))
+        signatures.write_index_meta(store, num_parts, c.cfg.dedup.near, uri, docs)
+        return uri

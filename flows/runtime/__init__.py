@@ -1,0 +1,1 @@
+"""Plumbing: the local Prefect server, task runners, heartbeats and the reaper, logs, the profile."""

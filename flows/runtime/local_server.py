@@ -1,0 +1,307 @@
+"""The Prefect API every ``pileworks`` command talks to: the user's, or one local server kept in the background.
+
+Prefect's own default (no ``PREFECT_API_URL``) starts a temporary server inside every command: 15-25 s before the
+first line, and the runs vanish with it. Instead the first flow command starts ``prefect server start`` on
+127.0.0.1 as a detached process (SQLite under ``PREFECT_HOME``, like any Prefect server) and records it in
+``<PREFECT_HOME>/pileworks-server.json``; later commands find it there and start in about a second, runs persist,
+and the UI stays one URL away. ``pileworks server start|stop|status`` manages it by hand.
+
+A ``PREFECT_API_URL`` from the environment, a Prefect profile or a test harness always wins; when it does not
+answer, :func:`resolve_api` fails at once with one line, before any flow starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pipeline.errors import PileworksError
+
+STATE_FILE = "pileworks-server.json"
+LOG_FILE = "pileworks-server.log"
+PREFERRED_PORT = 4200
+STARTUP_TIMEOUT_S = 180.0  # a fresh SQLite database migrates first: 20-70 s on a loaded 2-core machine
+HEALTH_TIMEOUT_S = 3.0
+
+
+# Prefect's server polls its background-task queue (docket) every 250 ms and runs most housekeeping services
+# every 5 s: about 8% of a core while idle on a 2-core machine (measured), which every build pays as
+# orchestration. The local server is one user's: with these it idles at about 4%, and a run is marked late, a
+# pause expires or a lease is revoked up to 30 s later than Prefect's defaults would. Settings the user exported
+# win.
+QUIET_SERVER_SETTINGS = {
+    f"PREFECT_SERVER_SERVICES_{name}": "30"
+    for name in (
+        "LATE_RUNS_LOOP_SECONDS", "PAUSE_EXPIRATIONS_LOOP_SECONDS", "CLEANUP_RECONCILER_LOOP_SECONDS",
+        "SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS", "REPOSSESSOR_LOOP_SECONDS", "FOREMAN_LOOP_SECONDS",
+    )
+}  # fmt: skip
+SERVER_MODULE = "flows.runtime.local_server"  # `python -m` this module starts the server (:func:`serve`)
+
+
+class PrefectApiUnavailable(PileworksError, RuntimeError):
+    """The configured Prefect API does not answer, or the local server could not start."""
+
+
+@dataclass(frozen=True)
+class ServerState:
+    pid: int
+    port: int
+    home: str
+    started_at: float
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_url(self) -> str:
+        return f"{self.url}/api"
+
+
+@dataclass(frozen=True)
+class Api:
+    url: str  # the API, ending in /api
+    ui_url: str | None  # where a person looks at runs
+    source: str  # "PREFECT_API_URL" | "local server" | "started local server"
+
+    def run_url(self, flow_run_id: str | None) -> str | None:
+        return f"{self.ui_url}/runs/flow-run/{flow_run_id}" if self.ui_url and flow_run_id else None
+
+
+def healthy(api_url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout_s) as resp:
+            return bool(resp.status == 200)
+    except (OSError, ValueError):
+        return False
+
+
+def prefect_home() -> Path:
+    from prefect.settings import get_current_settings
+
+    return Path(get_current_settings().home).expanduser()
+
+
+def configured_api_url() -> str | None:
+    """The API URL Prefect would use (environment, profile, or a test harness's temporary settings)."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    return str(url) if url else None
+
+
+def read_state(home: Path) -> ServerState | None:
+    try:
+        return ServerState(**json.loads((home / STATE_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _is_our_server(state: ServerState) -> bool:
+    """The recorded pid still runs ``prefect server start`` (a pid may be reused by anything after a reboot)."""
+    import psutil
+
+    try:
+        cmdline = " ".join(psutil.Process(state.pid).cmdline())
+    except (psutil.Error, OSError):
+        return False
+    # started by `prefect server start` or by :func:`serve`
+    ours = "prefect" in cmdline or SERVER_MODULE in cmdline
+    return ours and "server" in cmdline and str(state.port) in cmdline
+
+
+def _free_port(preferred: int = PREFERRED_PORT) -> int:
+    for port in (preferred, 0):
+        with socket.socket() as sock, contextlib.suppress(OSError):
+            sock.bind(("127.0.0.1", port))
+            return int(sock.getsockname()[1])
+    raise PrefectApiUnavailable("no free TCP port on 127.0.0.1 for the local Prefect server")
+
+
+@contextlib.contextmanager
+def _locked(home: Path) -> Iterator[None]:
+    """One command at a time decides whether to start the server (two commands at once must not start two)."""
+    home.mkdir(parents=True, exist_ok=True)
+    with (home / f"{STATE_FILE}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def server_status(home: Path | None = None) -> tuple[ServerState | None, bool]:
+    """The recorded local server (or None) and whether it answers."""
+    home = home or prefect_home()
+    state = read_state(home)
+    if state is None or not _is_our_server(state):
+        return None, False
+    return state, healthy(state.api_url)
+
+
+def start_server(
+    home: Path | None = None, on_wait: Callable[[str], None] | None = None, port: int = PREFERRED_PORT
+) -> ServerState:
+    """Start the local server detached (its own session, so it outlives this command); reuse a running one.
+
+    ``port`` is tried first (4200, Prefect's usual), else any free port."""
+    home = home or prefect_home()
+    with _locked(home):
+        state, ok = server_status(home)
+        if state is not None:
+            if not ok:
+                _wait_healthy(state, on_wait)  # another command started it a moment ago
+            return state
+        port = _free_port(port)
+        env = QUIET_SERVER_SETTINGS | {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+        env |= {
+            "PREFECT_HOME": str(home),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            # the UI asks the API here, which otherwise defaults to port 4200, not --port
+            "PREFECT_SERVER_UI_API_URL": f"http://127.0.0.1:{port}/api",
+        }
+        cmd = [sys.executable, "-m", SERVER_MODULE, "server", "start", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+        with (home / LOG_FILE).open("ab") as log:
+            proc = subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, cwd=home,
+            )  # fmt: skip
+        state = ServerState(pid=proc.pid, port=port, home=str(home), started_at=time.time())
+        (home / STATE_FILE).write_text(json.dumps(asdict(state)))
+        try:
+            _wait_healthy(state, on_wait, proc)
+        except BaseException:
+            _stop(state)
+            raise
+        return state
+
+
+def _wait_healthy(
+    state: ServerState,
+    on_wait: Callable[[str], None] | None,
+    proc: subprocess.Popen | None = None,
+    timeout_s: float = STARTUP_TIMEOUT_S,
+) -> None:
+    if on_wait is not None:
+        on_wait(f"starting the local Prefect server at {state.url} (first command only)")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if healthy(state.api_url, timeout_s=2.0):
+            return
+        if proc is not None and proc.poll() is not None:
+            raise PrefectApiUnavailable(
+                f"the local Prefect server exited with code {proc.returncode}; "
+                f"see {Path(state.home) / LOG_FILE}"
+            )
+        time.sleep(0.5)
+    raise PrefectApiUnavailable(
+        f"the local Prefect server did not answer within {timeout_s:.0f} s; "
+        f"see {Path(state.home) / LOG_FILE}, or run `pileworks server stop` and retry"
+    )
+
+
+def _stop(state: ServerState, grace_s: float = 20.0) -> None:
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(state.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _is_our_server(state):
+            time.sleep(0.2)
+        if not _is_our_server(state):
+            break
+    with contextlib.suppress(FileNotFoundError):
+        (Path(state.home) / STATE_FILE).unlink()
+
+
+def stop_server(home: Path | None = None) -> ServerState | None:
+    """Stop the recorded local server; returns what was stopped (None when none ran)."""
+    home = home or prefect_home()
+    with _locked(home):
+        state, _ = server_status(home)
+        if state is None:
+            with contextlib.suppress(FileNotFoundError):
+                (home / STATE_FILE).unlink()
+            return None
+        _stop(state)
+        return state
+
+
+def resolve_api(start: bool = True, on_wait: Callable[[str], None] | None = None) -> Api:
+    """The API for this command: the configured one when it answers, else the local server (started if need be).
+
+    Raises :class:`PrefectApiUnavailable` at once for a configured API that does not answer: a flow would only
+    time out on it later.
+    """
+    # The environment first: a dead PREFECT_API_URL fails before prefect (seconds of imports) is even loaded.
+    url = os.environ.get("PREFECT_API_URL") or configured_api_url()
+    if url:
+        if "api.prefect.cloud" not in url and not healthy(url):  # Prefect Cloud: the client checks its key
+            raise PrefectApiUnavailable(
+                f"the Prefect API at {url} does not answer; start that server, or unset PREFECT_API_URL "
+                "to use pileworks' local server"
+            )
+        return Api(url=url, ui_url=_ui_url(url), source="PREFECT_API_URL")
+    state, ok = server_status()
+    if state is not None and ok:
+        return Api(url=state.api_url, ui_url=state.url, source="local server")
+    if not start:
+        raise PrefectApiUnavailable("no Prefect server runs; start one with `pileworks server start`")
+    state = start_server(on_wait=on_wait)
+    return Api(url=state.api_url, ui_url=state.url, source="started local server")
+
+
+def _ui_url(api_url: str) -> str | None:
+    from prefect.settings import get_current_settings
+
+    ui = get_current_settings().ui_url
+    if ui:
+        return str(ui).rstrip("/")
+    return api_url[: -len("/api")] if api_url.rstrip("/").endswith("/api") else None
+
+
+@contextlib.contextmanager
+def using_api(api: Api) -> Iterator[Api]:
+    """Run the enclosed flows against ``api`` (Prefect reads its settings once; the env is too late for it)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if api.source == "PREFECT_API_URL":
+        yield api
+        return
+    before = os.environ.get("PREFECT_API_URL")
+    with temporary_settings(updates={PREFECT_API_URL: api.url}):
+        os.environ["PREFECT_API_URL"] = api.url  # subprocesses (Dask workers, the training ranks) follow it
+        try:
+            yield api
+        finally:
+            if before is None:
+                os.environ.pop("PREFECT_API_URL", None)
+            else:
+                os.environ["PREFECT_API_URL"] = before
+
+
+def serve(argv: list[str]) -> None:
+    """``prefect <argv>`` (``server start ...``) in this process, with the settings the caller put in its
+    environment (:data:`QUIET_SERVER_SETTINGS`). Prefect's background-task worker (docket) keeps its own poll
+    interval (250 ms): neither Prefect nor docket offers a setting for it, and we do not replace their code."""
+    from prefect.cli import app
+
+    sys.argv = ["prefect", *argv]
+    app()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1:])

@@ -1,0 +1,117 @@
+"""build_corpus end to end under Prefect: outputs, determinism, incremental rebuilds, failure and rerun."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.manifest import load_manifest
+from tests.flows.tiny_corpus import TINY_OVERRIDES
+
+pytestmark = pytest.mark.slow
+
+
+def _build(tiny_corpus: Path, out: Path, **extra):
+    from flows.build.flow import build_corpus
+
+    return build_corpus(inputs=[str(tiny_corpus)], output=str(out), overrides=TINY_OVERRIDES | extra)
+
+
+def _docs_in(folder: Path) -> int:
+    return sum(len(p.read_text().splitlines()) for p in folder.glob("*.jsonl"))
+
+
+def test_build_tiny_corpus_publishes_a_consistent_dataset(
+    prefect_harness, tiny_corpus: Path, tmp_path: Path
+) -> None:
+    summary = _build(tiny_corpus, tmp_path / "store")
+    manifest, _ = load_manifest(summary["manifest_uri"], None)
+    assert summary["dataset_id"] == manifest.dataset_id
+    assert summary["docs_in"] == _docs_in(tiny_corpus)
+    assert summary["exact_duplicates"] == 1
+    assert summary["near_duplicates"] == 1
+    assert sum(s.docs for s in manifest.shards) == summary["docs_out"]
+    assert manifest.stats["ingest"]["docs_out"] == _docs_in(tiny_corpus)
+    run_id = manifest.lineage["prefect_flow_run_id"]
+    assert run_id
+    from prefect.client.orchestration import get_client
+
+    from flows.runtime.heartbeat import Beat
+
+    with get_client(sync_client=True) as client:
+        labels = client.read_flow_run(run_id).labels
+    assert Beat.from_labels(run_id, labels) is not None, "build_corpus must write heartbeats for the reaper"
+    assert (tmp_path / "store" / "indexes" / "tiny" / manifest.dataset_id / "index.json").is_file()
+    assert summary["dedup_index_uri"].endswith(f"indexes/tiny/{manifest.dataset_id}")
+    latest = json.loads((tmp_path / "store" / "datasets" / "tiny" / "latest.json").read_text())
+    assert latest["dataset_id"] == manifest.dataset_id
+
+
+def test_rebuild_is_incremental(prefect_harness, tiny_corpus: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    cold = _build(tiny_corpus, store)
+    parts = cold["reused_units"]["ingest"][1]
+    assert parts >= 4 and cold["reused_units"]["ingest"][0] == 0
+
+    same = _build(tiny_corpus, store)
+    assert same["dataset_id"] == cold["dataset_id"]
+    assert all(reused == total for reused, total in same["reused_units"].values())
+
+    changed = tiny_corpus / "part-1.jsonl"
+    lines = changed.read_text().splitlines()
+    changed.write_text("\n".join(lines[:-1]) + "\n")  # one document fewer in one file
+    warm = _build(tiny_corpus, store)
+    assert warm["dataset_id"] != cold["dataset_id"]
+    reused, total = warm["reused_units"]["ingest"]
+    assert total == parts and reused >= total - 2, warm[
+        "reused_units"
+    ]  # only the changed file's part(s) redone
+    assert warm["reused_units"]["signatures"][0] >= total - 2
+    assert warm["docs_in"] == cold["docs_in"] - 1
+
+
+def test_same_inputs_same_dataset_id_in_a_fresh_store(
+    prefect_harness, tiny_corpus: Path, tmp_path: Path
+) -> None:
+    a = _build(tiny_corpus, tmp_path / "a")
+    b = _build(tiny_corpus, tmp_path / "b")
+    assert a["dataset_id"] == b["dataset_id"]
+    for sa, sb in zip(a["shard_table"], b["shard_table"], strict=True):
+        assert sa["sha256"] == sb["sha256"]
+
+
+def test_a_failed_build_names_the_stage_and_a_rerun_resumes(
+    prefect_harness, tiny_corpus: Path, tmp_path: Path
+) -> None:
+    from prefect.states import State
+
+    from flows.build.flow import build_corpus
+
+    out = tmp_path / "store"
+    state: State = build_corpus(
+        inputs=[str(tiny_corpus)], output=str(out),
+        overrides=TINY_OVERRIDES | {"tokenize.tokenizer": str(tmp_path / "missing-tokenizer.json")},
+        return_state=True,
+    )  # fmt: skip
+    assert state.is_failed()
+    assert "tokenizer" in state.message.lower()
+    done_before = sorted(p.name for p in out.rglob("clean/part-*.done"))
+    assert done_before, "the stages before the failure must have completed their units"
+    summary = _build(tiny_corpus, out)
+    assert summary["reused_units"]["clean"][0] == summary["reused_units"]["clean"][1]
+
+
+def test_parts_are_dealt_round_robin_and_gathered_back_in_order() -> None:
+    """A pass's chunk tasks get every C-th part (neighbouring parts, which cost alike, go to different tasks),
+    at most ``size`` each, and their results come back in part order; task runs are named after their parts."""
+    from flows.build.tasks import chunks, unchunk
+
+    for n, size in [(0, 4), (1, 4), (7, 3), (100, 13), (12, 12), (5, 1)]:
+        items = list(range(n))
+        dealt = chunks(items, size)
+        assert len(dealt) == -(-n // size) and all(0 < len(c) <= size for c in dealt)
+        assert sorted(i for c in dealt for i in c) == items and unchunk(dealt) == items
+        assert all(c == items[k :: len(dealt)] for k, c in enumerate(dealt))
+    assert chunks(list(range(10)), 4) == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]

@@ -1,0 +1,95 @@
+"""The background Prefect server: started once, found again by later commands, stopped; a dead API fails fast."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.runtime.local_server import (
+    PrefectApiUnavailable,
+    read_state,
+    resolve_api,
+    server_status,
+    start_server,
+    stop_server,
+)
+from tests.flows.prefect_server import free_port
+
+
+@pytest.fixture
+def private_home(tmp_path: Path):
+    """A private PREFECT_HOME and no configured API, whatever the developer's profile says."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    home = tmp_path / "prefect-home"
+    with temporary_settings(updates={PREFECT_HOME: str(home)}, restore_defaults={PREFECT_API_URL}):
+        yield home
+    stop_server(home)  # whatever a failed assertion left running
+
+
+def test_a_dead_configured_api_fails_at_once_with_one_line() -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    dead = f"http://127.0.0.1:{free_port()}/api"
+    started = time.monotonic()
+    with temporary_settings(updates={PREFECT_API_URL: dead}), pytest.raises(PrefectApiUnavailable) as info:
+        resolve_api()
+    assert time.monotonic() - started < 5
+    message = str(info.value)
+    assert dead in message and "unset PREFECT_API_URL" in message and "\n" not in message
+
+
+def test_no_server_and_no_start_says_how_to_start_one(private_home: Path) -> None:
+    with pytest.raises(PrefectApiUnavailable, match="pileworks server start"):
+        resolve_api(start=False)
+
+
+USER_SET = "PREFECT_SERVER_SERVICES_LATE_RUNS_LOOP_SECONDS"
+
+
+@pytest.mark.slow
+def test_the_local_server_is_started_once_reused_and_stopped(
+    private_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(USER_SET, "7")
+    port = free_port()
+    waits: list[str] = []
+    state = start_server(private_home, on_wait=waits.append, port=port)
+    assert state.port == port and waits and state.url in waits[0]
+    assert read_state(private_home) == state
+    api = resolve_api()  # a later command: finds the recorded server, starts nothing
+    assert (api.url, api.source) == (f"http://127.0.0.1:{port}/api", "local server")
+    assert api.run_url("abc") == f"http://127.0.0.1:{port}/runs/flow-run/abc"
+    assert start_server(private_home, port=free_port()) == state  # already running: reused
+    import psutil
+
+    from flows.runtime.local_server import QUIET_SERVER_SETTINGS, SERVER_MODULE
+
+    server = psutil.Process(state.pid)
+    assert SERVER_MODULE in " ".join(server.cmdline())  # serve(): docket polling every 2 s
+    env = server.environ()
+    assert all(env[k] == v for k, v in QUIET_SERVER_SETTINGS.items() if k != USER_SET)
+    assert env[USER_SET] == "7"  # a setting the user exported wins
+    assert stop_server(private_home) == state
+    assert server_status(private_home) == (None, False)
+    assert read_state(private_home) is None
+    assert stop_server(private_home) is None  # nothing left to stop
+
+
+def test_serve_runs_prefects_cli_and_leaves_dockets_worker_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``serve`` runs Prefect's CLI with the given arguments and replaces nothing of docket's (its Worker keeps
+    its own defaults)."""
+    import prefect.cli
+    from docket.worker import Worker
+
+    from flows.runtime import local_server
+
+    init = Worker.__init__
+    ran: list[list[str]] = []
+    monkeypatch.setattr(prefect.cli, "app", lambda: ran.append(list(local_server.sys.argv)))
+    monkeypatch.setattr(local_server.sys, "argv", ["x"])
+    local_server.serve(["server", "start", "--port", "1"])
+    assert ran == [["prefect", "server", "start", "--port", "1"]]
+    assert Worker.__init__ is init
