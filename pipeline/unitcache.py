@@ -80,3 +80,44 @@ def record(store: ObjectStore, stage: str, key: str, folder: str, index: int) ->
 def content_hash(store: ObjectStore, key: str) -> str:
     """sha256 of one small object (drop lists, boilerplate sets), part of downstream unit keys."""
     return hashlib.sha256(store.get_bytes(key)).hexdigest()[:24] if store.exists(key) else "none"
+
+
+# ---------------------------------------------------------------- the key policy: what each stage's unit reads
+
+
+def _only(section: dict[str, Any], *fields: str) -> dict[str, Any]:
+    return {f: section[f] for f in fields}
+
+
+def _without(section: dict[str, Any], *fields: str) -> dict[str, Any]:
+    return {k: v for k, v in section.items() if k not in fields}
+
+
+def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The config fields a per-part step reads, and nothing else: a unit's key holds exactly these, so changing
+    any other field (the near-dedup threshold, the boilerplate frequency, the shard size) reuses the unit."""
+    clean, near, tok = config["clean"], config["dedup"]["near"], config["tokenize"]
+    bp = clean["boilerplate"]
+    normalise = _without(clean, "boilerplate", "quality", "langid")  # what ingest normalises with
+    if stage == "ingest":  # a source's per-source overrides change what its documents become
+        return {"ingest": config["ingest"], "sources": config["sources"]} | normalise
+    if stage == "boilerplate":  # hashes the long lines of the normalised text
+        return {"min_line_chars": bp["min_line_chars"]}
+    if stage == "clean":  # the repeated-line set itself is keyed by its content hash
+        return {
+            "langid": clean["langid"],
+            "quality": clean["quality"],
+            "boilerplate": _without(bp, "min_docs", "min_fraction"),
+            "sources": config["sources"],
+        }
+    if stage == "signatures":
+        return _only(near, "num_perm", "seed", "ngram", "shingle", "hash", "scheme")
+    if stage == "decontam":  # the eval-set index itself is keyed by its content hash
+        return config["decontam"]
+    if stage == "tokenize":  # the tokenizer itself is keyed by its content hash
+        return _only(tok, "eos_token")
+    if stage == "split-count":  # which documents are valid: the split rule
+        return _only(config["shard"], "valid_fraction", "seed")
+    if stage in ("exact-hash", "exact-filter", "near-filter"):
+        return {}
+    raise ValueError(f"no unit config for stage {stage!r}")

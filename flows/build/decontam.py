@@ -13,8 +13,9 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.build.context import IO_RETRIES, build_context, stage_errors
 from flows.build.passes import Passes
-from flows.build.tasks import IO_RETRIES, build_context, one_step_chunk, stage_errors
+from flows.build.tasks import one_step_chunk
 from flows.runtime import profile
 from flows.ui import run_names
 from pipeline import decontam, unitcache

@@ -16,15 +16,13 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows.build.context import BuildContext, build_context
 from flows.build.decontam import run_decontam
 from flows.build.passes import Passes
+from flows.build.plan import chunks, parts_per_task
 from flows.build.tasks import (
-    BuildContext,
-    StageFailed,
-    build_context,
     bands_task,
     boilerplate_merge_task,
-    chunks,
     clean_chunk_task,
     clusters_task,
     commit_task,
@@ -36,7 +34,6 @@ from flows.build.tasks import (
     manifest_task,
     near_filter_chunk_task,
     near_plan_task,
-    parts_per_task,
     plan_inputs,
     publish_shards_task,
     save_index_chunk_task,
@@ -44,7 +41,6 @@ from flows.build.tasks import (
     signatures_chunk_task,
     tokenize_chunk_task,
     tokenizer_task,
-    unit_config,
     write_shards_task,
 )
 from flows.runtime.heartbeat import with_heartbeat
@@ -55,6 +51,7 @@ from flows.ui.progress import stage_progress
 from pipeline import unitcache
 from pipeline.clean.stage import missing_kernels
 from pipeline.corpus_config import CorpusConfig, load_corpus_config
+from pipeline.errors import StageFailed
 from pipeline.manifest import MANIFEST_KEY, dataset_prefix
 from pipeline.storage import open_store
 from pipeline.storage.s3 import abort_recorded_uploads
@@ -79,7 +76,7 @@ def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]], plans: list[dict[
 def ingest_keys(cfg: CorpusConfig, plans: list[dict[str, Any]], inputs: list[dict[str, Any]]) -> list[str]:
     """A part's key: its plan plus the fingerprint (size, ETag/mtime) of every object it reads."""
     fp = {i["uri"]: [i["size"], i["etag"]] for i in inputs}
-    ing = unit_config("ingest", cfg.to_dict())
+    ing = unitcache.unit_config("ingest", cfg.to_dict())
     return [
         unitcache.unit_key("ingest", p["pieces"], [fp.get(x["uri"]) for x in p["pieces"]], ing) for p in plans
     ]

@@ -9,7 +9,8 @@ from typing import Any
 from prefect import unmapped
 from prefect.futures import as_completed
 
-from flows.build.tasks import build_context, chunks, unchunk
+from flows.build.context import build_context
+from flows.build.plan import chunks, unchunk
 from flows.runtime.profile import BuildProfile
 from flows.ui.progress import stage_progress
 from pipeline.units import StageStats, mark_stage_success

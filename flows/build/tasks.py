@@ -1,20 +1,17 @@
 """The tasks of ``build_corpus``: small serialisable arguments in (a :class:`BuildContext` dict and a part
 index), JSON stats and unit keys out; the data stays in the store under ``work/<build_key>/``.
 
-Per-part tasks go through :func:`_unit`, which restores a unit from an earlier build when its key matches
+Per-part tasks go through :func:`flows.build.context.run_unit`, which restores a unit from an earlier build when its key matches
 (``pipeline/unitcache.py``) and names the stage and part when it fails. I/O tasks retry with backoff; CPU tasks
 do not (a deterministic failure would only fail again).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ import numpy as np
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.build.context import IO_RETRIES, BuildContext, build_context, run_unit, stage_errors
 from flows.runtime import profile
 from flows.runtime.runners import release_free_memory
 from flows.ui import run_names
@@ -30,9 +28,8 @@ from pipeline import publish, tokenize, unitcache
 from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
 from pipeline.clean.normalize import normalizer
-from pipeline.corpus_config import CorpusConfig, config_from_dict
+from pipeline.corpus_config import config_from_dict
 from pipeline.dedup import candidates, clusters, exact, near, signatures
-from pipeline.errors import StageFailed
 from pipeline.ingest import config as ingest_config
 from pipeline.ingest import stage as ingest
 from pipeline.manifest import (
@@ -44,151 +41,12 @@ from pipeline.manifest import (
     upload_verified,
 )
 from pipeline.sources import mixture_from_runs
-from pipeline.storage import ObjectStore, open_store
-from pipeline.storage.retry import is_permanent
-from pipeline.storage.uploads import UploadJournal
+from pipeline.storage import ObjectStore
 from pipeline.units import StageStats, merged_stats, part_name
 
 
-def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
-    """Prefect's retry condition: a whole-unit retry for transient trouble only; a missing input, missing
-    credentials, access denied, a missing bucket, a bad config or a full disk fail the run at once."""
-    return not is_permanent(state.result(raise_on_failure=False))
-
-
-# Each S3 call already retries its own transient errors (pipeline.storage.retry); these are for whole units.
-IO_RETRIES: dict[str, Any] = dict(
-    retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=_worth_retrying
-)
-
-
-@dataclass(frozen=True)
-class BuildContext:
-    """What every task needs to find its inputs: the store, the work folder and the resolved config."""
-
-    store_uri: str
-    work: str
-    config: dict[str, Any]
-    parts: int = 0  # how many parts the build has (task run names say "parts 1-8/12")
-
-    @property
-    def cfg(self) -> CorpusConfig:
-        return _parsed_config(json.dumps(self.config, sort_keys=True))
-
-    def store(self) -> ObjectStore:
-        store = open_store(self.store_uri, self.cfg.s3)
-        store.uploads = UploadJournal(store)  # multipart uploads recorded in work/uploads until they end
-        return store
-
-    def folder(self, name: str) -> str:
-        return f"{self.work}/{name}"
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@functools.lru_cache(maxsize=8)
-def _parsed_config(config_json: str) -> CorpusConfig:
-    """Each process parses a build's config once (about 15 ms), not once per task and step."""
-    return config_from_dict(json.loads(config_json))
-
-
-def build_context(data: dict[str, Any]) -> BuildContext:
-    return BuildContext(**data)
-
-
-# ---------------------------------------------------------------- failures name the stage and the part
-
-
-@contextlib.contextmanager
-def stage_errors(stage: str, part: int | None = None) -> Iterator[None]:
-    try:
-        yield
-    except StageFailed:
-        raise
-    except Exception as exc:
-        where = f"stage {stage!r}" + (f" part {part}" if part is not None else "")
-        raise StageFailed(f"{where} failed: {type(exc).__name__}: {exc}") from exc
-
-
-# ---------------------------------------------------------------- per-part units (cached across builds)
-
-
-def _unit(store: ObjectStore, stage: str, key: str, folder: str, index: int, run: Any) -> dict[str, Any]:
-    """Restore the unit from an earlier build when its key matches, else run it; then register it."""
-    with stage_errors(stage, index):
-        records: list[dict[str, Any]] = []
-        with profile.measure(stage, records):
-            reused = unitcache.restore(store, stage, key, folder, index)
-            stats = run(store)
-            unitcache.record(store, stage, key, folder, index)
-    return {"stats": stats.to_json(), "key": key, "reused": reused, "profile": records}
-
-
-def _only(section: dict[str, Any], *fields: str) -> dict[str, Any]:
-    return {f: section[f] for f in fields}
-
-
-def _without(section: dict[str, Any], *fields: str) -> dict[str, Any]:
-    return {k: v for k, v in section.items() if k not in fields}
-
-
-def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
-    """The config fields a per-part step reads, and nothing else: a unit's key holds exactly these, so changing
-    any other field (the near-dedup threshold, the boilerplate frequency, the shard size) reuses the unit."""
-    clean, near, tok = config["clean"], config["dedup"]["near"], config["tokenize"]
-    bp = clean["boilerplate"]
-    normalise = _without(clean, "boilerplate", "quality", "langid")  # what ingest normalises with
-    if stage == "ingest":  # a source's per-source overrides change what its documents become
-        return {"ingest": config["ingest"], "sources": config["sources"]} | normalise
-    if stage == "boilerplate":  # hashes the long lines of the normalised text
-        return {"min_line_chars": bp["min_line_chars"]}
-    if stage == "clean":  # the repeated-line set itself is keyed by its content hash
-        return {
-            "langid": clean["langid"],
-            "quality": clean["quality"],
-            "boilerplate": _without(bp, "min_docs", "min_fraction"),
-            "sources": config["sources"],
-        }
-    if stage == "signatures":
-        return _only(near, "num_perm", "seed", "ngram", "shingle", "hash", "scheme")
-    if stage == "decontam":  # the eval-set index itself is keyed by its content hash
-        return config["decontam"]
-    if stage == "tokenize":  # the tokenizer itself is keyed by its content hash
-        return _only(tok, "eos_token")
-    if stage == "split-count":  # which documents are valid: the split rule
-        return _only(config["shard"], "valid_fraction", "seed")
-    if stage in ("exact-hash", "exact-filter", "near-filter"):
-        return {}
-    raise ValueError(f"no unit config for stage {stage!r}")
-
-
 def _unit_key(c: BuildContext, stage: str, upstream: str, *inputs: Any) -> str:
-    return unitcache.unit_key(stage, upstream, unit_config(stage, c.config), *inputs)
-
-
-def chunks(items: list[Any], size: int) -> list[list[Any]]:
-    """``items`` dealt round-robin into as few chunks as hold at most ``size`` each: chunk k of C holds items k,
-    k + C, k + 2C... Neighbouring parts come from the same inputs and cost alike (a run of repetitive or CJK
-    files, say), so dealing them out gives every chunk task a like mix and the workers of a pass finish
-    together instead of one waiting on the chunk of costly parts. :func:`unchunk` restores the order."""
-    count = -(-len(items) // size)
-    return [items[k::count] for k in range(count)]
-
-
-def unchunk(chunked: list[list[Any]]) -> list[Any]:
-    """The items of :func:`chunks` back in their order."""
-    out: list[Any] = [None] * sum(map(len, chunked))
-    for k, chunk in enumerate(chunked):
-        out[k :: len(chunked)] = chunk
-    return out
-
-
-def parts_per_task(num_parts: int, workers: int, max_parts: int = 64, per_worker: int = 4) -> int:
-    """Parts per task: about ``per_worker`` tasks per worker in each pass (four for the heavy passes, so a
-    slow task does not leave the others idle at the end), never more than ``max_parts`` (64 parts of the
-    default 4 MiB: ~256 MiB per task), so a 100 GB build has a few hundred tasks per pass, not one per part."""
-    return max(1, min(max_parts, -(-num_parts // (per_worker * max(1, workers)))))
+    return unitcache.unit_key(stage, upstream, unitcache.unit_config(stage, c.config), *inputs)
 
 
 @task(name="plan-inputs", task_run_name="plan inputs", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -244,12 +102,12 @@ def ingest_chunk_task(
     ing, bp = c.folder("ingest"), c.folder("boilerplate")
     for plan, key in zip(plans, keys, strict=True):
         part, written = ingest_config.PartPlan.from_json(plan), _Written(normalizer(cfg.clean))
-        units = {"ingest": _unit(store, "ingest", key, ing, part.index,
+        units = {"ingest": run_unit(store, "ingest", key, ing, part.index,
                                  partial(ingest.run_ingest_part, out_folder=ing, plan=part, cfg=cfg.ingest, s3=cfg.s3,
                                          sources=cfg.resolved_sources(), normalize=written))}  # fmt: skip
         # the texts ingest just wrote, unless the part was already done (restored or resumed: nothing passed by)
         texts = written.texts if len(written.texts) == units["ingest"]["stats"]["docs_out"] else None
-        units["boilerplate"] = _unit(store, "boilerplate", _unit_key(c, "boilerplate", key), bp, part.index,
+        units["boilerplate"] = run_unit(store, "boilerplate", _unit_key(c, "boilerplate", key), bp, part.index,
                                      partial(boilerplate.run_boilerplate_count_part, in_folder=ing, out_folder=bp,
                                              index=part.index, cfg=cfg.clean, texts=texts))  # fmt: skip
         out.append(units)
@@ -267,12 +125,12 @@ def clean_chunk_task(
     bp_hash = unitcache.content_hash(store, boilerplate_key)
     for index, up in zip(indices, upstream, strict=True):
         key = _unit_key(c, "clean", up, bp_hash)
-        units = {"clean": _unit(store, "clean", key, c.folder("clean"), index,
+        units = {"clean": run_unit(store, "clean", key, c.folder("clean"), index,
                                 partial(clean.run_clean_part, in_folder=c.folder("ingest"),
                                         out_folder=c.folder("clean"), index=index, cfg=cfg.clean, boilerplate_key=bp,
                                         sources=cfg.resolved_sources()))}  # fmt: skip
         if cfg.dedup.exact.enabled:
-            units["exact-hash"] = _unit(store, "exact-hash", _unit_key(c, "exact-hash", key), c.folder("exact/hash"),
+            units["exact-hash"] = run_unit(store, "exact-hash", _unit_key(c, "exact-hash", key), c.folder("exact/hash"),
                                         index, partial(exact.run_exact_hash_part, in_folder=c.folder("clean"),
                                                        hash_folder=c.folder("exact/hash"), index=index))  # fmt: skip
         out.append(units)
@@ -294,14 +152,14 @@ def signatures_chunk_task(
         units, folder = {}, c.folder("clean")
         if cfg.dedup.exact.enabled:
             drop = unitcache.content_hash(store, f"{c.folder('exact/drop')}/{part_name(index)}.npy")
-            units["exact dedup"] = _unit(store, "exact dedup", _unit_key(c, "exact-filter", up, drop),
+            units["exact dedup"] = run_unit(store, "exact dedup", _unit_key(c, "exact-filter", up, drop),
                                          c.folder("exact/out"), index,
                                          partial(exact.run_exact_filter_part, in_folder=folder,
                                                  out_folder=c.folder("exact/out"), index=index,
                                                  drop_folder=c.folder("exact/drop")))  # fmt: skip
             up, folder = units["exact dedup"]["key"], c.folder("exact/out")
         if cfg.dedup.near.enabled:
-            units["signatures"] = _unit(store, "signatures", _unit_key(c, "signatures", up),
+            units["signatures"] = run_unit(store, "signatures", _unit_key(c, "signatures", up),
                                         c.folder("near/signatures"), index,
                                         partial(signatures.run_signatures_part, in_folder=folder,
                                                 out_folder=c.folder("near/signatures"), index=index, cfg=cfg.dedup.near))  # fmt: skip
@@ -323,7 +181,7 @@ def one_step_chunk(
     """A chunk task of one step per part: each part's unit keyed by its upstream key and ``extra(store, index)`` (the
     content hash of what the step reads besides its part), run as ``run_part(store, index=...)``."""
     return [
-        {step: _unit(store, step, _unit_key(c, key_stage, up, extra(store, index)), out_folder, index,
+        {step: run_unit(store, step, _unit_key(c, key_stage, up, extra(store, index)), out_folder, index,
                      partial(run_part, index=index))}
         for index, up in zip(indices, upstream, strict=True)
     ]  # fmt: skip
@@ -359,7 +217,7 @@ def tokenize_chunk_task(
         lambda store, index: tok_hash,
     )  # fmt: skip
     for index, units in zip(indices, out, strict=True):
-        units["split counts"] = _unit(store, "split counts", _unit_key(c, "split-count", units["tokenize"]["key"]),
+        units["split counts"] = run_unit(store, "split counts", _unit_key(c, "split-count", units["tokenize"]["key"]),
                                       c.folder("split-counts"), index,
                                       partial(publish.run_split_count_part, token_folder=c.folder("tokens"),
                                               out_folder=c.folder("split-counts"), index=index, shard_cfg=c.cfg.shard))  # fmt: skip

@@ -137,7 +137,8 @@ def test_prefect_retries_only_what_may_succeed() -> None:
 
     from prefect.states import Failed
 
-    from flows.build.tasks import StageFailed, _worth_retrying
+    from flows.build.context import _worth_retrying
+    from pipeline.errors import StageFailed
     from pipeline.storage import StorageError
     from pipeline.storage.retry import PermanentStorageError
 

@@ -101,17 +101,3 @@ def test_a_failed_build_names_the_stage_and_a_rerun_resumes(
     assert done_before, "the stages before the failure must have completed their units"
     summary = _build(tiny_corpus, out)
     assert summary["reused_units"]["clean"][0] == summary["reused_units"]["clean"][1]
-
-
-def test_parts_are_dealt_round_robin_and_gathered_back_in_order() -> None:
-    """A pass's chunk tasks get every C-th part (neighbouring parts, which cost alike, go to different tasks),
-    at most ``size`` each, and their results come back in part order; task runs are named after their parts."""
-    from flows.build.tasks import chunks, unchunk
-
-    for n, size in [(0, 4), (1, 4), (7, 3), (100, 13), (12, 12), (5, 1)]:
-        items = list(range(n))
-        dealt = chunks(items, size)
-        assert len(dealt) == -(-n // size) and all(0 < len(c) <= size for c in dealt)
-        assert sorted(i for c in dealt for i in c) == items and unchunk(dealt) == items
-        assert all(c == items[k :: len(dealt)] for k, c in enumerate(dealt))
-    assert chunks(list(range(10)), 4) == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]

@@ -1,0 +1,96 @@
+"""What every build task shares: the :class:`BuildContext` it receives (the store, the work folder, the resolved
+config), the retry policy of I/O tasks, the failure that names the stage and the part, and :func:`run_unit`, the
+per-part unit runner that reuses a unit from an earlier build when its key matches (``pipeline/unitcache.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from flows.runtime import profile
+from pipeline import unitcache
+from pipeline.corpus_config import CorpusConfig, config_from_dict
+from pipeline.errors import StageFailed
+from pipeline.storage import ObjectStore, open_store
+from pipeline.storage.retry import is_permanent
+from pipeline.storage.uploads import UploadJournal
+
+
+def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
+    """Prefect's retry condition: a whole-unit retry for transient trouble only; a missing input, missing
+    credentials, access denied, a missing bucket, a bad config or a full disk fail the run at once."""
+    return not is_permanent(state.result(raise_on_failure=False))
+
+
+# Each S3 call already retries its own transient errors (pipeline.storage.retry); these are for whole units.
+IO_RETRIES: dict[str, Any] = dict(
+    retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=_worth_retrying
+)
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What every task needs to find its inputs: the store, the work folder and the resolved config."""
+
+    store_uri: str
+    work: str
+    config: dict[str, Any]
+    parts: int = 0  # how many parts the build has (task run names say "parts 1-8/12")
+
+    @property
+    def cfg(self) -> CorpusConfig:
+        return _parsed_config(json.dumps(self.config, sort_keys=True))
+
+    def store(self) -> ObjectStore:
+        store = open_store(self.store_uri, self.cfg.s3)
+        store.uploads = UploadJournal(store)  # multipart uploads recorded in work/uploads until they end
+        return store
+
+    def folder(self, name: str) -> str:
+        return f"{self.work}/{name}"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_config(config_json: str) -> CorpusConfig:
+    """Each process parses a build's config once (about 15 ms), not once per task and step."""
+    return config_from_dict(json.loads(config_json))
+
+
+def build_context(data: dict[str, Any]) -> BuildContext:
+    return BuildContext(**data)
+
+
+# ---------------------------------------------------------------- failures name the stage and the part
+
+
+@contextlib.contextmanager
+def stage_errors(stage: str, part: int | None = None) -> Iterator[None]:
+    try:
+        yield
+    except StageFailed:
+        raise
+    except Exception as exc:
+        where = f"stage {stage!r}" + (f" part {part}" if part is not None else "")
+        raise StageFailed(f"{where} failed: {type(exc).__name__}: {exc}") from exc
+
+
+# ---------------------------------------------------------------- per-part units (cached across builds)
+
+
+def run_unit(store: ObjectStore, stage: str, key: str, folder: str, index: int, run: Any) -> dict[str, Any]:
+    """Restore the unit from an earlier build when its key matches, else run it; then register it."""
+    with stage_errors(stage, index):
+        records: list[dict[str, Any]] = []
+        with profile.measure(stage, records):
+            reused = unitcache.restore(store, stage, key, folder, index)
+            stats = run(store)
+            unitcache.record(store, stage, key, folder, index)
+    return {"stats": stats.to_json(), "key": key, "reused": reused, "profile": records}

@@ -1,0 +1,30 @@
+"""The build's fan-out arithmetic, pure functions: how many parts a task takes, and how parts are dealt to tasks
+and gathered back (tested over grids of sizes in ``tests/flows/build/test_plan.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def chunks(items: list[Any], size: int) -> list[list[Any]]:
+    """``items`` dealt round-robin into as few chunks as hold at most ``size`` each: chunk k of C holds items k,
+    k + C, k + 2C... Neighbouring parts come from the same inputs and cost alike (a run of repetitive or CJK
+    files, say), so dealing them out gives every chunk task a like mix and the workers of a pass finish
+    together instead of one waiting on the chunk of costly parts. :func:`unchunk` restores the order."""
+    count = -(-len(items) // size)
+    return [items[k::count] for k in range(count)]
+
+
+def unchunk(chunked: list[list[Any]]) -> list[Any]:
+    """The items of :func:`chunks` back in their order."""
+    out: list[Any] = [None] * sum(map(len, chunked))
+    for k, chunk in enumerate(chunked):
+        out[k :: len(chunked)] = chunk
+    return out
+
+
+def parts_per_task(num_parts: int, workers: int, max_parts: int = 64, per_worker: int = 4) -> int:
+    """Parts per task: about ``per_worker`` tasks per worker in each pass (four for the heavy passes, so a
+    slow task does not leave the others idle at the end), never more than ``max_parts`` (64 parts of the
+    default 4 MiB: ~256 MiB per task), so a 100 GB build has a few hundred tasks per pass, not one per part."""
+    return max(1, min(max_parts, -(-num_parts // (per_worker * max(1, workers)))))

@@ -1,0 +1,37 @@
+"""The build's fan-out arithmetic (``flows/build/plan.py``) over grids of sizes."""
+
+from __future__ import annotations
+
+import itertools
+
+from flows.build.plan import chunks, parts_per_task, unchunk
+
+
+def test_parts_are_dealt_round_robin_and_gathered_back_in_order() -> None:
+    """A pass's chunk tasks get every C-th part (neighbouring parts, which cost alike, go to different tasks),
+    at most ``size`` each, and their results come back in part order."""
+    for n, size in [(0, 4), (1, 4), (7, 3), (100, 13), (12, 12), (5, 1)]:
+        items = list(range(n))
+        dealt = chunks(items, size)
+        assert len(dealt) == -(-n // size) and all(0 < len(c) <= size for c in dealt)
+        assert sorted(i for c in dealt for i in c) == items and unchunk(dealt) == items
+        assert all(c == items[k :: len(dealt)] for k, c in enumerate(dealt))
+    assert chunks(list(range(10)), 4) == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+
+
+def test_parts_per_task_keeps_every_worker_busy_and_bounds_the_task() -> None:
+    """Over a grid of part and worker counts: between 1 and ``max_parts`` parts per task, every part in some task,
+    and (below the cap) the fewest parts per task that keep to ``per_worker`` tasks per worker."""
+    for parts, workers, per_worker, max_parts in itertools.product(
+        (0, 1, 2, 7, 64, 100, 1000, 100_000), (1, 2, 3, 16, 128), (1, 4), (1, 8, 64)
+    ):
+        size = parts_per_task(parts, workers, max_parts=max_parts, per_worker=per_worker)
+        assert 1 <= size <= max_parts
+        tasks = -(-parts // size)
+        assert tasks * size >= parts  # every part is in a task
+        slots = per_worker * max(1, workers)
+        if size < max_parts and parts:
+            # not capped: no more than per_worker tasks per worker, and one part less per task would need more
+            assert tasks <= slots and (size == 1 or -(-parts // (size - 1)) > slots)
+    assert parts_per_task(1000, 2) == 64 and parts_per_task(16, 2) == 2 and parts_per_task(3, 8) == 1
+    assert parts_per_task(10, 0) == 3  # no worker count: as if one
