@@ -36,13 +36,14 @@ thresholds in :class:`pipeline.clean.config.QualityConfig`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import chain
 
 import numpy as np
 
 from pipeline.clean import wordscan
 from pipeline.clean.config import QualityConfig
+from pipeline.clean.stopwords import stop_word_reason
 from pipeline.clean.wordscan import CJK_RANGES, MIX, STEP, _repeats, scan_chunks
 from pipeline.units import packed_ranges
 
@@ -366,12 +367,14 @@ def _counted_reason(
     n_words: int,
     n_plain: int,
     plain_chars: int,
+    alpha_words: int,
     cfg: QualityConfig,
     repetition_ok: bool = False,
     marks: list[int] | None = None,
 ) -> str | None:
-    """The word, symbol, line and repetition rules, given the word count, the number of non-CJK words and
-    their characters (and whether the repetition rules are known to pass, and the compiled scan's counts)."""
+    """The word, symbol, line, alphabetic-word and repetition rules, given the word count, the number of
+    non-CJK words and their characters, the number of words with an alphabetic character (and whether the
+    repetition rules are known to pass, and the compiled scan's counts)."""
     if cfg.min_words is not None and n_words < cfg.min_words:
         return "too_few_words"
     if cfg.max_words is not None and n_words > cfg.max_words:
@@ -384,12 +387,31 @@ def _counted_reason(
             return "mean_word_length"
     ellipses = None
     if cfg.max_symbol_word_ratio is not None and n_words:
-        ellipses = (marks[1], marks[2]) if marks else (text.count(ELLIPSES[0]), text.count(ELLIPSES[1]))
+        # the paper's two ratios, each against the threshold on its own (not their sum)
         hashes = marks[0] if marks else text.count("#")
-        if (hashes + ellipses[0] + ellipses[1]) / n_words > cfg.max_symbol_word_ratio:
-            return "symbol_ratio"
+        if hashes / n_words > cfg.max_symbol_word_ratio:
+            return "hash_word_ratio"
+        ellipses = (marks[1], marks[2]) if marks else (text.count(ELLIPSES[0]), text.count(ELLIPSES[1]))
+        if (ellipses[0] + ellipses[1]) / n_words > cfg.max_symbol_word_ratio:
+            return "ellipsis_word_ratio"
     reason = _line_reason(text, cfg, ellipses, marks)
-    return reason if reason or repetition_ok else _repetition_reason(text, cfg)
+    if reason:
+        return reason
+    if (
+        cfg.min_alpha_word_fraction is not None
+        and n_words
+        and alpha_words / n_words < cfg.min_alpha_word_fraction
+    ):
+        return "alpha_word_fraction"
+    return None if repetition_ok else _repetition_reason(text, cfg)
+
+
+def alpha_words(text: str, words: list[str], n_cjk: int) -> int:
+    """Words with at least one alphabetic character (``str.isalpha``): of the non-CJK ``words``, and of the
+    ``n_cjk`` CJK characters of ``text`` (each one a word: an ideograph or kana is alphabetic, CJK
+    punctuation and fullwidth digits are not)."""
+    found = sum(1 for w in words if any(map(str.isalpha, w)))
+    return found + (sum(map(str.isalpha, CJK_RE.findall(text))) if n_cjk else 0)
 
 
 def _word_reason(text: str, cfg: QualityConfig) -> tuple[str | None, list[str]]:
@@ -397,7 +419,8 @@ def _word_reason(text: str, cfg: QualityConfig) -> tuple[str | None, list[str]]:
     rules (empty when they do not apply: a reason was found already, or the document is mostly CJK)."""
     words, n_cjk = _split_cjk(text, text.split())
     n_words = len(words) + n_cjk
-    reason = _counted_reason(text, n_words, len(words), len("".join(words)), cfg)
+    alpha = alpha_words(text, words, n_cjk) if cfg.min_alpha_word_fraction is not None else 0
+    reason = _counted_reason(text, n_words, len(words), len("".join(words)), alpha, cfg)
     if reason or n_cjk * 2 > n_words:
         # n-gram rules over CJK would need character n-grams; the line/paragraph rules cover CJK spam
         return reason, []
@@ -417,7 +440,7 @@ def _fast_batch(texts: list[str], cfg: QualityConfig) -> tuple[list[str | None],
     (their reasons are left None)."""
     reasons: list[str | None] = []
     others: list[int] = []
-    for lo, hi, hashes, lengths, sizes, per_doc, rep_ok, cjk, marks in scan_chunks(texts, cfg):
+    for lo, hi, hashes, lengths, sizes, per_doc, rep_ok, cjk, alpha, marks in scan_chunks(texts, cfg):
         cum = np.concatenate(([0], np.cumsum(lengths)))
         bounds = np.concatenate(([0], np.cumsum(sizes)))
         chars = cum[bounds[1:]] - cum[bounds[:-1]]
@@ -428,12 +451,13 @@ def _fast_batch(texts: list[str], cfg: QualityConfig) -> tuple[list[str | None],
             per_doc.tolist(),
             rep_ok.tolist(),
             cjk.tolist(),
+            alpha.tolist(),
             marks.tolist() if marks is not None else [None] * (hi - lo),
             strict=True,
         )
-        for text, n, c, other, ok, k, m in flags:
+        for text, n, c, other, ok, k, a, m in flags:
             ok = ok and text[:1] != "\n" and text[-1:] != "\n"  # else its paragraphs differ from the scan's
-            reasons.append(None if other else _counted_reason(text, n + k, n, c, cfg, ok, m))
+            reasons.append(None if other else _counted_reason(text, n + k, n, c, a, cfg, ok, m))
         others.extend((lo + np.flatnonzero(per_doc)).tolist())
         # the n-gram rules: documents with at least two non-CJK words, and not mostly CJK (see _word_reason)
         ngrams = (sizes >= 2) & ~per_doc & (cjk <= sizes)
@@ -446,9 +470,14 @@ def _fast_batch(texts: list[str], cfg: QualityConfig) -> tuple[list[str | None],
     return reasons, others
 
 
-def check_quality_batch(texts: list[str], cfg: QualityConfig) -> list[str | None]:
+def check_quality_batch(
+    texts: list[str], cfg: QualityConfig, languages: Sequence[str | None] | None = None
+) -> list[str | None]:
     """``check_quality`` of every text, with the words of most documents found in one byte-level scan and
-    the n-gram rules screened for the whole batch at once."""
+    the n-gram rules screened for the whole batch at once. ``languages``: each document's language (None:
+    not identified), for the stop-word rule; without them that rule is left out (the clean stage applies
+    :func:`pipeline.clean.stopwords.stop_word_reason` to the documents that pass, once their language is
+    known)."""
     if not cfg.enabled:
         return [None] * len(texts)
     reasons: list[str | None] = [_length_reason(text, cfg) for text in texts]
@@ -467,9 +496,15 @@ def check_quality_batch(texts: list[str], cfg: QualityConfig) -> list[str | None
     for i, words, maybe in zip(pending, pending_words, flagged, strict=True):
         if maybe:
             reasons[i] = _fast_ngram_reason(words, cfg)
+    if languages is not None:
+        reasons = [
+            reason or stop_word_reason(text, language, cfg)
+            for text, language, reason in zip(texts, languages, reasons, strict=True)
+        ]
     return reasons
 
 
-def check_quality(text: str, cfg: QualityConfig) -> str | None:
-    """Name of the first rule ``text`` fails (cheapest first), or ``None`` when it passes."""
-    return check_quality_batch([text], cfg)[0]
+def check_quality(text: str, cfg: QualityConfig, language: str | None = None) -> str | None:
+    """Name of the first rule ``text`` fails (cheapest first), or ``None`` when it passes; the stop-word rule
+    with the list of ``language`` (None: not identified, the ``"*"`` list if one is configured)."""
+    return check_quality_batch([text], cfg, [language])[0]
