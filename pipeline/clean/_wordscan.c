@@ -49,8 +49,8 @@ static inline int is_cjk(Py_UCS4 cp) {
 /* The bytes below 0x80: 0 a word byte, 1 whitespace other than a newline, 2 a newline; 3 a lead or
  * continuation byte of a multi-byte character. Filled from Py_UNICODE_ISSPACE when the module loads. */
 static uint8_t BYTE_CLASS[256];
-/* The ASCII letters (str.isalpha below 0x80). */
-static uint8_t ASCII_ALPHA[256];
+/* The ASCII letters and the ASCII letters and digits (str.isalpha, str.isalnum below 0x80). */
+static uint8_t ASCII_ALPHA[256], ASCII_ALNUM[256];
 
 /* A growable array of fixed-size items. */
 typedef struct {
@@ -640,9 +640,112 @@ done:
     return result;
 }
 
+
+/* ------------------------------------------------------------------ the stop-word count
+ *
+ * count_stop_words(text, words, need) -> int
+ *
+ * How many tokens of text (str.split()'s) are one of `words` (a tuple of lowercase ASCII str) once stripped of
+ * the characters at either end that are not alphanumeric (Py_UNICODE_ISALNUM) and lowercased (str.lower); the
+ * count stops at `need`. -1: text has a lone surrogate (no UTF-8 form), the caller counts in Python. Exact for
+ * ASCII words: the only non-ASCII character whose str.lower() is ASCII is the Kelvin sign (U+212A -> 'k'); a
+ * core with any other non-ASCII character cannot equal an ASCII word.
+ */
+static inline int is_alnum_at(const uint8_t *s, Py_ssize_t i) {
+    return s[i] < 0x80 ? ASCII_ALNUM[s[i]] : Py_UNICODE_ISALNUM(decode_at(s, i)) != 0;
+}
+
+static inline Py_ssize_t char_before(const uint8_t *s, Py_ssize_t i) {
+    do i--; while (i > 0 && (s[i] & 0xC0) == 0x80);
+    return i;
+}
+
+/* Whether the core s[start:end] lowercased is one of the words (each `size` bytes, `count` of them). */
+static int is_stop_word(const uint8_t *s, Py_ssize_t start, Py_ssize_t end, const char *const *words,
+                        const Py_ssize_t *sizes, Py_ssize_t count, Py_ssize_t longest) {
+    char lower[64];
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = start; i < end; k++) {
+        if (k >= longest) return 0;
+        if (s[i] < 0x80) {
+            lower[k] = (char)(s[i] >= 'A' && s[i] <= 'Z' ? s[i] + 32 : s[i]);
+            i++;
+        } else if (s[i] == 0xE2 && i + 3 <= end && s[i + 1] == 0x84 && s[i + 2] == 0xAA) {
+            lower[k] = 'k';  /* U+212A KELVIN SIGN */
+            i += 3;
+        } else {
+            return 0;
+        }
+    }
+    for (Py_ssize_t w = 0; w < count; w++)
+        if (sizes[w] == k && memcmp(words[w], lower, (size_t)k) == 0) return 1;
+    return 0;
+}
+
+static PyObject *count_stop_words(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *text, *tuple;
+    Py_ssize_t need, n, count = 0, longest = 0;
+    if (!PyArg_ParseTuple(args, "UO!n", &text, &PyTuple_Type, &tuple, &need)) return NULL;
+    Py_ssize_t nwords = PyTuple_GET_SIZE(tuple);
+    if (nwords > 256) {
+        PyErr_SetString(PyExc_ValueError, "count_stop_words: at most 256 words");
+        return NULL;
+    }
+    const char *words[256];
+    Py_ssize_t sizes[256];
+    for (Py_ssize_t w = 0; w < nwords; w++) {
+        words[w] = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(tuple, w), &sizes[w]);
+        if (!words[w]) return NULL;
+        if (sizes[w] > 63) {
+            PyErr_SetString(PyExc_ValueError, "count_stop_words: a word of at most 63 characters");
+            return NULL;
+        }
+        if (sizes[w] > longest) longest = sizes[w];
+    }
+    const uint8_t *s = (const uint8_t *)PyUnicode_AsUTF8AndSize(text, &n);
+    if (!s) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return NULL;
+        PyErr_Clear();
+        return PyLong_FromLong(-1);
+    }
+    Py_ssize_t i = 0;
+    while (i < n && count < need) {
+        Py_ssize_t start = i;  /* a token runs to the next whitespace */
+        int space = 0;
+        while (i < n) {
+            uint8_t b = s[i];
+            if (BYTE_CLASS[b] == 0) {
+                i++;
+                continue;
+            }
+            if (b < 0x80) {
+                space = 1;
+                break;
+            }
+            Py_UCS4 cp = decode_at(s, i);
+            if (Py_UNICODE_ISSPACE(cp)) {
+                space = 1;
+                break;
+            }
+            i += b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+        }
+        Py_ssize_t end = i, core = start;
+        if (end > start) {
+            while (core < end && !is_alnum_at(s, core)) core += s[core] < 0xC0 ? 1 : s[core] < 0xE0 ? 2 : s[core] < 0xF0 ? 3 : 4;
+            while (end > core && !is_alnum_at(s, char_before(s, end))) end = char_before(s, end);
+            if (end > core && end - core <= 3 * longest)
+                count += is_stop_word(s, core, end, words, sizes, nwords, longest);
+        }
+        if (space) i += s[i] < 0x80 ? 1 : s[i] < 0xE0 ? 2 : s[i] < 0xF0 ? 3 : 4;
+    }
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
     {"scan_words", scan_words, METH_VARARGS, "The words, word counts and repetition bounds of documents."},
     {"screen_ngrams", screen_ngrams, METH_VARARGS, "Whether the n-gram rules may fail each document."},
+    {"count_stop_words", count_stop_words, METH_VARARGS, "Tokens that are stop words, up to a number."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -654,6 +757,7 @@ PyMODINIT_FUNC PyInit__wordscan(void) {
     for (int b = 0; b < 256; b++) {
         BYTE_CLASS[b] = b >= 0x80 ? 3 : b == '\n' ? 2 : Py_UNICODE_ISSPACE(b) ? 1 : 0;
         ASCII_ALPHA[b] = b < 0x80 && Py_UNICODE_ISALPHA(b);
+        ASCII_ALNUM[b] = b < 0x80 && Py_UNICODE_ISALNUM(b);
     }
     return PyModule_Create(&module);
 }

@@ -8,13 +8,14 @@ has a list for it, or a ``"*"`` list for every language without its own; a docum
 list (with the defaults: any language but English) passes it. With language identification off, a document's
 language is unknown and only a ``"*"`` list applies.
 
-Matching: a stop word occurs where a whitespace-separated token (``str.split``), stripped of the characters
-at either end that are neither letters nor digits (``str.isalnum``: ``"The,"``, ``"(of"``, ``"--and--"``),
-equals it case-insensitively (``re.IGNORECASE``: simple case folding). Each occurrence counts (``"the the"``
-is two); ``"the's"`` or ``"to-do"`` hold none. One regular expression finds such tokens directly (a token start,
-optional punctuation, a stop word, optional punctuation, a token end), and the search stops at the
-``min_stop_words``-th: English prose has its first stop words within its first few words, so a kept document
-costs a few microseconds whatever its length; only documents that fail are read to their end.
+Matching: a token of ``text.split()``, stripped of the characters at either end that are not letters or digits
+(``str.isalnum``: ``"The,"``, ``"(of"``, ``"--and--"``), is a stop word when its ``str.lower()`` equals one
+lowercased. Each occurrence counts (``"the the"`` is two); ``"the's"`` or ``"to-do"`` hold none. The count stops
+at the ``min_stop_words``-th: English prose has its first stop words within its first words, so a kept
+document costs a few microseconds whatever its length; only the documents that fail are read to their end. For
+lists of ASCII words (the default) the compiled scan (``count_stop_words`` of ``pipeline/clean/_wordscan.c``)
+counts, several hundred MB/s; other lists, and installs without the compiled scan, count token by token in
+Python.
 """
 
 from __future__ import annotations
@@ -22,17 +23,45 @@ from __future__ import annotations
 import functools
 import re
 
+from pipeline.clean import wordscan
 from pipeline.clean.config import QualityConfig
 
-# characters stripped from a token's ends: neither a letter/digit (\w less "_") nor whitespace
-_PUNCT = r"(?:[^\w\s]|_)*"
+_TOKEN = re.compile(r"\S+")
 
 
 @functools.lru_cache(maxsize=64)
-def stop_word_pattern(words: tuple[str, ...]) -> re.Pattern[str]:
-    """One token that is a stop word once its leading and trailing punctuation are stripped."""
-    alternatives = "|".join(map(re.escape, sorted(set(words), key=lambda w: (-len(w), w))))
-    return re.compile(rf"(?<!\S){_PUNCT}(?:{alternatives}){_PUNCT}(?!\S)", re.IGNORECASE)
+def _lowered(words: tuple[str, ...]) -> tuple[tuple[str, ...], bool]:
+    """The distinct lowercased words, and whether they are all ASCII (then the compiled count applies)."""
+    lowered = tuple(sorted({w.lower() for w in words}))
+    return lowered, all(w.isascii() for w in lowered)
+
+
+def _core(token: str) -> str:
+    """``token`` without the characters at either end that are not letters or digits."""
+    start, end = 0, len(token)
+    while start < end and not token[start].isalnum():
+        start += 1
+    while end > start and not token[end - 1].isalnum():
+        end -= 1
+    return token[start:end]
+
+
+def count_stop_words(text: str, words: tuple[str, ...], need: int) -> int:
+    """The tokens of ``text`` that are stop words (see the module notes), counted up to ``need``."""
+    lowered, ascii_only = _lowered(words)
+    kernel = wordscan.scan_kernel
+    if kernel is not None and ascii_only:
+        found = kernel.count_stop_words(text, lowered, need)
+        if found >= 0:  # -1: a lone surrogate, counted below
+            return int(found)
+    wanted = frozenset(lowered)
+    found = 0
+    for token in _TOKEN.finditer(text):
+        if _core(token.group()).lower() in wanted:
+            found += 1
+            if found >= need:
+                break
+    return found
 
 
 def stop_word_reason(text: str, language: str | None, cfg: QualityConfig) -> str | None:
@@ -42,9 +71,6 @@ def stop_word_reason(text: str, language: str | None, cfg: QualityConfig) -> str
     if not cfg.enabled or not need:
         return None
     words = cfg.stop_word_list(language)
-    if not words:
+    if not words or count_stop_words(text, words, need) >= need:
         return None
-    for found, _ in enumerate(stop_word_pattern(words).finditer(text), start=1):
-        if found >= need:
-            return None
     return "stop_words"

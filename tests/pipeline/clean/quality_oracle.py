@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from operator import mul
 
@@ -123,10 +122,10 @@ def _strip_punctuation(token: str) -> str:
 
 
 def stop_word_count(text: str, stop_words: tuple[str, ...]) -> int:
-    """Tokens of ``text.split()`` that, stripped of non-alphanumeric characters at both ends, equal a stop
-    word case-insensitively (``re.IGNORECASE``)."""
-    word = re.compile("|".join(map(re.escape, stop_words)), re.IGNORECASE)
-    return sum(word.fullmatch(_strip_punctuation(token)) is not None for token in text.split())
+    """Tokens of ``text.split()`` that, stripped of non-alphanumeric characters at both ends and lowercased,
+    equal a lowercased stop word."""
+    wanted = {w.lower() for w in stop_words}
+    return sum(_strip_punctuation(token).lower() in wanted for token in text.split())
 
 
 def reference_stop_word_reason(text: str, language: str | None, cfg: QualityConfig) -> str | None:
