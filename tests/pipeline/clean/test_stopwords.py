@@ -25,9 +25,48 @@ from tests.pipeline.clean.test_quality import GERMAN
 GOPHER = ("the", "be", "to", "of", "and", "that", "have", "with")
 # English words, none of them a Gopher stop word
 PLAIN = [
-    *("river garden morning village teacher window market winter summer letter evening station mountain").split(),
-    *("forest carefully slowly quietly walked opened painted carried noticed remembered gathered").split(),
-    *("travelled explained bright narrow ancient gentle heavy yellow silent distant crowded familiar").split(),
+    *[
+        "river",
+        "garden",
+        "morning",
+        "village",
+        "teacher",
+        "window",
+        "market",
+        "winter",
+        "summer",
+        "letter",
+        "evening",
+        "station",
+        "mountain",
+    ],
+    *[
+        "forest",
+        "carefully",
+        "slowly",
+        "quietly",
+        "walked",
+        "opened",
+        "painted",
+        "carried",
+        "noticed",
+        "remembered",
+        "gathered",
+    ],
+    *[
+        "travelled",
+        "explained",
+        "bright",
+        "narrow",
+        "ancient",
+        "gentle",
+        "heavy",
+        "yellow",
+        "silent",
+        "distant",
+        "crowded",
+        "familiar",
+    ],
 ]
 
 
