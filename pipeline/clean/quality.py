@@ -1,4 +1,4 @@
-"""Document quality filters: the Gopher rules (Rae et al. 2021, appendix A) and C4-style length bounds.
+"""Document quality filters: the Gopher rules (Rae et al. 2021, appendix A) and character-length bounds.
 
 ``check_quality(text, cfg)`` returns the name of the first rule a document fails (cheap rules first), or
 ``None`` when it passes. Every threshold is a field of :class:`QualityConfig`; ``None`` turns a rule off.
@@ -10,15 +10,57 @@ length rule is measured over the non-CJK words only, and skipped when fewer than
 non-CJK (a CJK "word" of one character says nothing about gibberish). Thai, Lao, Khmer and Myanmar, which
 are also written without spaces, are not special-cased: documents in them look like few long words.
 
-Rules, in the order checked (the reason names are the drop counters of the clean stage): ``too_short_chars``,
-``too_long_chars``, ``too_few_words``, ``too_many_words``, ``mean_word_length``, ``symbol_ratio`` (``#``,
-``...`` and ``…`` per word), ``bullet_lines`` (lines starting with a bullet or dash), ``ellipsis_lines``,
-``dup_line_fraction``, ``dup_line_char_fraction``, ``dup_para_fraction``, ``dup_para_char_fraction`` (items
-equal to an earlier item, by count and by characters; blank lines ignored), ``top_{n}gram_fraction``
-(characters of the most frequent word n-gram, times its count when it occurs more than once, over all word
-characters) and ``dup_{n}gram_fraction`` (word characters inside occurrences of an n-gram that repeat an
-earlier occurrence, each character counted once). Documents that are mostly CJK skip the two n-gram
-families: their "words" would be single characters (the line and paragraph rules still apply).
+Rules, in the order checked (the reason is the drop counter of the clean stage; G = Rae et al. 2021, "Scaling
+Language Models: Methods, Analysis & Insights from Training Gopher", appendix A, its "quality filtering" (QF) and
+"repetition removal" (RR) steps; W = words as defined above, CJK characters included unless said):
+
+=====================  ===============================  ==========  =========================================  =======
+reason                 threshold field                  default     a document is dropped when                 source
+=====================  ===============================  ==========  =========================================  =======
+too_short_chars        min_chars                        100         characters < min                           ours
+too_long_chars         max_chars                        5,000,000   characters > max                           ours
+too_few_words          min_words                        50          W < min                                    G QF
+too_many_words         max_words                        100,000     W > max                                    G QF
+mean_word_length       min/max_mean_word_length         3, 10       mean characters per non-CJK word outside   G QF
+                                                                    [min, max] (1)
+hash_word_ratio        max_symbol_word_ratio            0.1         text.count("#") / W > max                  G QF
+ellipsis_word_ratio    max_symbol_word_ratio            0.1         (count("...") + count("…")) / W > max (2)  G QF
+bullet_lines           max_bullet_line_fraction         0.9         lines starting (after spaces/tabs) with    G QF
+                                                                    one of ``BULLETS`` / lines > max (3)
+ellipsis_lines         max_ellipsis_line_fraction       0.3         lines ending in "..." or "…" / lines > max  G QF
+alpha_word_fraction    min_alpha_word_fraction          0.8         W with >= 1 ``str.isalpha`` character / W  G QF
+                                                                    < min (4)
+dup_line_fraction      max_dup_line_fraction            0.3         non-blank lines equal to an earlier one /  G RR
+                                                                    non-blank lines > max
+dup_line_char_fraction max_dup_line_char_fraction       0.2         characters of those lines / characters of  G RR
+                                                                    non-blank lines > max
+dup_para_fraction,     max_dup_para_fraction,           0.3, 0.2    the same over paragraphs (split on blank   G RR
+dup_para_char_fraction max_dup_para_char_fraction                   lines)
+top_{n}gram_fraction   top_ngram_max_fraction           n=2,3,4:    characters of the most frequent word       G RR
+                                                        .20,.18,.16 n-gram x its count (when > 1) / word
+                                                                    characters > max (5)
+dup_{n}gram_fraction   dup_ngram_max_fraction           n=5..10:    word characters inside occurrences of an   G RR
+                                                        .15 .. .10  n-gram repeating an earlier one, each
+                                                                    counted once / word characters > max (5)
+stop_words             min_stop_words, stop_words       2; en: the, occurrences of the language's stop words   G QF
+                                                        be, to, of, < min (6)
+                                                        and, that,
+                                                        have, with
+=====================  ===============================  ==========  =========================================  =======
+
+Choices the paper leaves open, made here: a word is a whitespace token (``str.split``), each CJK character one
+word (``CJK_RANGES``, whose CJK punctuation and ideographic space U+3000 count too); every ratio's denominator is W of the whole document (lines: all lines, ``text.count("\n") + 1``;
+repetition: non-blank lines/paragraphs, word characters of non-CJK words). (1) skipped when fewer than half of
+the words are non-CJK. (2) "...." holds one "...", "......" two (``str.count``); the paper's two ratios are
+compared each on its own, not summed. (3) ``BULLETS``: • ‣ ◦ ⁃ ● ▪ - * · –. (4) a CJK character is a word with
+a letter when it is one (ideographs, kana: yes; CJK punctuation, fullwidth digits: no); "1984", "—", "#" are
+words without one. (5) skipped for mostly-CJK documents (the line and paragraph rules still apply); n-grams do
+not cross documents; ties of the most frequent n-gram go to the earliest. (6) needs the document's language,
+so the clean stage applies it after language identification (:mod:`pipeline.clean.stopwords`, which defines the
+matching: a token stripped of non-alphanumeric ends, lowercased, each occurrence counted); ``stop_words`` maps a
+language to its list, ``"*"`` to the list of any language without its own; a language without a list (with the
+defaults, every language but English) is not subject to the rule. ``check_quality_batch`` applies it only when
+given the languages. The paper gives neither the case nor the punctuation handling of its stop words.
 
 Speed: ``check_quality_batch`` never builds a Python list of words for most documents. One numpy scan over
 the UTF-8 bytes of ~0.5 MB of documents at a time gives every word's bounds, character length and a 64-bit
