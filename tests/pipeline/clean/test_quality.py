@@ -516,3 +516,39 @@ def test_the_compiled_ngram_screen_flags_every_failing_document_and_spares_most_
         passing = [not f for f in fails]
         assert sum(g for g, p in zip(flagged.tolist(), passing, strict=True) if p) < sum(passing) // 2, cfg
         assert sum(fails) > 20 or cfg.dup_ngram_max_fraction == (), cfg
+
+
+def with_symbols(n_words: int, hashes: int, ellipses: int) -> str:
+    """``n_words`` words of prose, ``hashes`` of them starting with "#", ``ellipses`` ending with "..."."""
+    words = prose(31, n_words).split()
+    for i in range(hashes):
+        words[2 * i] = "#" + words[2 * i]
+    for i in range(ellipses):
+        words[2 * i + 1] += "..."
+    return " ".join(words)
+
+
+def test_symbol_rule_compares_each_ratio_on_its_own(scan_path):
+    cases = {
+        with_symbols(90, 4, 7): None,  # 4.4% "#" and 7.7% ellipses (the README case): neither is over 0.1
+        with_symbols(100, 10, 10): None,  # 0.1 each: not over; their sum (0.2) is no rule
+        with_symbols(100, 11, 0): "hash_word_ratio",
+        with_symbols(100, 0, 11): "ellipsis_word_ratio",
+        with_symbols(100, 11, 11): "hash_word_ratio",  # the "#" ratio is checked first
+    }
+    texts = list(cases)
+    assert check_quality_batch(texts, CFG) == list(cases.values()) == [reference_reason(t, CFG) for t in texts]
+
+
+def test_alpha_word_fraction_at_its_threshold(scan_path):
+    words = prose(30, 100).split()
+    numbers = [str(1000 + i) for i in range(25)]  # words without a letter
+    at = " ".join(words[:80] + numbers[:20])  # 80 of 100 words hold a letter: at least 80%, kept
+    below = " ".join(words[:79] + numbers[:21])  # 79%: dropped
+    above = " ".join(words[:81] + numbers[:19])
+    cjk = "河水缓缓流过小村庄，" * 6 + " ".join(words[:40])  # 10 CJK words of which 1 ("，") without a letter
+    texts = [at, below, above, cjk]
+    expected = [None, "alpha_word_fraction", None, None]
+    assert check_quality_batch(texts, CFG) == expected == [reference_reason(t, CFG) for t in texts]
+    assert alpha_word_fraction(cjk) == (54 + 40) / 100
+    assert check_quality(below, QualityConfig(max_chars=20_000, min_alpha_word_fraction=None)) is None
