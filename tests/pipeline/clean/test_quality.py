@@ -537,7 +537,9 @@ def test_symbol_rule_compares_each_ratio_on_its_own(scan_path):
         with_symbols(100, 11, 11): "hash_word_ratio",  # the "#" ratio is checked first
     }
     texts = list(cases)
-    assert check_quality_batch(texts, CFG) == list(cases.values()) == [reference_reason(t, CFG) for t in texts]
+    assert (
+        check_quality_batch(texts, CFG) == list(cases.values()) == [reference_reason(t, CFG) for t in texts]
+    )
 
 
 def test_alpha_word_fraction_at_its_threshold(scan_path):
