@@ -6,7 +6,9 @@ corpus and training configs alike:
 - files: ``.yaml``/``.yml`` (YAML) or ``.json`` (JSON) holding one mapping; any other suffix is refused;
 - overrides: ``--set key=value`` on every command (dotted keys for nested sections, values read as YAML);
 - types: nested dataclasses, tuples/lists, optionals, literals, mappings and primitives; numbers may be written
-  as strings (PyYAML reads ``1e-3`` without a dot as a string), booleans must be ``true``/``false``;
+  as strings (PyYAML reads ``1e-3`` without a dot as a string), booleans must be ``true``/``false``; a tuple of
+  (key, value) pairs may be written as a mapping (``stop_words: {en: [the, be]}``), and
+  :func:`config_to_dict` gives it back as a list of pairs (which loads to the same config);
 - messages: an unknown key is refused with a "did you mean", and every error names the file and the dotted field
   (``corpus.yaml: dedup.near.treshold: ...``); a dataclass ``__post_init__`` ``ValueError`` is re-raised with the
   field path prefixed. Everything raises :class:`pipeline.errors.ConfigError` (a ``ValueError``).
@@ -208,9 +210,17 @@ def _coerce_union(tp: Any, value: Any, path: str) -> Any:
 
 
 def _coerce_sequence(tp: Any, origin: Any, value: Any, path: str) -> Any:
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{path} must be a list; got {value!r}")
     args = get_args(tp)
+    if isinstance(value, Mapping) and _pairs(tp):
+        # a tuple of (key, value) pairs may be written as a mapping ({en: [the, be]}); it stays pairs
+        key_type, value_type = get_args(args[0])
+        return tuple(
+            (_coerce(key_type, k, f"{path} (key {k!r})"), _coerce(value_type, v, f"{path}.{k}"))
+            for k, v in value.items()
+        )
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        kind = "a mapping or a list of [key, value] pairs" if _pairs(tp) else "a list"
+        raise ConfigError(f"{path} must be {kind}; got {value!r}")
     if origin is tuple and args and Ellipsis not in args:
         # A fixed-shape tuple such as tuple[float, float]: one type per position.
         if len(value) != len(args):
@@ -219,6 +229,15 @@ def _coerce_sequence(tp: Any, origin: Any, value: Any, path: str) -> Any:
     item = args[0] if args else Any
     items = [_coerce(item, v, f"{path}[{i}]") for i, v in enumerate(value)]
     return tuple(items) if origin is tuple else items
+
+
+def _pairs(tp: Any) -> bool:
+    """Whether ``tp`` is a variadic tuple of 2-tuples (``tuple[tuple[str, X], ...]``)."""
+    args = get_args(tp)
+    if get_origin(tp) is not tuple or len(args) != 2 or args[1] is not Ellipsis:
+        return False
+    item = get_args(args[0])
+    return get_origin(args[0]) is tuple and len(item) == 2 and Ellipsis not in item
 
 
 _KINDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}

@@ -1,13 +1,14 @@
 /* The byte-level word scan of the quality rules, compiled (the numpy scan: pipeline/clean/wordscan.py).
  *
  * scan_words(texts, max_dup_line_fraction, max_dup_line_char_fraction, max_dup_para_fraction,
- *            max_dup_para_char_fraction) -> (hashes, lengths, sizes, per_doc, repetition_ok, cjk, marks)
+ *            max_dup_para_char_fraction) -> (hashes, lengths, sizes, per_doc, repetition_ok, cjk, alpha, marks)
  *
  * For a list of str: every word's 64-bit hash (uint64) and length in code points (int64), concatenated in
  * order; per document its word count (int64), whether it must take the per-document path (a lone
  * surrogate: no strict UTF-8 form; then it has no words here), whether upper bounds prove that it passes
- * the four repetition rules, and its CJK character count (int64); all as bytes for numpy.frombuffer. A
- * threshold below 0 is a rule turned off. marks: per document six int64 counts for the per-document rules:
+ * the four repetition rules, its CJK character count (int64) and its words holding an alphabetic character
+ * (int64: an ASCII letter, or a non-ASCII code point with Py_UNICODE_ISALPHA, what str.isalpha tests; a CJK
+ * character is a word of its own); all as bytes for numpy.frombuffer. A threshold below 0 is a rule turned off. marks: per document six int64 counts for the per-document rules:
  * text.count("#"), text.count("..."), text.count("…"), text.count("\n"), the bullet lines (BULLET_LINE_RE's
  * matches plus a first line that starts with a bullet) and the lines ending in an ellipsis (text.count("...\n")
  * + text.count("…\n") + whether text.rstrip() ends with one).
@@ -48,6 +49,8 @@ static inline int is_cjk(Py_UCS4 cp) {
 /* The bytes below 0x80: 0 a word byte, 1 whitespace other than a newline, 2 a newline; 3 a lead or
  * continuation byte of a multi-byte character. Filled from Py_UNICODE_ISSPACE when the module loads. */
 static uint8_t BYTE_CLASS[256];
+/* The ASCII letters and the ASCII letters and digits (str.isalpha, str.isalnum below 0x80). */
+static uint8_t ASCII_ALPHA[256], ASCII_ALNUM[256];
 
 /* A growable array of fixed-size items. */
 typedef struct {
@@ -231,28 +234,41 @@ static int reserve_table(Scan *sc, size_t items) {
     return sc->table ? 0 : -1;
 }
 
-/* Ends the word that started at *word_start (if one did) at end: appends it, adds its hash to its line and
- * paragraph. */
-static inline void end_word(Scan *sc, const uint8_t *s, Py_ssize_t n, Py_ssize_t *word_start, Py_ssize_t end,
-                            int64_t chars, Stretch *line, Stretch *para, Py_ssize_t *words) {
-    if (*word_start < 0) return;
-    uint64_t h = word_hash(s, n, *word_start, end);
-    push_word(&sc->hashes, &sc->lengths, h, chars);
+/* The word being scanned: where it started (-1: between words), its characters, whether one is alphabetic. */
+typedef struct {
+    Py_ssize_t start;
+    int64_t chars;
+    int alpha;
+} Word;
+
+/* Ends the word being scanned (if one is) at end: appends it, adds its hash to its line and paragraph, counts
+ * it (and, if it holds a letter, in *alpha_words). */
+static inline void end_word(Scan *sc, const uint8_t *s, Py_ssize_t n, Word *word, Py_ssize_t end, Stretch *line,
+                            Stretch *para, Py_ssize_t *words, int64_t *alpha_words) {
+    if (word->start < 0) return;
+    uint64_t h = word_hash(s, n, word->start, end);
+    push_word(&sc->hashes, &sc->lengths, h, word->chars);
     line->sum += h;
     para->sum += h;
     (*words)++;
-    *word_start = -1;
+    *alpha_words += word->alpha;
+    word->start = -1;
 }
 
-/* Scans one document: appends its words; returns its word count (-1: out of memory) and sets *cjk, *ok. */
+static inline void start_word(Word *word, Py_ssize_t at) {
+    if (word->start < 0) *word = (Word){at, 0, 0};
+}
+
+/* Scans one document: appends its words; returns its word count (-1: out of memory) and sets *cjk, *alpha
+ * (its words with a letter, CJK ones included), *ok. */
 static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const double *limits, int64_t *cjk,
-                           int *ok, int64_t *marks) {
-    Py_ssize_t words = 0, word_start = -1;
-    int64_t word_chars = 0;
+                           int64_t *alpha, int *ok, int64_t *marks) {
+    Py_ssize_t words = 0;
+    Word word = {-1, 0, 0};
     Stretch line = {0, 0, 0}, para = {0, 0, 0};
     sc->lines.size = sc->paras.size = 0;
     if (vec_reserve(&sc->hashes, (size_t)n / 2 + 1) || vec_reserve(&sc->lengths, (size_t)n / 2 + 1)) return -1;
-    *cjk = 0;
+    *cjk = *alpha = 0;
     memset(marks, 0, MARKS * sizeof(int64_t));
     count_marks(s, n, marks);
     marks[MARK_BULLET_LINES] += bullet_at(s, n, 0);
@@ -264,18 +280,16 @@ static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const doubl
             if (BYTE_CLASS[b] == 0) {  /* a run of ASCII word bytes */
                 Py_ssize_t j = i + 1;
                 while (j < n && BYTE_CLASS[s[j]] == 0) j++;
-                if (word_start < 0) {
-                    word_start = i;
-                    word_chars = 0;
-                }
-                word_chars += j - i;
+                start_word(&word, i);
+                for (Py_ssize_t k = i; k < j && !word.alpha; k++) word.alpha = ASCII_ALPHA[s[k]];
+                word.chars += j - i;
                 line.chars += j - i;
                 para.chars += j - i;
                 i = j;
                 continue;
             }
             if (BYTE_CLASS[b] == 1) {  /* whitespace: ends a word */
-                end_word(sc, s, n, &word_start, i, word_chars, &line, &para, &words);
+                end_word(sc, s, n, &word, i, &line, &para, &words, alpha);
                 line.chars++;
                 para.chars++;
                 i++;
@@ -289,17 +303,16 @@ static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const doubl
                 cp = decode_at(s, i);
                 int wide = is_cjk(cp);
                 *cjk += wide;
+                *alpha += wide && Py_UNICODE_ISALPHA(cp) != 0;
                 separator = wide || Py_UNICODE_ISSPACE(cp);
             }
         }
         if (separator) {
-            end_word(sc, s, n, &word_start, i, word_chars, &line, &para, &words);
+            end_word(sc, s, n, &word, i, &line, &para, &words, alpha);
         } else {
-            if (word_start < 0) {
-                word_start = i;
-                word_chars = 0;
-            }
-            word_chars++;
+            start_word(&word, i);
+            word.chars++;
+            if (!word.alpha) word.alpha = Py_UNICODE_ISALPHA(cp) != 0;
         }
         if (cp != '\n') {
             line.chars++;
@@ -341,9 +354,10 @@ static PyObject *scan_words(PyObject *self, PyObject *args) {
     Scan sc = {{NULL, 0, 0, 8}, {NULL, 0, 0, 8}, {NULL, 0, 0, sizeof(Item)}, {NULL, 0, 0, sizeof(Item)}, NULL, 0};
     PyObject *sizes = PyBytes_FromStringAndSize(NULL, docs * 8), *per_doc = PyBytes_FromStringAndSize(NULL, docs);
     PyObject *rep_ok = PyBytes_FromStringAndSize(NULL, docs), *cjk = PyBytes_FromStringAndSize(NULL, docs * 8);
+    PyObject *alpha = PyBytes_FromStringAndSize(NULL, docs * 8);
     PyObject *marks = PyBytes_FromStringAndSize(NULL, docs * MARKS * 8);
     PyObject *result = NULL;
-    if (!sizes || !per_doc || !rep_ok || !cjk || !marks) goto done;
+    if (!sizes || !per_doc || !rep_ok || !cjk || !alpha || !marks) goto done;
     for (Py_ssize_t d = 0; d < docs; d++) {
         PyObject *text = PyList_GET_ITEM(texts, d);
         if (!PyUnicode_Check(text)) {
@@ -352,14 +366,14 @@ static PyObject *scan_words(PyObject *self, PyObject *args) {
         }
         Py_ssize_t n;
         const uint8_t *s = (const uint8_t *)PyUnicode_AsUTF8AndSize(text, &n);
-        int64_t words = 0, wide = 0, *doc_marks = (int64_t *)PyBytes_AS_STRING(marks) + MARKS * d;
+        int64_t words = 0, wide = 0, letters = 0, *doc_marks = (int64_t *)PyBytes_AS_STRING(marks) + MARKS * d;
         int ok = 0, other = s == NULL;
         memset(doc_marks, 0, MARKS * sizeof(int64_t));
         if (other) {
             if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) goto done;
             PyErr_Clear();  /* a lone surrogate: the per-document path */
         } else {
-            Py_ssize_t found = scan_one(&sc, s, n, limits, &wide, &ok, doc_marks);
+            Py_ssize_t found = scan_one(&sc, s, n, limits, &wide, &letters, &ok, doc_marks);
             if (found < 0) {
                 PyErr_NoMemory();
                 goto done;
@@ -368,12 +382,13 @@ static PyObject *scan_words(PyObject *self, PyObject *args) {
         }
         memcpy(PyBytes_AS_STRING(sizes) + 8 * d, &words, 8);
         memcpy(PyBytes_AS_STRING(cjk) + 8 * d, &wide, 8);
+        memcpy(PyBytes_AS_STRING(alpha) + 8 * d, &letters, 8);
         PyBytes_AS_STRING(per_doc)[d] = (char)other;
         PyBytes_AS_STRING(rep_ok)[d] = (char)ok;
     }
     PyObject *hashes = PyBytes_FromStringAndSize(sc.hashes.data, (Py_ssize_t)(sc.hashes.size * 8));
     PyObject *lengths = PyBytes_FromStringAndSize(sc.lengths.data, (Py_ssize_t)(sc.lengths.size * 8));
-    if (hashes && lengths) result = PyTuple_Pack(7, hashes, lengths, sizes, per_doc, rep_ok, cjk, marks);
+    if (hashes && lengths) result = PyTuple_Pack(8, hashes, lengths, sizes, per_doc, rep_ok, cjk, alpha, marks);
     Py_XDECREF(hashes);
     Py_XDECREF(lengths);
 done:
@@ -381,6 +396,7 @@ done:
     Py_XDECREF(per_doc);
     Py_XDECREF(rep_ok);
     Py_XDECREF(cjk);
+    Py_XDECREF(alpha);
     Py_XDECREF(marks);
     free(sc.hashes.data);
     free(sc.lengths.data);
@@ -624,9 +640,112 @@ done:
     return result;
 }
 
+
+/* ------------------------------------------------------------------ the stop-word count
+ *
+ * count_stop_words(text, words, need) -> int
+ *
+ * How many tokens of text (str.split()'s) are one of `words` (a tuple of lowercase ASCII str) once stripped of
+ * the characters at either end that are not alphanumeric (Py_UNICODE_ISALNUM) and lowercased (str.lower); the
+ * count stops at `need`. -1: text has a lone surrogate (no UTF-8 form), the caller counts in Python. Exact for
+ * ASCII words: the only non-ASCII character whose str.lower() is ASCII is the Kelvin sign (U+212A -> 'k'); a
+ * core with any other non-ASCII character cannot equal an ASCII word.
+ */
+static inline int is_alnum_at(const uint8_t *s, Py_ssize_t i) {
+    return s[i] < 0x80 ? ASCII_ALNUM[s[i]] : Py_UNICODE_ISALNUM(decode_at(s, i)) != 0;
+}
+
+static inline Py_ssize_t char_before(const uint8_t *s, Py_ssize_t i) {
+    do i--; while (i > 0 && (s[i] & 0xC0) == 0x80);
+    return i;
+}
+
+/* Whether the core s[start:end] lowercased is one of the words (each `size` bytes, `count` of them). */
+static int is_stop_word(const uint8_t *s, Py_ssize_t start, Py_ssize_t end, const char *const *words,
+                        const Py_ssize_t *sizes, Py_ssize_t count, Py_ssize_t longest) {
+    char lower[64];
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = start; i < end; k++) {
+        if (k >= longest) return 0;
+        if (s[i] < 0x80) {
+            lower[k] = (char)(s[i] >= 'A' && s[i] <= 'Z' ? s[i] + 32 : s[i]);
+            i++;
+        } else if (s[i] == 0xE2 && i + 3 <= end && s[i + 1] == 0x84 && s[i + 2] == 0xAA) {
+            lower[k] = 'k';  /* U+212A KELVIN SIGN */
+            i += 3;
+        } else {
+            return 0;
+        }
+    }
+    for (Py_ssize_t w = 0; w < count; w++)
+        if (sizes[w] == k && memcmp(words[w], lower, (size_t)k) == 0) return 1;
+    return 0;
+}
+
+static PyObject *count_stop_words(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *text, *tuple;
+    Py_ssize_t need, n, count = 0, longest = 0;
+    if (!PyArg_ParseTuple(args, "UO!n", &text, &PyTuple_Type, &tuple, &need)) return NULL;
+    Py_ssize_t nwords = PyTuple_GET_SIZE(tuple);
+    if (nwords > 256) {
+        PyErr_SetString(PyExc_ValueError, "count_stop_words: at most 256 words");
+        return NULL;
+    }
+    const char *words[256];
+    Py_ssize_t sizes[256];
+    for (Py_ssize_t w = 0; w < nwords; w++) {
+        words[w] = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(tuple, w), &sizes[w]);
+        if (!words[w]) return NULL;
+        if (sizes[w] > 63) {
+            PyErr_SetString(PyExc_ValueError, "count_stop_words: a word of at most 63 characters");
+            return NULL;
+        }
+        if (sizes[w] > longest) longest = sizes[w];
+    }
+    const uint8_t *s = (const uint8_t *)PyUnicode_AsUTF8AndSize(text, &n);
+    if (!s) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return NULL;
+        PyErr_Clear();
+        return PyLong_FromLong(-1);
+    }
+    Py_ssize_t i = 0;
+    while (i < n && count < need) {
+        Py_ssize_t start = i;  /* a token runs to the next whitespace */
+        int space = 0;
+        while (i < n) {
+            uint8_t b = s[i];
+            if (BYTE_CLASS[b] == 0) {
+                i++;
+                continue;
+            }
+            if (b < 0x80) {
+                space = 1;
+                break;
+            }
+            Py_UCS4 cp = decode_at(s, i);
+            if (Py_UNICODE_ISSPACE(cp)) {
+                space = 1;
+                break;
+            }
+            i += b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+        }
+        Py_ssize_t end = i, core = start;
+        if (end > start) {
+            while (core < end && !is_alnum_at(s, core)) core += s[core] < 0xC0 ? 1 : s[core] < 0xE0 ? 2 : s[core] < 0xF0 ? 3 : 4;
+            while (end > core && !is_alnum_at(s, char_before(s, end))) end = char_before(s, end);
+            if (end > core && end - core <= 3 * longest)
+                count += is_stop_word(s, core, end, words, sizes, nwords, longest);
+        }
+        if (space) i += s[i] < 0x80 ? 1 : s[i] < 0xE0 ? 2 : s[i] < 0xF0 ? 3 : 4;
+    }
+    return PyLong_FromSsize_t(count);
+}
+
 static PyMethodDef methods[] = {
     {"scan_words", scan_words, METH_VARARGS, "The words, word counts and repetition bounds of documents."},
     {"screen_ngrams", screen_ngrams, METH_VARARGS, "Whether the n-gram rules may fail each document."},
+    {"count_stop_words", count_stop_words, METH_VARARGS, "Tokens that are stop words, up to a number."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -635,6 +754,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_wordscan",
                                     -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__wordscan(void) {
-    for (int b = 0; b < 256; b++) BYTE_CLASS[b] = b >= 0x80 ? 3 : b == '\n' ? 2 : Py_UNICODE_ISSPACE(b) ? 1 : 0;
+    for (int b = 0; b < 256; b++) {
+        BYTE_CLASS[b] = b >= 0x80 ? 3 : b == '\n' ? 2 : Py_UNICODE_ISSPACE(b) ? 1 : 0;
+        ASCII_ALPHA[b] = b < 0x80 && Py_UNICODE_ISALPHA(b);
+        ASCII_ALNUM[b] = b < 0x80 && Py_UNICODE_ISALNUM(b);
+    }
     return PyModule_Create(&module);
 }

@@ -9,7 +9,7 @@ def scan_words(
     max_dup_para_fraction: float,
     max_dup_para_char_fraction: float,
     /,
-) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes]: ...
+) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes]: ...
 def screen_ngrams(
     hashes: Buffer,
     lengths: Buffer,
@@ -19,3 +19,4 @@ def screen_ngrams(
     dup: tuple[tuple[int, float], ...],
     /,
 ) -> bytes: ...
+def count_stop_words(text: str, words: tuple[str, ...], need: int, /) -> int: ...

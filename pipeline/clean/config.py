@@ -11,8 +11,12 @@ from pipeline.langid import LangIdConfig
 NORMALIZATIONS = ("NFC", "NFKC")
 DEFAULT_TOP_NGRAM = ((2, 0.20), (3, 0.18), (4, 0.16))
 DEFAULT_DUP_NGRAM = ((5, 0.15), (6, 0.14), (7, 0.13), (8, 0.12), (9, 0.11), (10, 0.10))
+# Gopher's stop words (Rae et al. 2021, appendix A), for documents identified as English
+DEFAULT_STOP_WORDS = (("en", ("the", "be", "to", "of", "and", "that", "have", "with")),)
+ANY_LANGUAGE = "*"  # the key of the stop-word list for every language without its own
 
 _FRACTION_FIELDS = (
+    "min_alpha_word_fraction",
     "max_symbol_word_ratio",
     "max_bullet_line_fraction",
     "max_ellipsis_line_fraction",
@@ -34,9 +38,12 @@ class QualityConfig:
     max_words: int | None = 100_000
     min_mean_word_length: float | None = 3.0
     max_mean_word_length: float | None = 10.0
+    # ``#`` per word, and ``...`` + ``…`` per word: each ratio on its own
     max_symbol_word_ratio: float | None = 0.1
     max_bullet_line_fraction: float | None = 0.9
     max_ellipsis_line_fraction: float | None = 0.3
+    # words with at least one alphabetic character, over all words
+    min_alpha_word_fraction: float | None = 0.8
     max_dup_line_fraction: float | None = 0.3
     max_dup_line_char_fraction: float | None = 0.2
     max_dup_para_fraction: float | None = 0.3
@@ -45,9 +52,13 @@ class QualityConfig:
     top_ngram_max_fraction: tuple[tuple[int, float], ...] = DEFAULT_TOP_NGRAM
     # (n, max fraction of word characters inside repeated occurrences of n-grams)
     dup_ngram_max_fraction: tuple[tuple[int, float], ...] = DEFAULT_DUP_NGRAM
+    # occurrences of the document's language's stop words it must hold (applied once its language is known)
+    min_stop_words: int | None = 2
+    # (language code, its stop words); "*": the list of every language without its own (none: no rule)
+    stop_words: tuple[tuple[str, tuple[str, ...]], ...] = DEFAULT_STOP_WORDS
 
     def __post_init__(self) -> None:
-        for name in ("min_chars", "max_chars", "min_words", "max_words"):
+        for name in ("min_chars", "max_chars", "min_words", "max_words", "min_stop_words"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"QualityConfig.{name} must be a non-negative int or None, got {value!r}")
@@ -70,6 +81,34 @@ class QualityConfig:
                     f"QualityConfig.{name} must be (n, fraction) pairs with increasing n >= 1 and "
                     f"fractions in [0, 1], got {pairs!r}"
                 )
+        _check_stop_words(self.stop_words)
+
+    def stop_word_list(self, language: str | None) -> tuple[str, ...]:
+        """The stop words of documents in ``language`` (None: not identified): its own list, else the
+        ``"*"`` list, else none (the stop-word rule does not apply)."""
+        lists = dict(self.stop_words)
+        found = lists.get(language) if language is not None else None
+        return found if found is not None else lists.get(ANY_LANGUAGE, ())
+
+
+def _check_stop_words(stop_words: tuple[tuple[str, tuple[str, ...]], ...]) -> None:
+    """Each language once, each stop word a single token whose ends are letters or digits (a token is matched
+    with its leading and trailing punctuation stripped, so a word ending in punctuation could never match)."""
+    fix = "write stop_words as {language: [word, ...]}, e.g. {en: [the, be, to], '*': [...]}"
+    languages = [language for language, _ in stop_words]
+    if len(set(languages)) != len(languages):
+        raise ValueError(f"QualityConfig.stop_words lists a language twice: {languages}; {fix}")
+    for language, words in stop_words:
+        if not isinstance(language, str) or not language or not isinstance(words, tuple):
+            raise ValueError(f"QualityConfig.stop_words: bad entry {language!r}: {words!r}; {fix}")
+        for word in words:
+            if not isinstance(word, str) or not word or not word[0].isalnum() or not word[-1].isalnum():
+                raise ValueError(
+                    f"QualityConfig.stop_words[{language!r}]: {word!r} must be a word that starts and ends "
+                    f"with a letter or digit (punctuation around a word is stripped before matching)"
+                )
+            if any(c.isspace() for c in word):
+                raise ValueError(f"QualityConfig.stop_words[{language!r}]: {word!r} must be one word")
 
 
 @dataclass(frozen=True, kw_only=True)

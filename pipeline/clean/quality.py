@@ -1,4 +1,4 @@
-"""Document quality filters: the Gopher rules (Rae et al. 2021, appendix A) and C4-style length bounds.
+"""Document quality filters: the Gopher rules (Rae et al. 2021, appendix A) and character-length bounds.
 
 ``check_quality(text, cfg)`` returns the name of the first rule a document fails (cheap rules first), or
 ``None`` when it passes. Every threshold is a field of :class:`QualityConfig`; ``None`` turns a rule off.
@@ -10,15 +10,57 @@ length rule is measured over the non-CJK words only, and skipped when fewer than
 non-CJK (a CJK "word" of one character says nothing about gibberish). Thai, Lao, Khmer and Myanmar, which
 are also written without spaces, are not special-cased: documents in them look like few long words.
 
-Rules, in the order checked (the reason names are the drop counters of the clean stage): ``too_short_chars``,
-``too_long_chars``, ``too_few_words``, ``too_many_words``, ``mean_word_length``, ``symbol_ratio`` (``#``,
-``...`` and ``…`` per word), ``bullet_lines`` (lines starting with a bullet or dash), ``ellipsis_lines``,
-``dup_line_fraction``, ``dup_line_char_fraction``, ``dup_para_fraction``, ``dup_para_char_fraction`` (items
-equal to an earlier item, by count and by characters; blank lines ignored), ``top_{n}gram_fraction``
-(characters of the most frequent word n-gram, times its count when it occurs more than once, over all word
-characters) and ``dup_{n}gram_fraction`` (word characters inside occurrences of an n-gram that repeat an
-earlier occurrence, each character counted once). Documents that are mostly CJK skip the two n-gram
-families: their "words" would be single characters (the line and paragraph rules still apply).
+Rules, in the order checked (the reason is the drop counter of the clean stage; G = Rae et al. 2021, "Scaling
+Language Models: Methods, Analysis & Insights from Training Gopher", appendix A, its "quality filtering" (QF) and
+"repetition removal" (RR) steps; W = words as defined above, CJK characters included unless said):
+
+=====================  ===============================  ==========  =========================================  =======
+reason                 threshold field                  default     a document is dropped when                 source
+=====================  ===============================  ==========  =========================================  =======
+too_short_chars        min_chars                        100         characters < min                           ours
+too_long_chars         max_chars                        5,000,000   characters > max                           ours
+too_few_words          min_words                        50          W < min                                    G QF
+too_many_words         max_words                        100,000     W > max                                    G QF
+mean_word_length       min/max_mean_word_length         3, 10       mean characters per non-CJK word outside   G QF
+                                                                    [min, max] (1)
+hash_word_ratio        max_symbol_word_ratio            0.1         text.count("#") / W > max                  G QF
+ellipsis_word_ratio    max_symbol_word_ratio            0.1         (count("...") + count("…")) / W > max (2)  G QF
+bullet_lines           max_bullet_line_fraction         0.9         lines starting (after spaces/tabs) with    G QF
+                                                                    one of ``BULLETS`` / lines > max (3)
+ellipsis_lines         max_ellipsis_line_fraction       0.3         lines ending in "..." or "…" / lines > max  G QF
+alpha_word_fraction    min_alpha_word_fraction          0.8         W with >= 1 ``str.isalpha`` character / W  G QF
+                                                                    < min (4)
+dup_line_fraction      max_dup_line_fraction            0.3         non-blank lines equal to an earlier one /  G RR
+                                                                    non-blank lines > max
+dup_line_char_fraction max_dup_line_char_fraction       0.2         characters of those lines / characters of  G RR
+                                                                    non-blank lines > max
+dup_para_fraction,     max_dup_para_fraction,           0.3, 0.2    the same over paragraphs (split on blank   G RR
+dup_para_char_fraction max_dup_para_char_fraction                   lines)
+top_{n}gram_fraction   top_ngram_max_fraction           n=2,3,4:    characters of the most frequent word       G RR
+                                                        .20,.18,.16 n-gram x its count (when > 1) / word
+                                                                    characters > max (5)
+dup_{n}gram_fraction   dup_ngram_max_fraction           n=5..10:    word characters inside occurrences of an   G RR
+                                                        .15 .. .10  n-gram repeating an earlier one, each
+                                                                    counted once / word characters > max (5)
+stop_words             min_stop_words, stop_words       2; en: the, occurrences of the language's stop words   G QF
+                                                        be, to, of, < min (6)
+                                                        and, that,
+                                                        have, with
+=====================  ===============================  ==========  =========================================  =======
+
+Choices the paper leaves open, made here: a word is a whitespace token (``str.split``), each CJK character one
+word (``CJK_RANGES``, whose CJK punctuation and ideographic space U+3000 count too); every ratio's denominator is W of the whole document (lines: all lines, ``text.count("\n") + 1``;
+repetition: non-blank lines/paragraphs, word characters of non-CJK words). (1) skipped when fewer than half of
+the words are non-CJK. (2) "...." holds one "...", "......" two (``str.count``); the paper's two ratios are
+compared each on its own, not summed. (3) ``BULLETS``: • ‣ ◦ ⁃ ● ▪ - * · –. (4) a CJK character is a word with
+a letter when it is one (ideographs, kana: yes; CJK punctuation, fullwidth digits: no); "1984", "—", "#" are
+words without one. (5) skipped for mostly-CJK documents (the line and paragraph rules still apply); n-grams do
+not cross documents; ties of the most frequent n-gram go to the earliest. (6) needs the document's language,
+so the clean stage applies it after language identification (:mod:`pipeline.clean.stopwords`, which defines the
+matching: a token stripped of non-alphanumeric ends, lowercased, each occurrence counted); ``stop_words`` maps a
+language to its list, ``"*"`` to the list of any language without its own; a language without a list (with the
+defaults, every language but English) is not subject to the rule. ``check_quality_batch`` applies it only when
+given the languages. The paper gives neither the case nor the punctuation handling of its stop words.
 
 Speed: ``check_quality_batch`` never builds a Python list of words for most documents. One numpy scan over
 the UTF-8 bytes of ~0.5 MB of documents at a time gives every word's bounds, character length and a 64-bit
@@ -36,13 +78,14 @@ thresholds in :class:`pipeline.clean.config.QualityConfig`.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import chain
 
 import numpy as np
 
 from pipeline.clean import wordscan
 from pipeline.clean.config import QualityConfig
+from pipeline.clean.stopwords import stop_word_reason
 from pipeline.clean.wordscan import CJK_RANGES, MIX, STEP, _repeats, scan_chunks
 from pipeline.units import packed_ranges
 
@@ -366,12 +409,14 @@ def _counted_reason(
     n_words: int,
     n_plain: int,
     plain_chars: int,
+    alpha_words: int,
     cfg: QualityConfig,
     repetition_ok: bool = False,
     marks: list[int] | None = None,
 ) -> str | None:
-    """The word, symbol, line and repetition rules, given the word count, the number of non-CJK words and
-    their characters (and whether the repetition rules are known to pass, and the compiled scan's counts)."""
+    """The word, symbol, line, alphabetic-word and repetition rules, given the word count, the number of
+    non-CJK words and their characters, the number of words with an alphabetic character (and whether the
+    repetition rules are known to pass, and the compiled scan's counts)."""
     if cfg.min_words is not None and n_words < cfg.min_words:
         return "too_few_words"
     if cfg.max_words is not None and n_words > cfg.max_words:
@@ -384,12 +429,31 @@ def _counted_reason(
             return "mean_word_length"
     ellipses = None
     if cfg.max_symbol_word_ratio is not None and n_words:
-        ellipses = (marks[1], marks[2]) if marks else (text.count(ELLIPSES[0]), text.count(ELLIPSES[1]))
+        # the paper's two ratios, each against the threshold on its own (not their sum)
         hashes = marks[0] if marks else text.count("#")
-        if (hashes + ellipses[0] + ellipses[1]) / n_words > cfg.max_symbol_word_ratio:
-            return "symbol_ratio"
+        if hashes / n_words > cfg.max_symbol_word_ratio:
+            return "hash_word_ratio"
+        ellipses = (marks[1], marks[2]) if marks else (text.count(ELLIPSES[0]), text.count(ELLIPSES[1]))
+        if (ellipses[0] + ellipses[1]) / n_words > cfg.max_symbol_word_ratio:
+            return "ellipsis_word_ratio"
     reason = _line_reason(text, cfg, ellipses, marks)
-    return reason if reason or repetition_ok else _repetition_reason(text, cfg)
+    if reason:
+        return reason
+    if (
+        cfg.min_alpha_word_fraction is not None
+        and n_words
+        and alpha_words / n_words < cfg.min_alpha_word_fraction
+    ):
+        return "alpha_word_fraction"
+    return None if repetition_ok else _repetition_reason(text, cfg)
+
+
+def alpha_words(text: str, words: list[str], n_cjk: int) -> int:
+    """Words with at least one alphabetic character (``str.isalpha``): of the non-CJK ``words``, and of the
+    ``n_cjk`` CJK characters of ``text`` (each one a word: an ideograph or kana is alphabetic, CJK
+    punctuation and fullwidth digits are not)."""
+    found = sum(1 for w in words if any(map(str.isalpha, w)))
+    return found + (sum(map(str.isalpha, CJK_RE.findall(text))) if n_cjk else 0)
 
 
 def _word_reason(text: str, cfg: QualityConfig) -> tuple[str | None, list[str]]:
@@ -397,7 +461,8 @@ def _word_reason(text: str, cfg: QualityConfig) -> tuple[str | None, list[str]]:
     rules (empty when they do not apply: a reason was found already, or the document is mostly CJK)."""
     words, n_cjk = _split_cjk(text, text.split())
     n_words = len(words) + n_cjk
-    reason = _counted_reason(text, n_words, len(words), len("".join(words)), cfg)
+    alpha = alpha_words(text, words, n_cjk) if cfg.min_alpha_word_fraction is not None else 0
+    reason = _counted_reason(text, n_words, len(words), len("".join(words)), alpha, cfg)
     if reason or n_cjk * 2 > n_words:
         # n-gram rules over CJK would need character n-grams; the line/paragraph rules cover CJK spam
         return reason, []
@@ -417,7 +482,7 @@ def _fast_batch(texts: list[str], cfg: QualityConfig) -> tuple[list[str | None],
     (their reasons are left None)."""
     reasons: list[str | None] = []
     others: list[int] = []
-    for lo, hi, hashes, lengths, sizes, per_doc, rep_ok, cjk, marks in scan_chunks(texts, cfg):
+    for lo, hi, hashes, lengths, sizes, per_doc, rep_ok, cjk, alpha, marks in scan_chunks(texts, cfg):
         cum = np.concatenate(([0], np.cumsum(lengths)))
         bounds = np.concatenate(([0], np.cumsum(sizes)))
         chars = cum[bounds[1:]] - cum[bounds[:-1]]
@@ -428,12 +493,13 @@ def _fast_batch(texts: list[str], cfg: QualityConfig) -> tuple[list[str | None],
             per_doc.tolist(),
             rep_ok.tolist(),
             cjk.tolist(),
+            alpha.tolist(),
             marks.tolist() if marks is not None else [None] * (hi - lo),
             strict=True,
         )
-        for text, n, c, other, ok, k, m in flags:
+        for text, n, c, other, ok, k, a, m in flags:
             ok = ok and text[:1] != "\n" and text[-1:] != "\n"  # else its paragraphs differ from the scan's
-            reasons.append(None if other else _counted_reason(text, n + k, n, c, cfg, ok, m))
+            reasons.append(None if other else _counted_reason(text, n + k, n, c, a, cfg, ok, m))
         others.extend((lo + np.flatnonzero(per_doc)).tolist())
         # the n-gram rules: documents with at least two non-CJK words, and not mostly CJK (see _word_reason)
         ngrams = (sizes >= 2) & ~per_doc & (cjk <= sizes)
@@ -446,9 +512,14 @@ def _fast_batch(texts: list[str], cfg: QualityConfig) -> tuple[list[str | None],
     return reasons, others
 
 
-def check_quality_batch(texts: list[str], cfg: QualityConfig) -> list[str | None]:
+def check_quality_batch(
+    texts: list[str], cfg: QualityConfig, languages: Sequence[str | None] | None = None
+) -> list[str | None]:
     """``check_quality`` of every text, with the words of most documents found in one byte-level scan and
-    the n-gram rules screened for the whole batch at once."""
+    the n-gram rules screened for the whole batch at once. ``languages``: each document's language (None:
+    not identified), for the stop-word rule; without them that rule is left out (the clean stage applies
+    :func:`pipeline.clean.stopwords.stop_word_reason` to the documents that pass, once their language is
+    known)."""
     if not cfg.enabled:
         return [None] * len(texts)
     reasons: list[str | None] = [_length_reason(text, cfg) for text in texts]
@@ -467,9 +538,15 @@ def check_quality_batch(texts: list[str], cfg: QualityConfig) -> list[str | None
     for i, words, maybe in zip(pending, pending_words, flagged, strict=True):
         if maybe:
             reasons[i] = _fast_ngram_reason(words, cfg)
+    if languages is not None:
+        reasons = [
+            reason or stop_word_reason(text, language, cfg)
+            for text, language, reason in zip(texts, languages, reasons, strict=True)
+        ]
     return reasons
 
 
-def check_quality(text: str, cfg: QualityConfig) -> str | None:
-    """Name of the first rule ``text`` fails (cheapest first), or ``None`` when it passes."""
-    return check_quality_batch([text], cfg)[0]
+def check_quality(text: str, cfg: QualityConfig, language: str | None = None) -> str | None:
+    """Name of the first rule ``text`` fails (cheapest first), or ``None`` when it passes; the stop-word rule
+    with the list of ``language`` (None: not identified, the ``"*"`` list if one is configured)."""
+    return check_quality_batch([text], cfg, [language])[0]

@@ -1,7 +1,8 @@
 """The clean stage: normalise each document (``normalize.py``), remove the corpus-wide boilerplate lines
 (``boilerplate.py``), identify its language (``pipeline.langid``: ``language`` and ``language_score`` in the
 meta; a language outside ``langid.allow`` or a score under ``langid.min_score`` drops it), drop the documents
-that fail a quality rule (``quality.py``), count every drop and repair. Each document is cleaned with its
+that fail a quality rule (``quality.py``; the stop-word rule, ``stopwords.py``, once the language is known), count
+every drop and repair. Each document is cleaned with its
 source's overrides (``pipeline.sources``: language filter, quality thresholds).
 
 A build normalises once: its ingest writes each part normalised (``run_ingest_part(normalize=normalizer(cfg))``,
@@ -19,9 +20,10 @@ from dataclasses import replace
 from pipeline import langid
 from pipeline.clean import normalize, wordscan
 from pipeline.clean.boilerplate import input_normalized, load_boilerplate
-from pipeline.clean.config import CleanConfig
+from pipeline.clean.config import CleanConfig, QualityConfig
 from pipeline.clean.normalize import normalize_text, normalize_whitespace, remove_boilerplate
 from pipeline.clean.quality import check_quality_batch
+from pipeline.clean.stopwords import stop_word_reason
 from pipeline.langid import LangIdConfig, identify_batch, language_verdict
 from pipeline.records import Record, iter_part_batches, write_part
 from pipeline.sources import SOURCE_NAME, SourceConfig, provenance
@@ -79,6 +81,17 @@ def _languages(texts: list[str], cfg: LangIdConfig, wanted: list[bool]) -> list[
 def _langid_drops(cfg: LangIdConfig) -> bool:
     """Whether the language check can drop a document (an allow-list or a minimum score)."""
     return cfg.enabled and (bool(cfg.allow) or cfg.min_score > 0.0)
+
+
+def _stop_word_reasons(
+    texts: list[str], langs: list[tuple[str, float] | None], reasons: list[str | None], cfg: QualityConfig
+) -> list[str | None]:
+    """The stop-word rule on the documents that pass the other rules, now that their language is known (None
+    where language identification is off: only a ``"*"`` list applies)."""
+    return [
+        reason or stop_word_reason(text, lang[0] if lang else None, cfg)
+        for text, lang, reason in zip(texts, langs, reasons, strict=True)
+    ]
 
 
 def _with_language(meta: str, found: tuple[str, float] | None, counts: Counter[str]) -> str:
@@ -154,6 +167,7 @@ def _clean_indexed(
     reasons = [e or next(quality) for e in early]
     if not _langid_drops(cfg.langid):  # it only annotates: identify the documents that are kept, no others
         langs = _languages(texts, cfg.langid, [r is None for r in reasons])
+    reasons = _stop_word_reasons(texts, langs, reasons, cfg.quality)
     out: list[tuple[int, Record]] = []
     for i, (rec, text, lang, reason) in enumerate(zip(records, texts, langs, reasons, strict=True)):
         stats.bytes_in += _utf8_len(rec.text)

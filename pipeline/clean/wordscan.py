@@ -53,6 +53,7 @@ CJK_RANGES = (
 MIX = np.uint64(0x9E3779B97F4A7C15)
 STEP = np.uint64(0xD6E8FEB86659FD93)
 _WS_TABLE = bytes(int(chr(b).isspace()) for b in range(128)) + bytes(128)
+_ALPHA_TABLE = bytes(int(chr(b).isalpha()) for b in range(128)) + bytes(128)
 _NON_ASCII_SPACES = np.array([c for c in range(0x80, 0x110000) if chr(c).isspace()], dtype=np.int64)
 # code point c is CJK iff searchsorted(_CJK_EDGES, c, "right") is odd
 _CJK_EDGES = np.array([e for a, b in CJK_RANGES for e in (a, b + 1)], dtype=np.int64)
@@ -78,15 +79,16 @@ def _word_hashes(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray
 
 def _wide_chars(
     b: np.ndarray, doc_start: np.ndarray, n_docs: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The multi-byte characters of a chunk, decoded from their lead bytes: per document whether it holds a
-    lone surrogate and how many CJK characters; and a mask of the bytes of the CJK and non-ASCII whitespace
-    characters (the separators ``_split_cjk`` adds to ``str.split``'s)."""
+    lone surrogate, how many CJK characters and how many of those are alphabetic; a mask of the bytes of the
+    CJK and non-ASCII whitespace characters (the separators ``_split_cjk`` adds to ``str.split``'s); and the
+    lead bytes of the alphabetic characters."""
     lead = np.flatnonzero(b >= 0xC0)
     per_doc, cjk = np.zeros(n_docs, dtype=bool), np.zeros(n_docs, dtype=np.int64)
     separator = np.zeros(len(b), dtype=bool)
     if not len(lead):
-        return per_doc, cjk, separator
+        return per_doc, cjk, cjk.copy(), separator, lead
     b0 = b[lead].astype(np.int64)
     b1, b2, b3 = ((b[lead + k] & 0x3F).astype(np.int64) for k in (1, 2, 3))
     cp = np.where(
@@ -100,11 +102,15 @@ def _wide_chars(
     per_doc[doc[(cp >= 0xD800) & (cp <= 0xDFFF)]] = True
     is_cjk = np.searchsorted(_CJK_EDGES, cp, side="right") % 2 == 1
     cjk += np.bincount(doc[is_cjk], minlength=n_docs)
+    # str.isalpha of each distinct code point of the chunk (a few hundred), spread back by the inverse
+    distinct, inverse = np.unique(cp, return_inverse=True)
+    is_alpha = np.array([chr(c).isalpha() for c in distinct.tolist()], dtype=bool)[inverse]
+    cjk_alpha = np.bincount(doc[is_cjk & is_alpha], minlength=n_docs)
     wide = is_cjk | np.isin(cp, _NON_ASCII_SPACES)
     first, size = lead[wide], 2 + (b0[wide] >= 0xE0) + (b0[wide] >= 0xF0)
     for k in range(4):
         separator[first[size > k] + k] = True
-    return per_doc, cjk, separator
+    return per_doc, cjk, cjk_alpha, separator, lead[is_alpha]
 
 
 def _segment_dups(
@@ -179,17 +185,20 @@ def _repetition_passes(
 
 def _scan_chunk(
     encoded: list[bytes], ascii_only: bool, cfg: QualityConfig
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     buf = b"\n" + b"\n".join(encoded) + b"\n" * 9  # the padding lets every word read 8 bytes
     doc_start = np.cumsum([1] + [len(e) + 1 for e in encoded])[:-1]
     space = np.frombuffer(buf.translate(_WS_TABLE), dtype=np.bool_)
     per_doc, cjk = np.zeros(len(encoded), dtype=bool), np.zeros(len(encoded), dtype=np.int64)
-    cont = None
+    alpha_byte = np.frombuffer(buf.translate(_ALPHA_TABLE), dtype=np.bool_)  # ASCII letters
+    cjk_alpha, cont = cjk, None
     if not ascii_only:
         b = np.frombuffer(buf, dtype=np.uint8)
-        per_doc, cjk, separator = _wide_chars(b, doc_start, len(encoded))
+        per_doc, cjk, cjk_alpha, separator, alpha_lead = _wide_chars(b, doc_start, len(encoded))
         space = space | separator
         cont = np.flatnonzero((b & 0xC0) == 0x80)
+        alpha_byte = alpha_byte.copy()
+        alpha_byte[alpha_lead] = True  # a CJK one is a separator, never inside a word
     edges = np.flatnonzero(space[1:] != space[:-1]) + 1
     starts, ends = edges[0::2], edges[1::2]
     lengths = ends - starts
@@ -201,7 +210,28 @@ def _scan_chunk(
     sizes = np.diff(np.searchsorted(starts, np.append(doc_start, len(buf))))  # a newline parts documents
     hashes = _word_hashes(buf, starts, ends)
     words = (starts, np.concatenate((np.zeros(1, dtype=np.uint64), np.cumsum(hashes))))
-    return hashes, lengths, sizes, per_doc, _repetition_passes(buf, doc_start, words, cont, cfg), cjk
+    rep_ok = _repetition_passes(buf, doc_start, words, cont, cfg)
+    return (
+        hashes,
+        lengths,
+        sizes,
+        per_doc,
+        rep_ok,
+        cjk,
+        _alpha_words(alpha_byte, starts, ends, sizes) + cjk_alpha,
+    )
+
+
+def _alpha_words(
+    alpha_byte: np.ndarray, starts: np.ndarray, ends: np.ndarray, sizes: np.ndarray
+) -> np.ndarray:
+    """Per document: its words (``starts``/``ends``, ``sizes`` per document) holding an alphabetic byte."""
+    alpha_before = np.zeros(len(alpha_byte) + 1, dtype=np.int32)
+    np.cumsum(alpha_byte, out=alpha_before[1:])
+    words_before = np.zeros(len(starts) + 1, dtype=np.int64)
+    np.cumsum(alpha_before[ends] > alpha_before[starts], out=words_before[1:])
+    bounds = np.concatenate(([0], np.cumsum(sizes)))
+    return words_before[bounds[1:]] - words_before[bounds[:-1]]
 
 
 def _limit(fraction: float | None) -> float:
@@ -210,23 +240,27 @@ def _limit(fraction: float | None) -> float:
 
 def _scan_compiled(
     kernel: ModuleType, texts: list[str], cfg: QualityConfig
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     limits = (cfg.max_dup_line_fraction, cfg.max_dup_line_char_fraction, cfg.max_dup_para_fraction,
               cfg.max_dup_para_char_fraction)  # fmt: skip
-    h, n, sizes, per_doc, ok, cjk, marks = kernel.scan_words(texts, *map(_limit, limits))
+    h, n, sizes, per_doc, ok, cjk, alpha, marks = kernel.scan_words(texts, *map(_limit, limits))
     return (np.frombuffer(h, dtype=np.uint64), np.frombuffer(n, dtype=np.int64), np.frombuffer(sizes, dtype=np.int64),
             np.frombuffer(per_doc, dtype=np.bool_), np.frombuffer(ok, dtype=np.bool_),
-            np.frombuffer(cjk, dtype=np.int64), np.frombuffer(marks, dtype=np.int64).reshape(len(texts), MARKS))  # fmt: skip
+            np.frombuffer(cjk, dtype=np.int64), np.frombuffer(alpha, dtype=np.int64),
+            np.frombuffer(marks, dtype=np.int64).reshape(len(texts), MARKS))  # fmt: skip
 
 
 def scan_chunks(
     texts: list[str], cfg: QualityConfig
-) -> Iterator[tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any]]:
+) -> Iterator[
+    tuple[int, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, Any]
+]:
     """Words of ``texts`` in chunks of ~0.5 MB, which keep numpy's temporaries in cache: ``(lo, hi, hashes,
-    lengths, sizes, per_doc, repetition_ok, cjk, marks)`` for texts lo..hi-1: per word its hash and character
-    length (concatenated in order), per document its word count (CJK characters left out), whether it must take
-    the per-document path instead (then its words here are not its words), whether it passes the repetition
-    rules for certain (see ``_repetition_passes``) and its CJK character count (each one a word); ``marks``
+    lengths, sizes, per_doc, repetition_ok, cjk, alpha, marks)`` for texts lo..hi-1: per word its hash and
+    character length (concatenated in order), per document its word count (CJK characters left out), whether it
+    must take the per-document path instead (then its words here are not its words), whether it passes the
+    repetition rules for certain (see ``_repetition_passes``), its CJK character count (each one a word) and its
+    words with an alphabetic character (``str.isalpha``; the CJK ones included); ``marks``
     (the compiled scan only, else None): per document the counts of :data:`MARK_NAMES` that the per-document
     rules take."""
     kernel = scan_kernel

@@ -165,3 +165,30 @@ def test_corpus_config_and_publish_share_the_name_rule(tmp_path: Path) -> None:
         load_corpus_config(None, name=".hidden")
     with pytest.raises(ConfigError, match=r"dataset name '\.hidden'"):
         load_corpus_config(None, overrides={"name": ".hidden"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lists:
+    stop_words: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    ngrams: tuple[tuple[int, float], ...] = ((2, 0.2),)
+
+
+def test_a_tuple_of_pairs_may_be_written_as_a_mapping() -> None:
+    text = "stop_words: {en: [the, be], '*': [a]}\nngrams: {2: 0.2, 3: '1e-1'}\n"
+    cfg = build_config(Lists, yaml.safe_load(text))
+    assert cfg.stop_words == (("en", ("the", "be")), ("*", ("a",))) and cfg.ngrams == ((2, 0.2), (3, 0.1))
+    # the resolved config keeps pairs, which load back (JSON included) to the same config
+    assert config_to_dict(cfg)["stop_words"] == [["en", ["the", "be"]], ["*", ["a"]]]
+    assert build_config(Lists, json.loads(json.dumps(config_to_dict(cfg)))) == cfg
+    assert build_config(Lists, {"stop_words": [["en", ["the"]]]}).stop_words == (("en", ("the",)),)
+
+
+def test_a_wrong_mapping_value_names_the_field_and_key() -> None:
+    with pytest.raises(ConfigError, match=r"stop_words\.en must be a list; got 'the'"):
+        build_config(Lists, {"stop_words": {"en": "the"}})
+    with pytest.raises(ConfigError, match=r"stop_words\.en\[1\] must be a string"):
+        build_config(Lists, {"stop_words": {"en": ["the", 3]}})
+    with pytest.raises(ConfigError, match=r"stop_words must be a mapping or a list of \[key, value\] pairs"):
+        build_config(Lists, {"stop_words": "the"})
+    with pytest.raises(ConfigError, match=r"ngrams \(key 'two'\) must be an integer"):
+        build_config(Lists, {"ngrams": {"two": 0.2}})

@@ -88,6 +88,57 @@ def reference_reason(text: str, cfg: QualityConfig) -> str | None:
     return reason if reason or len(words) < 2 else ngram_reason(words, cfg)
 
 
+def words_of(text: str) -> list[str]:
+    """The words as pileworks defines them, character by character: runs of non-whitespace, every CJK
+    character (``quality.CJK_RE``, U+3000 included though it is whitespace too) a word of its own."""
+    words: list[str] = []
+    current: list[str] = []
+    for c in text:
+        cjk = quality.CJK_RE.match(c) is not None
+        if (cjk or c.isspace()) and current:
+            words.append("".join(current))
+            current = []
+        if cjk:
+            words.append(c)
+        elif not c.isspace():
+            current.append(c)
+    return [*words, "".join(current)] if current else words
+
+
+def alpha_word_fraction(text: str) -> float | None:
+    """Gopher's alphabetic-word fraction: words with at least one ``str.isalpha`` character over all words
+    (None without words)."""
+    words = words_of(text)
+    return sum(any(c.isalpha() for c in w) for w in words) / len(words) if words else None
+
+
+def _strip_punctuation(token: str) -> str:
+    start, end = 0, len(token)
+    while start < end and not token[start].isalnum():
+        start += 1
+    while end > start and not token[end - 1].isalnum():
+        end -= 1
+    return token[start:end]
+
+
+def stop_word_count(text: str, stop_words: tuple[str, ...]) -> int:
+    """Tokens of ``text.split()`` that, stripped of non-alphanumeric characters at both ends and lowercased,
+    equal a lowercased stop word."""
+    wanted = {w.lower() for w in stop_words}
+    return sum(_strip_punctuation(token).lower() in wanted for token in text.split())
+
+
+def reference_stop_word_reason(text: str, language: str | None, cfg: QualityConfig) -> str | None:
+    """The stop-word rule, by counting every token (the oracle for ``stopwords.stop_word_reason``)."""
+    if not cfg.enabled or not cfg.min_stop_words:
+        return None
+    lists = dict(cfg.stop_words)
+    words = lists.get(language) if language in lists else lists.get("*")
+    if not words:
+        return None
+    return "stop_words" if stop_word_count(text, words) < cfg.min_stop_words else None
+
+
 def fast_words(text: str) -> bool:
     """Whether the byte-level scan finds the document's words (``quality._split_cjk``'s: ``text.split()`` with
     every CJK character taken out, each counted as a word): everywhere but in a text with a lone surrogate."""

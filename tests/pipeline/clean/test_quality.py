@@ -20,7 +20,14 @@ from pipeline.clean.quality import check_quality, check_quality_batch, count_wor
 from pipeline.clean.stage import clean_batch
 from pipeline.records import Record
 from pipeline.sample_corpus import sample_corpus_path
-from tests.pipeline.clean.quality_oracle import fast_words, ngram_reason, reference_reason
+from tests.pipeline.clean.quality_oracle import (
+    alpha_word_fraction,
+    fast_words,
+    ngram_reason,
+    reference_reason,
+    reference_stop_word_reason,
+    words_of,
+)
 
 WORD_TEXT = (
     "the of and to in is was that for on with as by at from his her which an have are were this be had "
@@ -101,9 +108,15 @@ PLANTED: dict[str, list[str]] = {
         " ".join(random.Random(3).choice(["a", "i", "o", "to", "we"]) for _ in range(200)),
         " ".join(unique_words(80, seed=4, length=14)),
     ],
-    "symbol_ratio": [" ".join(w + (" #" if i % 5 == 0 else "") for i, w in enumerate(prose(5).split()))],
+    "hash_word_ratio": [" ".join(w + (" #" if i % 5 == 0 else "") for i, w in enumerate(prose(5).split()))],
+    "ellipsis_word_ratio": [
+        " ".join(w + ("..." if i % 5 == 0 else "") for i, w in enumerate(prose(5).split()))
+    ],
     "bullet_lines": ["\n".join("- " + line for line in lines_of(6, 20))],
     "ellipsis_lines": ["\n".join(lines_of(7, 20, end="..."))],
+    "alpha_word_fraction": [
+        " ".join(w + (" 1984" if i % 3 == 0 else "") for i, w in enumerate(prose(6).split()))
+    ],
     "dup_line_fraction": ["\n".join(lines_of(8, 10) + ["The same line, again and again."] * 10)],
     "dup_line_char_fraction": ["\n".join(lines_of(9, 20, words_per_line=6) + [prose(10, 100)] * 2)],
     "dup_para_fraction": [planted_dup_paragraphs()],
@@ -207,19 +220,32 @@ def test_batch_screen_gives_the_exact_per_document_answers(monkeypatch, scan_pat
     assert sum(quality.screen_ngrams(words, cfg)) < len(words) // 2
 
 
-def test_sample_corpus_cjk_and_european_documents_are_kept():
-    records = []
+def sample_documents() -> list[tuple[str, list[dict]]]:
+    """The bundled sample corpus: per file, its documents (``text``, ``meta``)."""
+    out = []
     for path in sorted(glob.glob(str(sample_corpus_path() / "*.jsonl.zst"))):
         with open(path, "rb") as f:
             data = zstandard.ZstdDecompressor().stream_reader(f).read()
-        for k, line in enumerate(data.splitlines()):
-            doc = json.loads(line)
-            records.append(Record(f"{doc['meta'].get('lang')}-{path}-{k}", doc["text"], "sample"))
+        out.append((path, [json.loads(line) for line in data.splitlines()]))
+    return out
+
+
+def test_sample_corpus_cjk_and_european_documents_are_kept():
+    records = [
+        Record(f"{doc['meta'].get('lang')}-{path}-{k}", doc["text"], "sample")
+        for path, docs in sample_documents()
+        for k, doc in enumerate(docs)
+    ]
     out, stats = clean_batch(records, CleanConfig())
     kept = Counter(r.id.split("-")[0] for r in out)
     total = Counter(r.id.split("-")[0] for r in records)
-    for lang in ("ja", "zh", "de", "fr", "ru"):
+    for lang in ("ja", "zh", "ru"):
         assert kept[lang] == total[lang] > 10, lang
+    # the German and French title pages of the Debian developer's reference (as the English one) are mostly
+    # years, dashes and "©": under 80% of their words hold a letter; no document goes for its stop words
+    for lang in ("de", "fr"):
+        assert kept[lang] == total[lang] - 1 > 10, lang
+    assert stats.dropped == Counter({"alpha_word_fraction": 4, "dup_line_fraction": 1})
     assert stats.docs_out >= 0.97 * stats.docs_in
 
 
@@ -247,7 +273,18 @@ def mixed_script_docs(n_docs: int, seed: int) -> list[str]:
         "e\x85f",
         "ｆｕｌｌ",
         "ḁ̈",
+        "“the”",  # stop words behind punctuation, in capitals, and tokens that only contain one
+        "(Of,",
+        "THE",
+        "the's",
+        "_the_",
+        "to-do",
+        "２０２４",  # fullwidth digits: CJK words without a letter
+        "、",
+        "x1",
     ]
+    numbers = ["1984", "3.14", "—", "+=", "42", "½", "٣"]  # words without a letter
+    symbols = (["#", "#...", "C#"], ["...", "…", "a…"])  # one kind per document
     longs = ["https://example.org/" + "".join(rng.choice("ab") for _ in range(12)) + "/index.html"] * 3
     longs += [f"prefix-{c}-suffix-0123456789" for c in "abc"]
     docs = []
@@ -255,6 +292,11 @@ def mixed_script_docs(n_docs: int, seed: int) -> list[str]:
         words = text.split()
         for _ in range(rng.randint(0, 6)):
             words.insert(rng.randrange(len(words) + 1), rng.choice(extras + longs))
+        # near the thresholds of the alphabetic-word fraction (0.8) and the symbol ratios (0.1)
+        for tokens, share, rate in ((numbers, 0.4, (0.1, 0.3)), (rng.choice(symbols), 0.3, (0.04, 0.16))):
+            if rng.random() < share:
+                for _ in range(int(rng.uniform(*rate) * len(words))):
+                    words.insert(rng.randrange(len(words) + 1), rng.choice(tokens))
         seps = [rng.choice([" ", " ", " ", "\n", "\n\n", "\n\n\n", "\t", "  "]) for _ in words]
         doc = "".join(w + s for w, s in zip(words, seps, strict=True))
         docs.append(rng.choice(["", "\n", " "]) + doc.rstrip() + rng.choice(["", "\n", "  "]))
@@ -276,30 +318,48 @@ def test_byte_level_word_scan_gives_the_exact_per_document_answers(monkeypatch, 
     monkeypatch.setattr(wordscan, "SCAN_BYTES", 4000)  # several scan chunks per batch
     monkeypatch.setattr(quality, "_CHUNK_WORDS", 3000)
     docs = [*mixed_script_docs(500, seed=7), CHINESE * 3, JAPANESE * 3, GERMAN * 2]
-    cfg = QualityConfig(max_words=None, max_chars=None)
-    expected = [reference_reason(t, cfg) for t in docs]
-    assert check_quality_batch(docs, cfg) == expected
+    cfg = QualityConfig(max_words=None, max_chars=None, stop_words=(("en", ("the", "of")), ("*", ("a",))))
+    rng = random.Random(8)
+    languages = [rng.choice(["en", "en", "de", None]) for _ in docs]
+    expected = [
+        reference_reason(t, cfg) or reference_stop_word_reason(t, lang, cfg)
+        for t, lang in zip(docs, languages, strict=True)
+    ]
+    assert check_quality_batch(docs, cfg, languages) == expected
+    assert check_quality_batch(docs, cfg) == [reference_reason(t, cfg) for t in docs]
     reasons = Counter(expected)
     assert reasons[None] > 30 and sum(v for k, v in reasons.items() if k and "gram" in k) > 30
+    for rule in ("alpha_word_fraction", "hash_word_ratio", "ellipsis_word_ratio", "stop_words"):
+        assert reasons[rule] >= 5, (rule, reasons)
+    fractions = [alpha_word_fraction(t) or 0.0 for t in docs]
+    assert sum(0.75 < f < 0.8 for f in fractions) >= 5 and sum(0.8 <= f < 0.85 for f in fractions) >= 5
     assert sum(not fast_words(t) for t in docs) > 10  # the per-document path is exercised too
     assert sum(bool(quality.CJK_RE.search(t)) and fast_words(t) for t in docs) > 30  # and CJK in the scan
     for text in docs[:200]:  # and so is the word scan itself
         words, n_cjk = quality._split_cjk(text, text.split())
-        ((_, _, _, lengths, sizes, per_doc, _, cjk, _),) = wordscan.scan_chunks([text], cfg)
+        ((_, _, _, lengths, sizes, per_doc, _, cjk, alpha, _),) = wordscan.scan_chunks([text], cfg)
         assert per_doc.tolist() == [not fast_words(text)]
         if not per_doc[0]:
             assert sizes.tolist() == [len(words)] and lengths.tolist() == [len(w) for w in words]
             assert cjk.tolist() == [n_cjk]
+            all_words = words_of(text)
+            assert alpha.tolist() == [sum(any(c.isalpha() for c in w) for w in all_words)], text
+        assert quality.alpha_words(text, words, n_cjk) == sum(
+            any(c.isalpha() for c in w) for w in words_of(text)
+        )
 
 
 def test_sample_corpus_batch_equals_per_document_rules(scan_path):
-    texts = []
-    for path in sorted(glob.glob(str(sample_corpus_path() / "*.jsonl.zst"))):
-        with open(path, "rb") as f:
-            data = zstandard.ZstdDecompressor().stream_reader(f).read()
-        texts += [json.loads(line)["text"] for line in data.splitlines()]
+    docs = [doc for _, docs in sample_documents() for doc in docs]
+    texts = [doc["text"] for doc in docs]
+    languages = [doc["meta"].get("lang", "en") for doc in docs]
     for cfg in (QualityConfig(), CFG):
         assert check_quality_batch(texts, cfg) == [reference_reason(t, cfg) for t in texts]
+        expected = [
+            reference_reason(t, cfg) or reference_stop_word_reason(t, lang, cfg)
+            for t, lang in zip(texts, languages, strict=True)
+        ]
+        assert check_quality_batch(texts, cfg, languages) == expected
     # and the scan's repetition bounds spare nearly every passing document the exact set-based rules
     cfg = QualityConfig()
     proven = [ok for chunk in wordscan.scan_chunks(texts, cfg) for ok in chunk[6].tolist()]
@@ -414,12 +474,12 @@ def test_the_compiled_scan_finds_the_numpy_scans_words_and_bounds_no_looser(monk
         assert got[3].tolist() == want[3].tolist(), text  # routing
         if want[3][0]:
             continue  # a lone surrogate: the per-document path, whatever the scans found
-        for k in (0, 1, 2, 5):  # hashes, lengths, word count, CJK count
+        for k in (0, 1, 2, 5, 6):  # hashes, lengths, word count, CJK count, alphabetic words
             assert got[k].tolist() == want[k].tolist(), (k, text)
         bullets = len(quality.BULLET_LINE_RE.findall(text)) + text.lstrip(" \t").startswith(quality.BULLETS)
         ends = text.count("...\n") + text.count("…\n") + text.rstrip().endswith(quality.ELLIPSES)
         counts = [text.count("#"), text.count("..."), text.count("…"), text.count("\n"), bullets, ends]
-        assert got[6].tolist() == [counts], text
+        assert got[7].tolist() == [counts], text
         trusted = text[:1] != "\n" and text[-1:] != "\n"
         if trusted:
             assert got[4][0] or not want[4][0], text
@@ -456,3 +516,41 @@ def test_the_compiled_ngram_screen_flags_every_failing_document_and_spares_most_
         passing = [not f for f in fails]
         assert sum(g for g, p in zip(flagged.tolist(), passing, strict=True) if p) < sum(passing) // 2, cfg
         assert sum(fails) > 20 or cfg.dup_ngram_max_fraction == (), cfg
+
+
+def with_symbols(n_words: int, hashes: int, ellipses: int) -> str:
+    """``n_words`` words of prose, ``hashes`` of them starting with "#", ``ellipses`` ending with "..."."""
+    words = prose(31, n_words).split()
+    for i in range(hashes):
+        words[2 * i] = "#" + words[2 * i]
+    for i in range(ellipses):
+        words[2 * i + 1] += "..."
+    return " ".join(words)
+
+
+def test_symbol_rule_compares_each_ratio_on_its_own(scan_path):
+    cases = {
+        with_symbols(90, 4, 7): None,  # 4.4% "#" and 7.7% ellipses (the README case): neither is over 0.1
+        with_symbols(100, 10, 10): None,  # 0.1 each: not over; their sum (0.2) is no rule
+        with_symbols(100, 11, 0): "hash_word_ratio",
+        with_symbols(100, 0, 11): "ellipsis_word_ratio",
+        with_symbols(100, 11, 11): "hash_word_ratio",  # the "#" ratio is checked first
+    }
+    texts = list(cases)
+    assert (
+        check_quality_batch(texts, CFG) == list(cases.values()) == [reference_reason(t, CFG) for t in texts]
+    )
+
+
+def test_alpha_word_fraction_at_its_threshold(scan_path):
+    words = prose(30, 100).split()
+    numbers = [str(1000 + i) for i in range(25)]  # words without a letter
+    at = " ".join(words[:80] + numbers[:20])  # 80 of 100 words hold a letter: at least 80%, kept
+    below = " ".join(words[:79] + numbers[:21])  # 79%: dropped
+    above = " ".join(words[:81] + numbers[:19])
+    cjk = "河水缓缓流过小村庄，" * 6 + " ".join(words[:40])  # 10 CJK words of which 1 ("，") without a letter
+    texts = [at, below, above, cjk]
+    expected = [None, "alpha_word_fraction", None, None]
+    assert check_quality_batch(texts, CFG) == expected == [reference_reason(t, CFG) for t in texts]
+    assert alpha_word_fraction(cjk) == (54 + 40) / 100
+    assert check_quality(below, QualityConfig(max_chars=20_000, min_alpha_word_fraction=None)) is None
