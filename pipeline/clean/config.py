@@ -1,5 +1,5 @@
-"""The clean stage's configs: text normalisation, boilerplate lines, the quality rules (``quality.py``) and
-language identification (``pipeline.langid``)."""
+"""The clean stage's configs: text normalisation, boilerplate lines, the quality rules (``quality.py``), C4's
+rules (``c4.py``) and language identification (``pipeline.langid``)."""
 
 from __future__ import annotations
 
@@ -133,6 +133,44 @@ class BoilerplateConfig:
             raise ValueError(f"BoilerplateConfig.min_line_chars must be >= 1, got {self.min_line_chars}")
 
 
+C4_END_MARKS = (".", "?", "!", '"')  # TFDS c4_utils._END_MARKS (datatrove adds "'")
+
+
+@dataclass(frozen=True, kw_only=True)
+class C4Config:
+    """C4's rules (Raffel et al. 2020, section 2.2; ``pipeline/clean/c4.py`` has the table). Off by default:
+    they are made for web pages and remove most code and documentation. Each sub-rule has its switch (a bool,
+    or ``None`` for a threshold)."""
+
+    enabled: bool = False
+    require_terminal_punct: bool = True  # keep only lines ending in one of end_marks (and not in "...")
+    end_marks: tuple[str, ...] = C4_END_MARKS
+    min_words_per_line: int | None = 5  # the paper (JMLR version) and TFDS: 5; datatrove: 3
+    max_word_length: int | None = 1000  # a line holding a longer whitespace word is removed
+    remove_citations: bool = True  # "[1]", "[edit]", "[citation needed]" cut out of every line
+    remove_javascript_lines: bool = True
+    remove_policy_lines: bool = True  # "terms of use", "privacy policy", cookie notices
+    drop_lorem_ipsum: bool = True
+    drop_curly_bracket: bool = True
+    min_sentences: int | None = 3  # the paper (JMLR version) and TFDS: 3; datatrove: 5
+    bad_words_file: str | None = None  # local path or s3:// URI, one word or phrase a line; none bundled
+
+    def __post_init__(self) -> None:
+        for name in ("min_words_per_line", "max_word_length", "min_sentences"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"C4Config.{name} must be an int >= 1 or None (off), got {value!r}")
+        if not self.end_marks or not all(isinstance(m, str) and m for m in self.end_marks):
+            raise ValueError(f"C4Config.end_marks must list non-empty strings, got {self.end_marks!r}")
+        path = self.bad_words_file
+        if path is not None and (
+            not path.strip() or ("://" in path and not path.startswith(("s3://", "file://")))
+        ):
+            raise ValueError(
+                f"C4Config.bad_words_file must be a local path, file:// or s3:// URI (or null), got {path!r}"
+            )
+
+
 @dataclass(frozen=True, kw_only=True)
 class CleanConfig:
     normalization: Literal["NFC", "NFKC"] = "NFC"
@@ -142,6 +180,7 @@ class CleanConfig:
     max_blank_lines: int = 2
     boilerplate: BoilerplateConfig = field(default_factory=BoilerplateConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
+    c4: C4Config = field(default_factory=C4Config)
     langid: LangIdConfig = field(default_factory=LangIdConfig)
 
     def __post_init__(self) -> None:
@@ -155,3 +194,5 @@ class CleanConfig:
             raise ValueError("CleanConfig.boilerplate must be a BoilerplateConfig")
         if not isinstance(self.quality, QualityConfig):
             raise ValueError("CleanConfig.quality must be a QualityConfig")
+        if not isinstance(self.c4, C4Config):
+            raise ValueError("CleanConfig.c4 must be a C4Config")

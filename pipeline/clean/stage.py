@@ -1,8 +1,8 @@
 """The clean stage: normalise each document (``normalize.py``), remove the corpus-wide boilerplate lines
 (``boilerplate.py``), identify its language (``pipeline.langid``: ``language`` and ``language_score`` in the
 meta; a language outside ``langid.allow`` or a score under ``langid.min_score`` drops it), drop the documents
-that fail a quality rule (``quality.py``; the stop-word rule, ``stopwords.py``, once the language is known), count
-every drop and repair. Each document is cleaned with its
+that fail a quality rule (``quality.py``; before langid, C4's rules when enabled: ``c4.py``; the stop-word
+rule, ``stopwords.py``, once the language is known), count every drop and repair. Each document is cleaned with its
 source's overrides (``pipeline.sources``: language filter, quality thresholds).
 
 A build normalises once: its ingest writes each part normalised (``run_ingest_part(normalize=normalizer(cfg))``,
@@ -20,6 +20,7 @@ from dataclasses import replace
 from pipeline import langid
 from pipeline.clean import normalize, wordscan
 from pipeline.clean.boilerplate import input_normalized, load_boilerplate
+from pipeline.clean.c4 import BadWords, apply_c4, load_bad_words
 from pipeline.clean.config import CleanConfig, QualityConfig
 from pipeline.clean.normalize import normalize_text, normalize_whitespace, remove_boilerplate
 from pipeline.clean.quality import check_quality_batch
@@ -110,11 +111,12 @@ def clean_batch(
     cfg: CleanConfig,
     boilerplate: frozenset[int] = frozenset(),
     normalized: bool = False,
+    bad_words: BadWords | None = None,
 ) -> tuple[list[Record], StageStats]:
     """Clean a batch; every dropped document is counted by reason, every repair in ``stats.extra``.
     ``normalized``: the texts are already normalised with ``cfg`` (a build's ingest does it), so steps 0-4 are
-    skipped."""
-    kept, stats = _clean_indexed(records, cfg, boilerplate, normalized)
+    skipped. ``bad_words``: C4's list when loaded already (else read from ``cfg.c4.bad_words_file``)."""
+    kept, stats = _clean_indexed(records, cfg, boilerplate, normalized, bad_words)
     return [r for _, r in kept], stats
 
 
@@ -124,11 +126,12 @@ def clean_batch_by_source(
     boilerplate: frozenset[int] = frozenset(),
     per_source: Sequence[CleanConfig] = (),
     normalized: bool = False,
+    bad_words: BadWords | None = None,
 ) -> tuple[list[Record], StageStats]:
     """:func:`clean_batch` with the config of each document's source entry (``per_source[entry]``, from
     :func:`source_clean_configs`), in the batch's order."""
     if len(set(per_source)) <= 1:
-        return clean_batch(records, per_source[0] if per_source else cfg, boilerplate, normalized)
+        return clean_batch(records, per_source[0] if per_source else cfg, boilerplate, normalized, bad_words)
     groups: dict[int, list[int]] = {}
     for i, rec in enumerate(records):
         entry = provenance(rec.meta)[1]
@@ -137,7 +140,8 @@ def clean_batch_by_source(
     stats = StageStats(stage="clean")
     for entry, members in groups.items():
         group_cfg = per_source[entry] if entry >= 0 else cfg
-        out, group_stats = _clean_indexed([records[i] for i in members], group_cfg, boilerplate, normalized)
+        group = [records[i] for i in members]
+        out, group_stats = _clean_indexed(group, group_cfg, boilerplate, normalized, bad_words)
         kept += [(members[j], r) for j, r in out]
         stats.merge(group_stats)
     return [r for _, r in sorted(kept, key=lambda x: x[0])], stats
@@ -149,12 +153,19 @@ def source_clean_configs(cfg: CleanConfig, sources: Sequence[SourceConfig]) -> l
 
 
 def _clean_indexed(
-    records: list[Record], cfg: CleanConfig, boilerplate: frozenset[int], normalized: bool = False
+    records: list[Record],
+    cfg: CleanConfig,
+    boilerplate: frozenset[int],
+    normalized: bool = False,
+    bad_words: BadWords | None = None,
 ) -> tuple[list[tuple[int, Record]], StageStats]:
     stats = StageStats(stage="clean", docs_in=len(records))
     counts: Counter[str] = Counter()
     texts = [clean_text(rec.text, cfg, boilerplate, counts, normalized) for rec in records]
     early: list[str | None] = ["empty_after_clean" if _blank(t) else None for t in texts]
+    if cfg.c4.enabled:  # C4 removes lines and drops pages before langid and the quality rules see the text
+        words = bad_words or load_bad_words(cfg.c4.bad_words_file, None)
+        texts, early = apply_c4(texts, early, cfg.c4, counts, words)
     if _langid_drops(cfg.langid):  # the language check first: what it drops is not scored for quality
         langs = _languages(texts, cfg.langid, [e is None for e in early])
         early = [
@@ -203,11 +214,12 @@ def run_clean_part(
         return read_part_stats(store, out_folder, index)
     normalized = input_normalized(store, in_folder, index)
     boilerplate = load_boilerplate(store, boilerplate_key) if boilerplate_key else frozenset()
+    bad_words = load_bad_words(cfg.c4.bad_words_file, store.s3) if cfg.c4.enabled else None
     stats = StageStats(stage="clean")
     per_source = source_clean_configs(cfg, sources)
     kept: list[Record] = []
     for batch in iter_part_batches(store, in_folder, index):
-        out, batch_stats = clean_batch_by_source(batch, cfg, boilerplate, per_source, normalized)
+        out, batch_stats = clean_batch_by_source(batch, cfg, boilerplate, per_source, normalized, bad_words)
         kept.extend(out)
         stats.merge(batch_stats)
     stats.extra.setdefault("chars_removed", 0)
