@@ -1,7 +1,8 @@
 """The clean stage: normalise each document (``normalize.py``), remove the corpus-wide boilerplate lines
 (``boilerplate.py``), identify its language (``pipeline.langid``: ``language`` and ``language_score`` in the
 meta; a language outside ``langid.allow`` or a score under ``langid.min_score`` drops it), drop the documents
-that fail a quality rule (``quality.py``), count every drop and repair. Each document is cleaned with its
+that fail a quality rule (``quality.py``), redact the kept ones' email and public IP addresses (``pii.py``;
+web inputs only by default), count every drop, repair and replacement. Each document is cleaned with its
 source's overrides (``pipeline.sources``: language filter, quality thresholds).
 
 A build normalises once: its ingest writes each part normalised (``run_ingest_part(normalize=normalizer(cfg))``,
@@ -21,6 +22,7 @@ from pipeline.clean import normalize, wordscan
 from pipeline.clean.boilerplate import input_normalized, load_boilerplate
 from pipeline.clean.config import CleanConfig
 from pipeline.clean.normalize import normalize_text, normalize_whitespace, remove_boilerplate
+from pipeline.clean.pii import redact_document
 from pipeline.clean.quality import check_quality_batch
 from pipeline.langid import LangIdConfig, identify_batch, language_verdict
 from pipeline.records import Record, iter_part_batches, write_part
@@ -160,6 +162,7 @@ def _clean_indexed(
         if reason is not None:
             stats.drop(reason)
             continue
+        text = redact_document(text, rec.source, rec.meta, cfg.pii, counts)  # kept documents only
         out.append((i, Record(rec.id, text, rec.source, _with_language(rec.meta, lang, counts))))
         stats.bytes_out += _utf8_len(text)
         if lang is not None:
