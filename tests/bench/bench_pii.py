@@ -32,7 +32,7 @@ from collections import Counter
 from pathlib import Path
 
 from pipeline.clean.config import PiiConfig
-from pipeline.clean.pii import find_ipv4, find_ipv6, redact
+from pipeline.clean.pii import find_emails, find_ipv4, find_ipv6, redact
 
 ON = PiiConfig(enabled=True)
 HEADING = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+~-]* \([^()\s]+\)[^;\n]*; *urgency=.*$", re.MULTILINE)
@@ -65,15 +65,19 @@ def line_of(text: str, start: int, end: int) -> str:
     return text[first : last if last != -1 else len(text)].strip()[:160]
 
 
-def speed(docs: list[tuple[str, str]]) -> tuple[float, int, int, float]:
-    t0 = time.process_time()
-    emails = ips = 0
-    for _, text in docs:
-        _, e, i = redact(text, ON)
-        emails, ips = emails + e, ips + i
-    cpu = time.process_time() - t0
+def speed(docs: list[tuple[str, str]], cfg: PiiConfig = ON, repeat: int = 3) -> tuple[float, int, int, float]:
+    """(best MB/s of ``repeat`` runs, emails replaced, IPs replaced, MB): the best run, as the machine is
+    shared."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.process_time()
+        emails = ips = 0
+        for _, text in docs:
+            _, e, i = redact(text, cfg)
+            emails, ips = emails + e, ips + i
+        best = min(best, time.process_time() - t0)
     mb = sum(len(t.encode("utf-8")) for _, t in docs) / 1e6
-    return mb / cpu, emails, ips, mb
+    return mb / best, emails, ips, mb
 
 
 def candidates(docs: list[tuple[str, str]], report: Path | None) -> None:
@@ -90,6 +94,11 @@ def candidates(docs: list[tuple[str, str]], report: Path | None) -> None:
     for (kind, guard), n in by_guard.most_common():
         examples = [v for k, g, v, _, line in kept if (k, g) == (kind, guard)][:4]
         print(f"  {kind} {guard:<20} {n:>6}   e.g. {', '.join(examples)}")
+    quads = [row for row in replaced + kept if row[0] == "ipv4"]
+    kept_quads = sum(1 for row in kept if row[0] == "ipv4")
+    print(f"  dotted quads: {len(quads)}, replaced {len(quads) - kept_quads}, left alone {kept_quads}")
+    emails = Counter(f.guard or "REPLACED" for _, text in docs for f in find_emails(text))
+    print(f"  emails: {dict(emails)}")
     if report:
         with open(report, "w", encoding="utf-8") as f:
             for row in replaced + kept:
@@ -100,7 +109,7 @@ def candidates(docs: list[tuple[str, str]], report: Path | None) -> None:
 def random_public_v4(rng: random.Random) -> str:
     while True:
         address = ipaddress.IPv4Address(rng.getrandbits(32))
-        if address.is_global:
+        if address.is_global and not address.is_multicast:  # what pii.py calls public
             return str(address)
 
 
@@ -110,7 +119,7 @@ def random_public_v6(rng: random.Random) -> str:
         if rng.random() < 0.5:  # half with a run of zero groups, written with "::"
             value = value >> 64 << 64 | rng.getrandbits(12)
         address = ipaddress.IPv6Address(value)
-        if address.is_global:
+        if address.is_global and not address.is_multicast:
             return address.compressed
 
 
@@ -190,9 +199,12 @@ def main() -> None:
         f"{len(docs)} documents ({len(changelogs)} changelogs), "
         f"{sum(len(t.encode()) for _, t in docs) / 1e6:.1f} MB"
     )
-    for name, subset in (("all", docs), ("changelogs", changelogs)):
+    others = [d for d in docs if "changelog" not in d[0]]
+    for name, subset in (("all", docs), ("changelogs", changelogs), ("copyright+README", others)):
         rate, emails, ips, mb = speed(subset)
         print(f"redact {name}: {mb:.1f} MB at {rate:.0f} MB/s per core; replaced {emails} emails, {ips} IPs")
+    ips_only = PiiConfig(enabled=True, emails=False)
+    print(f"redact all, IPs only: {speed(docs, ips_only)[0]:.0f} MB/s per core")
     candidates(docs, args.report)
     plant(docs, args.plant)
     headings_unchanged(docs)

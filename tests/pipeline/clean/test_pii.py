@@ -42,7 +42,7 @@ VERSIONS = [  # marked as versions by their own form
 VERSION_CONTEXTS = [  # a bare quad, marked as a version by what surrounds it
     "glib2.0 (2.38.1.5) unstable; urgency=medium", "New upstream release 2.38.1.5.", "Version: 2.38.1.5",
     "Standards-Version: 4.6.1.0", "Depends: libglib (>= 2.38.1.5)", "upgrade to 2.38.1.5", "bumped to 2.38.1.5",
-    "see section 5.7.1.1", "Git 2.38.1 was followed by Git 2.38.1.5",
+    "see section 5.7.1.1", "a vote under \u00a76.3.1.4 or \u00a7 6.3.1.5", "Git 2.38.1 was followed by Git 2.38.1.5",
 ]  # fmt: skip
 PROSE = (
     "The quick survey of the server logs showed nothing unusual for most of the week. Each morning the "
@@ -109,6 +109,17 @@ def test_quads_in_version_contexts_are_not_addresses(line):
         ("Mail <jane.doe@gmail.com>, please", "Mail <email@example.com>, please"),
         ("mailto:ops@corp.io.", "mailto:email@example.com."),
         ("(2.38.1.5)", "(192.0.2.1)"),  # outside a changelog heading, a bare quad is an address
+        ("Update [8.8.8.8] and version. 8.8.4.4", "Update [192.0.2.1] and version. 192.0.2.1"),  # clause ends
+        (  # lines of the bundled sample corpus
+            "64 bytes from klecker-misc.debian.org (130.89.148.77): icmp_seq=1 ttl=50",
+            "64 bytes from klecker-misc.debian.org (192.0.2.1): icmp_seq=1 ttl=50",
+        ),
+        (
+            "PING www.debian.org(mirror-csail.debian.org (2603:400a:ffff:bb8::801f:3e)) 1452 data bytes",
+            "PING www.debian.org(mirror-csail.debian.org (2001:db8::1)) 1452 data bytes",
+        ),
+        ("smtp99.hostname.dom has address 123.234.123.89", "smtp99.hostname.dom has address 192.0.2.1"),
+        ("from 2a03:2880:f10c:83:face:b00c:0:25de:443 on", "from 2001:db8::1:443 on"),  # a port, no brackets
     ],
 )
 def test_known_answers(text, expected):
