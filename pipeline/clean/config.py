@@ -1,5 +1,5 @@
 """The clean stage's configs: text normalisation, boilerplate lines, the quality rules (``quality.py``), C4's
-rules (``c4.py``) and language identification (``pipeline.langid``)."""
+rules (``c4.py``), language identification (``pipeline.langid``) and PII redaction (``pii.py``)."""
 
 from __future__ import annotations
 
@@ -172,6 +172,35 @@ class C4Config:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PiiConfig:
+    """Redaction of email addresses and publicly routable IP addresses (``pii.py``).
+
+    ``enabled``: ``"auto"`` redacts the documents of web inputs (a source URI ending in ``.warc``,
+    ``.warc.gz``, ``.wet``, ``.wet.gz``, ``.html`` or ``.htm``) and leaves the others alone: code, documentation
+    and changelogs carry maintainers' addresses on purpose (they are attribution, not leaked PII) and version
+    strings that look like IPs. ``True``/``False`` redact every document / none. A placeholder may be ``""``
+    (the address is deleted)."""
+
+    enabled: bool | Literal["auto"] = "auto"
+    emails: bool = True
+    ips: bool = True
+    email_placeholder: str = "email@example.com"
+    ip_placeholder: str = "192.0.2.1"
+    ipv6_placeholder: str = "2001:db8::1"
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.enabled, bool) or self.enabled == "auto"):
+            raise ValueError(f"PiiConfig.enabled must be true, false or 'auto', got {self.enabled!r}")
+        for name in ("emails", "ips"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"PiiConfig.{name} must be true or false, got {getattr(self, name)!r}")
+        for name in ("email_placeholder", "ip_placeholder", "ipv6_placeholder"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or "\n" in value:
+                raise ValueError(f"PiiConfig.{name} must be a one-line string, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class CleanConfig:
     normalization: Literal["NFC", "NFKC"] = "NFC"
     fix_mojibake: bool = True
@@ -182,6 +211,7 @@ class CleanConfig:
     quality: QualityConfig = field(default_factory=QualityConfig)
     c4: C4Config = field(default_factory=C4Config)
     langid: LangIdConfig = field(default_factory=LangIdConfig)
+    pii: PiiConfig = field(default_factory=PiiConfig)
 
     def __post_init__(self) -> None:
         if self.normalization not in NORMALIZATIONS:
@@ -196,3 +226,5 @@ class CleanConfig:
             raise ValueError("CleanConfig.quality must be a QualityConfig")
         if not isinstance(self.c4, C4Config):
             raise ValueError("CleanConfig.c4 must be a C4Config")
+        if not isinstance(self.pii, PiiConfig):
+            raise ValueError("CleanConfig.pii must be a PiiConfig")

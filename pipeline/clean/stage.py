@@ -2,8 +2,9 @@
 (``boilerplate.py``), identify its language (``pipeline.langid``: ``language`` and ``language_score`` in the
 meta; a language outside ``langid.allow`` or a score under ``langid.min_score`` drops it), drop the documents
 that fail a quality rule (``quality.py``; before langid, C4's rules when enabled: ``c4.py``; the stop-word
-rule, ``stopwords.py``, once the language is known), count every drop and repair. Each document is cleaned with its
-source's overrides (``pipeline.sources``: language filter, quality thresholds).
+rule, ``stopwords.py``, once the language is known), redact the kept ones' email and public IP addresses
+(``pii.py``; web inputs only by default), count every drop, repair and replacement. Each document is cleaned
+with its source's overrides (``pipeline.sources``: language filter, quality thresholds).
 
 A build normalises once: its ingest writes each part normalised (``run_ingest_part(normalize=normalizer(cfg))``,
 counting the repairs in the ingest stats), and the boilerplate count and this stage read such a part as it is
@@ -23,6 +24,7 @@ from pipeline.clean.boilerplate import input_normalized, load_boilerplate
 from pipeline.clean.c4 import BadWords, apply_c4, load_bad_words
 from pipeline.clean.config import CleanConfig, QualityConfig
 from pipeline.clean.normalize import normalize_text, normalize_whitespace, remove_boilerplate
+from pipeline.clean.pii import redact_document
 from pipeline.clean.quality import check_quality_batch
 from pipeline.clean.stopwords import stop_word_reason
 from pipeline.langid import LangIdConfig, identify_batch, language_verdict
@@ -185,6 +187,7 @@ def _clean_indexed(
         if reason is not None:
             stats.drop(reason)
             continue
+        text = redact_document(text, rec.source, rec.meta, cfg.pii, counts)  # kept documents only
         out.append((i, Record(rec.id, text, rec.source, _with_language(rec.meta, lang, counts))))
         stats.bytes_out += _utf8_len(text)
         if lang is not None:
