@@ -24,7 +24,7 @@ from pipeline.clean.normalize import normalize_text, normalize_whitespace, remov
 from pipeline.clean.quality import check_quality_batch
 from pipeline.langid import LangIdConfig, identify_batch, language_verdict
 from pipeline.records import Record, iter_part_batches, write_part
-from pipeline.sources import SOURCE_NAME, SourceConfig, provenance
+from pipeline.sources import SOURCE_NAME, SourceConfig, provenance, tally_document
 from pipeline.storage import ObjectStore
 from pipeline.units import StageStats, part_done, read_part_stats
 
@@ -156,12 +156,16 @@ def _clean_indexed(
         langs = _languages(texts, cfg.langid, [r is None for r in reasons])
     out: list[tuple[int, Record]] = []
     for i, (rec, text, lang, reason) in enumerate(zip(records, texts, langs, reasons, strict=True)):
-        stats.bytes_in += _utf8_len(rec.text)
+        stats.bytes_in += (nbytes := _utf8_len(rec.text))
         if reason is not None:
             stats.drop(reason)
+            tally_document(
+                stats, reason, rec.id, rec.text, rec.source, rec.meta, nbytes, language=lang and lang[0]
+            )
             continue
         out.append((i, Record(rec.id, text, rec.source, _with_language(rec.meta, lang, counts))))
-        stats.bytes_out += _utf8_len(text)
+        stats.bytes_out += (kept_bytes := _utf8_len(text))
+        tally_document(stats, None, rec.id, text, rec.source, rec.meta, nbytes, kept_bytes, lang and lang[0])
         if lang is not None:
             counts[f"language.{lang[0]}"] += 1
     stats.docs_out = len(out)
