@@ -195,7 +195,7 @@ def build_card(
         "by_source": dict(sorted(by_source.items())),
         "by_language": dict(sorted(by_language.items())),
         "per_group_note": None
-        if flows
+        if flows is not None
         else "a stage's stats hold no per-document tally (built before the card)",
         "examples": {
             f"{stage}:{reason}": stages[stage].examples[reason]

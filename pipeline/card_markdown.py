@@ -53,7 +53,7 @@ def render_card(card: Mapping[str, Any]) -> str:
              f"(dataset tokens per byte {card['tokens_per_byte']['dataset']:g}). Tokens of removed documents "
              "are estimates (bytes x the tokens per byte of the kept documents of the same source and language).",
              "", "## Removal waterfall", ""]  # fmt: skip
-    lines += waterfall_table(card["waterfall"])
+    lines += waterfall_table(card["waterfall"]) if card["waterfall"] else ["No document was removed."]
     if card.get("per_group_note"):
         lines += ["", f"No per-source table: {card['per_group_note']}."]
     for title, key in (("source", "by_source"), ("language", "by_language")):
@@ -62,7 +62,9 @@ def render_card(card: Mapping[str, Any]) -> str:
             lines += ["", f"## Removed per {title}", ""]
             for label, rows in list(groups.items())[:MAX_ROWS]:
                 lines += [f"### {title} `{label}`", "", *waterfall_table(rows), ""]
-    lines += _examples(card.get("examples", {}))
+    order = list(dict.fromkeys(f"{r['stage']}:{r['rule']}" for r in card["waterfall"]))
+    examples = card.get("examples", {})
+    lines += _examples({k: examples[k] for k in sorted(examples, key=lambda k: [*order, k].index(k))})
     for title, key in (("PII replaced", "pii"), ("C4 lines removed", "c4_lines_removed")):
         counters = card.get(key) or {}
         if counters:

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from pipeline.clean.config import QualityConfig
 from pipeline.langid import LangIdConfig
-from pipeline.units import KEPT, StageStats, snippet
+from pipeline.units import KEPT, UNKNOWN_LANGUAGE, StageStats, snippet
 
 if TYPE_CHECKING:
     from pipeline.shards import WrittenShard
@@ -126,7 +126,7 @@ def tally_document(
     identified, else its meta's); ``reason``: its drop reason (the document is kept as an example when it is
     among the first by id; the caller counts the drop itself with ``stats.drop``), or None when it goes on."""
     name, _, lang = provenance(meta_json)
-    lang = language if language is not None else lang
+    lang = (language if language is not None else lang) or UNKNOWN_LANGUAGE
     if reason is None:
         stats.count_doc(KEPT, name, lang, nbytes_in, nbytes_out)
         return
