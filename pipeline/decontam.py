@@ -33,7 +33,7 @@ import xxhash
 from pipeline.ingest.config import IngestConfig
 from pipeline.ingest.stage import iter_ingest_part, list_inputs, plan_parts
 from pipeline.records import Quarantined, Record, iter_part_batches, write_part
-from pipeline.sources import provenance
+from pipeline.sources import provenance, tally_document
 from pipeline.storage import ObjectStore, S3Options
 from pipeline.units import StageStats, part_done, part_name, read_part_stats
 
@@ -316,7 +316,7 @@ def decontam_batch(
     stats = StageStats(stage="decontam", docs_in=len(records))
     out: list[Record] = []
     for rec in records:
-        stats.bytes_in += len(rec.text.encode("utf-8", "surrogatepass"))
+        stats.bytes_in += (nbytes := len(rec.text.encode("utf-8", "surrogatepass")))
         found = find_contamination(rec.text, index, hasher)
         if found is not None:
             for name in found.set_names(index.names):
@@ -326,15 +326,18 @@ def decontam_batch(
                 matches[f"{sets}\t{found.ngram_text(start, index.ngram)}"] += 1
             if cfg.mode == "remove":
                 stats.drop("contaminated")
+                tally_document(stats, "contaminated", rec.id, rec.text, rec.source, rec.meta, nbytes)
                 continue
             text, cut = cut_spans(rec.text, found.starts, index.ngram)
             stats.extra["spans_cut"] = stats.extra.get("spans_cut", 0) + cut
             if len(text.strip()) < cfg.min_kept_chars:
                 stats.drop("contaminated")
+                tally_document(stats, "contaminated", rec.id, rec.text, rec.source, rec.meta, nbytes)
                 continue
             rec = Record(rec.id, text, rec.source, rec.meta)
         out.append(rec)
-        stats.bytes_out += len(rec.text.encode("utf-8", "surrogatepass"))
+        stats.bytes_out += (kept_bytes := len(rec.text.encode("utf-8", "surrogatepass")))
+        tally_document(stats, None, rec.id, rec.text, rec.source, rec.meta, nbytes, kept_bytes)
         name = f"source.{provenance(rec.meta)[0]}"
         stats.extra[name] = stats.extra.get(name, 0) + 1
     stats.docs_out = len(out)

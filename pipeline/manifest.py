@@ -122,6 +122,10 @@ class Manifest:
     # Tokens/docs per source name and language per split, each source's contiguous token ranges and its
     # asked and target weights (pipeline.sources.mixture_of_shards); {} for datasets built before sources.
     mixture: dict[str, Any] = field(default_factory=dict)
+    # The data card published beside the manifest (pipeline.card): {"key": "card.json", "sha256", "bytes"}; {} for
+    # datasets built before it. Not part of the dataset id: the card reports on the content (from ``stats``,
+    # which the id leaves out too), so a change in what the card reports never renames a dataset.
+    card: dict[str, Any] = field(default_factory=dict)
     inputs: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     lineage: dict[str, Any] = field(default_factory=lambda: {"prefect_flow_run_id": None})
@@ -129,7 +133,7 @@ class Manifest:
 
     def __post_init__(self) -> None:
         # JSON round trip, so an in-memory manifest equals its loaded self (tuples -> lists, keys -> str).
-        for name in ("splits", "stats", "mixture", "inputs", "config", "lineage"):
+        for name in ("splits", "stats", "mixture", "card", "inputs", "config", "lineage"):
             setattr(self, name, json.loads(json.dumps(getattr(self, name), default=str)))
         # Derived fields are filled in, never trusted blindly: validate() cross-checks them when given.
         if not self.dtype_code and self.dtype in DTYPE_CODES:
@@ -158,6 +162,7 @@ class Manifest:
             "splits",
             "stats",
             "mixture",
+            "card",
             "inputs",
             "config",
             "lineage",
@@ -209,6 +214,8 @@ class Manifest:
                 raise ValueError(
                     f"tokenizer.files key {key!r} must be a plain file name next to tokenizer.json"
                 )
+        if self.card and (set(self.card) != {"key", "sha256", "bytes"} or "/" in str(self.card["key"])):
+            raise ValueError(f"card {self.card} must be {{key, sha256, bytes}} with a plain file name as key")
         for tid in ("eos_id", "bos_id", "pad_id"):
             value = getattr(self.tokenizer, tid)
             if value is not None and not 0 <= value < self.tokenizer.vocab_size:
@@ -300,6 +307,8 @@ def _staged_paths(staged: str | Path | Mapping[str, str | Path], keys: list[str]
 
 def _expected_hashes(manifest: Manifest) -> dict[str, str]:
     hashes = {manifest.tokenizer.key: manifest.tokenizer.sha256, **manifest.tokenizer.files}
+    if manifest.card:
+        hashes[manifest.card["key"]] = manifest.card["sha256"]
     for s in manifest.shards:
         hashes.update({s.key: s.sha256, s.idx_key: s.idx_sha256, s.docs_key: s.docs_sha256})
     return hashes

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
+from pipeline.card import CARD_KEY, attach_card, build_card, card_bytes
 from pipeline.hf_tokenizer import hf_tokenizer_files
 from pipeline.manifest import Manifest, ShardInfo, TokenizerInfo, publish_dataset
 from pipeline.shards import (
@@ -464,8 +465,9 @@ def dataset_manifest(
     config: dict | None = None,
     lineage: dict | None = None,
 ) -> Manifest:
-    """The manifest of a dataset whose shards are ``written`` (``stats``: every stage's, as JSON)."""
-    return Manifest(
+    """The manifest of a dataset whose shards are ``written`` (``stats``: every stage's, as JSON), with its data
+    card listed (:func:`pipeline.card.attach_card`; :func:`dataset_card` gives the card's bytes)."""
+    manifest = Manifest(
         name=name,
         dtype=tok.dtype.name,
         shards=[_shard_info(w) for w in written],
@@ -476,6 +478,18 @@ def dataset_manifest(
         config=dict(config or {}),
         lineage=dict(lineage or {"prefect_flow_run_id": None}),
     )
+    attach_card(manifest)
+    return manifest
+
+
+def dataset_card(manifest: Manifest) -> bytes:
+    """The bytes of the card ``manifest`` lists (rebuilt from the manifest and checked against its sha256)."""
+    data = card_bytes(build_card(manifest.name, manifest.dataset_id, manifest.stats, manifest.mixture))
+    if sha256_bytes(data) != manifest.card.get("sha256"):
+        raise ValueError(
+            f"dataset {manifest.dataset_id}: the card built from the manifest does not match its sha256"
+        )
+    return data
 
 
 def run_shard_and_publish(
@@ -510,4 +524,5 @@ def run_shard_and_publish(
         manifest = dataset_manifest(
             name, tok, written, mixture_from_runs(written, runs, sources), all_stats, inputs, config, lineage
         )
+        (staged / CARD_KEY).write_bytes(dataset_card(manifest))
         return publish_dataset(store, name, staged, manifest)

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from pipeline.clean.config import QualityConfig
 from pipeline.langid import LangIdConfig
+from pipeline.units import KEPT, UNKNOWN_LANGUAGE, StageStats, snippet
 
 if TYPE_CHECKING:
     from pipeline.shards import WrittenShard
@@ -108,6 +109,31 @@ def provenance(meta_json: str) -> tuple[str, int, str]:
         entry if isinstance(entry, int) else 0,
         str(meta.get(LANGUAGE, "")),
     )
+
+
+def tally_document(
+    stats: StageStats,
+    reason: str | None,
+    doc_id: str,
+    text: str,
+    uri: str,
+    meta_json: str,
+    nbytes_in: int,
+    nbytes_out: int = 0,
+    language: str | None = None,
+) -> None:
+    """Count one document in ``stats.tally`` under its source name and language (``language``: as just
+    identified, else its meta's); ``reason``: its drop reason (the document is kept as an example when it is
+    among the first by id; the caller counts the drop itself with ``stats.drop``), or None when it goes on."""
+    name, _, lang = provenance(meta_json)
+    lang = (language if language is not None else lang) or UNKNOWN_LANGUAGE
+    if reason is None:
+        stats.count_doc(KEPT, name, lang, nbytes_in, nbytes_out)
+        return
+    stats.count_doc(reason, name, lang, nbytes_in)
+    if stats.wants_example(reason, doc_id):
+        example = {"id": doc_id, "source": uri, "source_name": name, "language": lang, "text": snippet(text)}
+        stats.add_example(reason, example)
 
 
 def target_shares(

@@ -25,11 +25,28 @@ from pipeline.errors import UnitNotDone
 from pipeline.storage import ObjectStore
 
 SUCCESS = "_SUCCESS"
+KEPT = ""  # the outcome of a tallied document that was not dropped
+UNKNOWN_LANGUAGE = "und"  # a document whose language was not identified (ISO 639-2 "undetermined")
+
+
+EXAMPLES_PER_REASON = 3  # documents kept as examples of each drop reason (the first by id)
+EXAMPLE_CHARS = 160  # characters of an example's text
+
+
+def snippet(text: str, limit: int = EXAMPLE_CHARS) -> str:
+    """The start of ``text`` on one line (whitespace runs as one space), at most ``limit`` characters."""
+    return " ".join(text[: limit * 4].split())[:limit]
 
 
 @dataclass
 class StageStats:
-    """Counted outcome of one stage over one or more parts. Every drop has a reason."""
+    """Counted outcome of one stage over one or more parts. Every drop has a reason.
+
+    ``tally`` breaks the documents down where a stage records it (the data card's waterfall): per (outcome,
+    source name, language), ``[documents, bytes in, bytes out]``; the outcome is a drop reason, or ``KEPT``
+    for the documents that go on (``bytes out`` < ``bytes in`` when their text was trimmed). ``examples``: per
+    drop reason, the first ``EXAMPLES_PER_REASON`` dropped documents by id (id, source, source name,
+    language, the start of the text), so a merge in any order keeps the same ones."""
 
     stage: str
     docs_in: int = 0
@@ -38,9 +55,36 @@ class StageStats:
     bytes_out: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
     extra: dict[str, Any] = field(default_factory=dict)
+    tally: dict[tuple[str, str, str], list[int]] = field(default_factory=dict)
+    examples: dict[str, list[dict[str, str]]] = field(default_factory=dict)
 
     def drop(self, reason: str, n: int = 1) -> None:
         self.dropped[reason] += n
+
+    def count_doc(
+        self, outcome: str, source: str, language: str, nbytes_in: int, nbytes_out: int = 0
+    ) -> None:
+        """Tally one document of ``source``/``language``: ``outcome`` is its drop reason or ``KEPT`` (the drop
+        itself is counted by :meth:`drop`)."""
+        row = self.tally.get((outcome, source, language or UNKNOWN_LANGUAGE))
+        if row is None:
+            self.tally[(outcome, source, language or UNKNOWN_LANGUAGE)] = [1, nbytes_in, nbytes_out]
+        else:
+            row[0] += 1
+            row[1] += nbytes_in
+            row[2] += nbytes_out
+
+    def wants_example(self, reason: str, doc_id: str) -> bool:
+        """Whether a document dropped for ``reason`` would be one of its examples (cheap: build it only then)."""
+        have = self.examples.get(reason, [])
+        return len(have) < EXAMPLES_PER_REASON or doc_id < have[-1]["id"]
+
+    def add_example(self, reason: str, example: dict[str, str]) -> None:
+        self._merge_examples(reason, [example])
+
+    def _merge_examples(self, reason: str, new: list[dict[str, str]]) -> None:
+        merged = {e["id"]: e for e in [*self.examples.get(reason, ()), *new]}
+        self.examples[reason] = [merged[k] for k in sorted(merged)[:EXAMPLES_PER_REASON]]
 
     def merge(self, other: StageStats) -> StageStats:
         """Add ``other`` into self (numeric ``extra`` values are summed, others kept from the first)."""
@@ -55,10 +99,15 @@ class StageStats:
                 self.extra[key] = mine + value
             elif key not in self.extra:
                 self.extra[key] = value
+        for group, (docs, b_in, b_out) in other.tally.items():
+            row = self.tally.setdefault(group, [0, 0, 0])
+            row[0], row[1], row[2] = row[0] + docs, row[1] + b_in, row[2] + b_out
+        for reason, examples in other.examples.items():
+            self._merge_examples(reason, examples)
         return self
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "stage": self.stage,
             "docs_in": self.docs_in,
             "docs_out": self.docs_out,
@@ -67,9 +116,15 @@ class StageStats:
             "dropped": dict(sorted(self.dropped.items())),
             "extra": self.extra,
         }
+        if self.tally:  # left out when empty: the stats of steps that record none stay as they were
+            out["tally"] = [[*group, *self.tally[group]] for group in sorted(self.tally)]
+        if self.examples:
+            out["examples"] = {reason: self.examples[reason] for reason in sorted(self.examples)}
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StageStats:
+        """Stats as :meth:`to_json` wrote them; stats written before ``tally``/``examples`` existed read as empty."""
         return cls(
             stage=data["stage"],
             docs_in=int(data["docs_in"]),
@@ -78,6 +133,11 @@ class StageStats:
             bytes_out=int(data["bytes_out"]),
             dropped=Counter(data.get("dropped", {})),
             extra=dict(data.get("extra", {})),
+            tally={
+                (str(o), str(s), str(lang)): [int(d), int(bi), int(bo)]
+                for o, s, lang, d, bi, bo in data.get("tally", [])
+            },
+            examples={str(r): [dict(e) for e in ex] for r, ex in data.get("examples", {}).items()},
         )
 
 

@@ -438,7 +438,7 @@ def manifest_task(
 
 @task(name="publish", task_run_name="manifest: publish", cache_policy=NO_CACHE, **IO_RETRIES)
 def commit_task(ctx: dict[str, Any], tokenizer_key: str, manifest: dict[str, Any]) -> str:
-    """Upload the tokenizer files, then write the manifest (create-only) and ``latest.json``: the dataset is
+    """Upload the tokenizer files and the data card, then write the manifest (create-only) and ``latest.json``: the dataset is
     visible from here on. Returns the manifest URI."""
     with stage_errors("publish"), profile.measure("publish"):
         c = build_context(ctx)
@@ -449,7 +449,11 @@ def commit_task(ctx: dict[str, Any], tokenizer_key: str, manifest: dict[str, Any
         prefix = dataset_prefix(m.name, m.dataset_id)
         with tempfile.TemporaryDirectory(prefix="pileworks-tokenizer-") as tmp:
             tok.stage(Path(tmp))
-            for name, sha in {m.tokenizer.key: m.tokenizer.sha256, **m.tokenizer.files}.items():
+            files = {m.tokenizer.key: m.tokenizer.sha256, **m.tokenizer.files}
+            if m.card:  # the data card, beside the manifest
+                (Path(tmp) / m.card["key"]).write_bytes(publish.dataset_card(m))
+                files[m.card["key"]] = m.card["sha256"]
+            for name, sha in files.items():
                 upload_verified(store, f"{prefix}/{name}", Path(tmp) / name, sha)
         try:
             return commit_manifest(store, m.name, m)

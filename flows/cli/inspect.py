@@ -1,5 +1,7 @@
 """``pileworks inspect dedup <dataset>``: the near-dedup audit and one cluster's documents side by side;
-``pileworks inspect mixture <dataset>``: tokens, documents and shares per source and language."""
+``pileworks inspect mixture <dataset>``: tokens, documents and shares per source and language;
+``pileworks inspect card <dataset> [--against <other>]``: the data card (what each rule removed), or what moved
+between two datasets."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ from pipeline.storage import ObjectStore, S3Options, open_store
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="inspect what a build did")
-    what = p.add_subparsers(dest="what", metavar="WHAT", required=True, help="what to inspect: dedup")
+    what = p.add_subparsers(
+        dest="what", metavar="WHAT", required=True, help="what to inspect: dedup, mixture, card"
+    )
     d = what.add_parser("dedup", help="the near-dedup report and a cluster's documents side by side")
     d.add_argument("dataset", help="manifest URI, dataset folder or datasets/<name> of a build")
     d.add_argument("--cluster", type=int, default=None, help="cluster number (0 = the largest, the default)")
@@ -28,6 +32,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--json", action="store_true", help="print the manifest's mixture section as JSON")
     add_s3_arguments(m)
     m.set_defaults(func=run_mixture)
+    c = what.add_parser("card", help="the data card: what each rule removed, examples, PII, mixture")
+    c.add_argument("dataset", help="manifest URI, dataset folder or datasets/<name> of a build")
+    c.add_argument(
+        "--json", action="store_true", help="print card.json (with --against: the difference) as JSON"
+    )
+    c.add_argument("--against", default=None, metavar="OTHER",
+                   help="another dataset (same forms): what each rule removed in one and not the other, per source")  # fmt: skip
+    add_s3_arguments(c)
+    c.set_defaults(func=run_card)
+
+
+def run_card(args: argparse.Namespace) -> int:
+    from pipeline.card import read_card
+    from pipeline.card_markdown import diff_cards, render_card, render_diff
+    from pipeline.manifest import load_manifest
+
+    s3 = resolve_s3(args)
+    card = read_card(*load_manifest(args.dataset, s3))
+    if args.against is not None:
+        diff = diff_cards(card, read_card(*load_manifest(args.against, s3)))
+        print(json.dumps(diff, indent=1) if args.json else render_diff(diff), end="\n" if args.json else "")
+        return 0
+    print(
+        json.dumps(card, indent=1, ensure_ascii=False) if args.json else render_card(card),
+        end="\n" if args.json else "",
+    )
+    return 0
 
 
 def run_mixture(args: argparse.Namespace) -> int:

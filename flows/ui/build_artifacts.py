@@ -8,6 +8,8 @@ from typing import Any
 from uuid import UUID
 
 from flows.ui import charts, readable
+from pipeline.card import read_card
+from pipeline.card_markdown import render_card
 from pipeline.corpus_config import CorpusConfig
 from pipeline.dedup.audit import cluster_documents
 from pipeline.manifest import Manifest, load_manifest
@@ -117,6 +119,29 @@ def build_charts_markdown(summary: dict[str, Any]) -> str:
     else:
         parts += ["No document was dropped.", ""]
     return "\n".join(parts)
+
+
+def data_card_markdown(card: dict[str, Any]) -> str:
+    """The data card (``pipeline.card_markdown``) with charts: documents and bytes removed per rule, and the
+    training tokens per source."""
+    rows = [r for r in card["waterfall"] if r["docs_removed"] or r["bytes_removed"]]
+    rules = [f"{r['stage']}:{r['rule']}" for r in rows]
+    text = render_card(card)
+    if not rows:
+        return text
+    docs = charts.bar_chart(rules, {"documents removed": [r["docs_removed"] for r in rows]},
+                            title="Documents removed per rule", value_label="documents", value_format=readable.count)  # fmt: skip
+    size = charts.bar_chart(rules, {"bytes removed": [r["bytes_removed"] or 0 for r in rows]},
+                            title="Bytes removed per rule", value_label="bytes", value_format=readable.size)  # fmt: skip
+    parts = [charts.markdown_image(docs, "documents removed per rule chart"),
+             charts.markdown_image(size, "bytes removed per rule chart")]  # fmt: skip
+    mix = card.get("mixture", {}).get("train", [])
+    if mix:
+        tokens = charts.bar_chart([m["source"] for m in mix], {"tokens": [m["tokens"] for m in mix]},
+                                  title="Training tokens per source", value_label="tokens", value_format=readable.count)  # fmt: skip
+        parts.append(charts.markdown_image(tokens, "tokens per source chart"))
+    head, _, rest = text.partition("## Removal waterfall")
+    return head + "\n\n".join(parts) + "\n\n## Removal waterfall" + rest
 
 
 def manifest_link(uri: str, s3: S3Options, how: str) -> str:
@@ -230,7 +255,10 @@ def publish_build_artifacts(summary: dict[str, Any], cfg: CorpusConfig) -> None:
     create_table_artifact(stage_rows(summary), key="stage-stats", description="Documents and bytes per stage")
     create_markdown_artifact(build_charts_markdown(summary), key="build-charts",
                              description="Documents and bytes kept per stage, drops by reason")  # fmt: skip
-    manifest, _ = load_manifest(summary["manifest_uri"], s3=cfg.s3)
+    manifest, dataset_store = load_manifest(summary["manifest_uri"], s3=cfg.s3)
+    create_markdown_artifact(data_card_markdown(read_card(manifest, dataset_store)), key="data-card",
+                             description=f"Data card of {manifest.name}@{manifest.dataset_id[:12]}: what each rule "
+                             "removed, examples, PII, mixture")  # fmt: skip
     link = manifest_link(summary["manifest_uri"], cfg.s3, cfg.manifest_link)
     create_markdown_artifact(manifest_markdown(manifest, link), key="manifest",
                              description=f"Dataset {manifest.name}@{manifest.dataset_id[:12]}: the manifest's facts")  # fmt: skip

@@ -29,7 +29,7 @@ from pipeline.clean.quality import check_quality_batch
 from pipeline.clean.stopwords import stop_word_reason
 from pipeline.langid import LangIdConfig, identify_batch, language_verdict
 from pipeline.records import Record, iter_part_batches, write_part
-from pipeline.sources import SOURCE_NAME, SourceConfig, provenance
+from pipeline.sources import SOURCE_NAME, SourceConfig, provenance, tally_document
 from pipeline.storage import ObjectStore
 from pipeline.units import StageStats, part_done, read_part_stats
 
@@ -183,13 +183,17 @@ def _clean_indexed(
     reasons = _stop_word_reasons(texts, langs, reasons, cfg.quality)
     out: list[tuple[int, Record]] = []
     for i, (rec, text, lang, reason) in enumerate(zip(records, texts, langs, reasons, strict=True)):
-        stats.bytes_in += _utf8_len(rec.text)
+        stats.bytes_in += (nbytes := _utf8_len(rec.text))
         if reason is not None:
             stats.drop(reason)
+            tally_document(
+                stats, reason, rec.id, rec.text, rec.source, rec.meta, nbytes, language=lang and lang[0]
+            )
             continue
         text = redact_document(text, rec.source, rec.meta, cfg.pii, counts)  # kept documents only
         out.append((i, Record(rec.id, text, rec.source, _with_language(rec.meta, lang, counts))))
-        stats.bytes_out += _utf8_len(text)
+        stats.bytes_out += (kept_bytes := _utf8_len(text))
+        tally_document(stats, None, rec.id, text, rec.source, rec.meta, nbytes, kept_bytes, lang and lang[0])
         if lang is not None:
             counts[f"language.{lang[0]}"] += 1
     stats.docs_out = len(out)

@@ -22,6 +22,7 @@ import numpy as np
 import xxhash
 
 from pipeline.records import Record, iter_part_batches, write_part
+from pipeline.sources import tally_document
 from pipeline.storage import ObjectStore
 from pipeline.units import (
     StageStats,
@@ -131,6 +132,7 @@ def run_exact_filter_part(
             stats.bytes_in += size
             if position in drop:
                 stats.drop(DROP_REASON)
+                tally_document(stats, DROP_REASON, rec.id, rec.text, rec.source, rec.meta, size)
             else:
                 kept.append(rec)
                 stats.docs_out += 1

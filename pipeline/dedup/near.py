@@ -30,7 +30,8 @@ from pipeline.dedup.candidates import plan_near_dedup, run_bands_part, run_edges
 from pipeline.dedup.clusters import run_clusters
 from pipeline.dedup.config import NearDedupConfig
 from pipeline.dedup.signatures import run_signatures_part
-from pipeline.records import iter_part_batches, text_bytes, write_part
+from pipeline.records import Record, iter_part_batches, text_bytes, write_part
+from pipeline.sources import tally_document
 from pipeline.storage import ObjectStore
 from pipeline.units import (
     StageStats,
@@ -54,27 +55,28 @@ def run_near_filter_part(
     drop = get_npz(store, f"{clusters_folder}/drop/{part_name(index)}.npz")
     kept, row = [], 0
     stats = StageStats(stage="near_dedup")
+    of_index = dict(zip(drop["rows"].tolist(), drop["of_index"].tolist(), strict=True))
     for batch in iter_part_batches(store, in_folder, index):
         gone = np.isin(np.arange(row, row + len(batch)), drop["rows"])
+        for k in np.flatnonzero(gone).tolist():
+            _tally_drop(stats, batch[k], "near_duplicate_of_index" if of_index[row + k] else "near_duplicate")
         row += len(batch)
         kept += [r for r, g in zip(batch, gone.tolist(), strict=True) if not g]
         stats.docs_in += len(batch)
         stats.bytes_in += text_bytes(batch)
     stats.docs_out = len(kept)
     stats.bytes_out = text_bytes(kept)
-    of_index = int(drop["of_index"].sum())
-    for reason, n in (
-        ("near_duplicate", len(drop["rows"]) - of_index),
-        ("near_duplicate_of_index", of_index),
-    ):
-        if n:
-            stats.drop(reason, n)
     if stats.docs_in - stats.docs_out != len(drop["rows"]):
         raise RuntimeError(
             f"{in_folder}/{part_name(index)}: drop list does not match the part (input changed?)"
         )
     write_part(store, out_folder, index, kept, stats)
     return stats
+
+
+def _tally_drop(stats: StageStats, rec: Record, reason: str) -> None:
+    stats.drop(reason)
+    tally_document(stats, reason, rec.id, rec.text, rec.source, rec.meta, text_bytes([rec]))
 
 
 def run_near_dedup(

@@ -33,9 +33,9 @@ from pipeline.ingest.config import (
 )
 from pipeline.ingest.encoding import is_line_safe
 from pipeline.records import PartWriter, Quarantined, Record
-from pipeline.sources import SourceConfig
+from pipeline.sources import DEFAULT_SOURCE, SourceConfig
 from pipeline.storage import ObjectStore, S3Options, StorageError, normalize_key, open_store, split_uri
-from pipeline.units import StageStats, part_done, read_part_stats
+from pipeline.units import UNKNOWN_LANGUAGE, StageStats, part_done, read_part_stats, snippet
 
 log = logging.getLogger(__name__)
 # A text transform applied to every document as it is read: (text, counters) -> text. A build passes the clean
@@ -308,8 +308,10 @@ def iter_ingest_part(
     stores = _Stores(s3)
     docs = nbytes = chars_read = chars_kept = 0
     counts: Counter[str] = Counter()
+    names: dict[str, str] = {}  # the source name of each object, for its quarantined records
     for piece in plan.pieces:
         ctx = _piece_context(piece, cfg, sources)
+        names[piece.uri] = ctx.source.name if ctx.source is not None and ctx.source.name else DEFAULT_SOURCE
         if (odd := odd_key_reason(piece.uri)) is not None:
             log.warning("ingest: bad_key %r: %s", piece.uri, odd)
             quarantined.append(ctx.quarantine("B0", "bad_key", odd))
@@ -344,6 +346,7 @@ def iter_ingest_part(
             stats.extra[name] = stats.extra.get(name, 0) + value
     for q in quarantined:
         stats.drop(q.reason)
+        _tally_quarantined(stats, q, names.get(q.source, DEFAULT_SOURCE))
     stats.docs_out = docs
     stats.docs_in = docs + len(quarantined)
     stats.bytes_out = nbytes
@@ -353,6 +356,17 @@ def iter_ingest_part(
         stats.extra["normalize_chars_removed"] = chars_read - chars_kept
         for name in sorted(counts):
             stats.extra[name] = stats.extra.get(name, 0) + counts[name]
+
+
+def _tally_quarantined(stats: StageStats, q: Quarantined, name: str) -> None:
+    """A quarantined record in the data card's tally: its bytes are its sample's (at most
+    ``QUARANTINE_SAMPLE_BYTES``: a lower bound), its id ``<object URI>#<location>`` as a record's would be."""
+    stats.count_doc(q.reason, name, UNKNOWN_LANGUAGE, len(q.sample))
+    doc_id = f"{q.source}#{q.location}"
+    if stats.wants_example(q.reason, doc_id):
+        text = snippet(q.sample.decode("utf-8", "replace")) or snippet(q.detail)
+        stats.add_example(q.reason, {"id": doc_id, "source": q.source, "source_name": name,
+                                     "language": UNKNOWN_LANGUAGE, "text": text, "detail": snippet(q.detail)})  # fmt: skip
 
 
 def ingest_part(

@@ -238,11 +238,12 @@ def test_manifest_is_written_after_every_object_and_latest_last(tmp_path: Path, 
     publish_dataset(store, "tiny", folder, manifest)
     prefix = f"datasets/tiny/{manifest.dataset_id}/"
     expected = {prefix + k for s in manifest.shards for k in (s.key, s.idx_key, s.docs_key)} | {
-        prefix + k for k in ("tokenizer.json", *manifest.tokenizer.files)
+        prefix + k for k in ("tokenizer.json", *manifest.tokenizer.files, "card.json")
     }
     assert (
         manifest.tokenizer.files
     )  # tokenizer_config.json and special_tokens_map.json, verified like the rest
+    assert manifest.card["key"] == "card.json"  # the data card, published before the manifest like the rest
     assert store.writes[-2:] == [prefix + MANIFEST_KEY, f"datasets/tiny/{LATEST_KEY}"]
     assert set(store.writes[:-2]) == expected
 
@@ -255,7 +256,7 @@ def test_publish_refuses_corrupt_uploads_and_staged_files(tmp_path: Path, tiny) 
     assert not store.exists(f"datasets/tiny/{manifest.dataset_id}/{MANIFEST_KEY}")
     assert not store.exists(f"datasets/tiny/{LATEST_KEY}")
     staged = {k: folder / k for s in manifest.shards for k in (s.key, s.idx_key, s.docs_key)}
-    staged.update({k: folder / k for k in manifest.tokenizer.files})
+    staged.update({k: folder / k for k in (*manifest.tokenizer.files, "card.json")})
     staged["tokenizer.json"] = tmp_path / "tok.json"
     (tmp_path / "tok.json").write_text("{}")
     with pytest.raises(ValueError, match="does not match the manifest's sha256"):

@@ -9,11 +9,11 @@ from pathlib import Path
 import boto3
 import pytest
 
-from flows.corpus_config import load_corpus_config
 from pipeline.clean.c4 import BadWords, c4_page, count_sentences, load_bad_words, sentence_spans
 from pipeline.clean.config import C4Config, CleanConfig, QualityConfig
 from pipeline.clean.stage import clean_batch
 from pipeline.config import parse_overrides
+from pipeline.corpus_config import load_corpus_config
 from pipeline.records import Record
 from tests.conftest import S3Bucket
 
@@ -254,7 +254,7 @@ def test_config_refuses(kwargs: dict[str, object], field: str) -> None:
 
 
 def test_config_from_yaml_and_set(tmp_path: Path) -> None:
-    default = load_corpus_config(Path("flows/configs/corpus.yaml"))
+    default = load_corpus_config(Path("pipeline/configs/corpus.yaml"))
     assert default.clean.c4 == C4Config()  # the documented section holds the defaults
     on = load_corpus_config(
         None, overrides=parse_overrides(["clean.c4.enabled=true", "clean.c4.min_sentences=null"])

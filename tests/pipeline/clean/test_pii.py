@@ -10,11 +10,11 @@ from collections import Counter
 
 import pytest
 
-from flows.corpus_config import load_corpus_config
 from pipeline.clean.config import CleanConfig, PiiConfig, QualityConfig
 from pipeline.clean.pii import applies, find_ipv4, redact, redact_document
 from pipeline.clean.stage import clean_batch, clean_batch_by_source, source_clean_configs
 from pipeline.config import ConfigError
+from pipeline.corpus_config import load_corpus_config
 from pipeline.records import Record
 from pipeline.sources import SourceConfig
 
