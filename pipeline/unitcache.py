@@ -98,7 +98,9 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
     any other field (the near-dedup threshold, the boilerplate frequency, the shard size) reuses the unit."""
     clean, near, tok = config["clean"], config["dedup"]["near"], config["tokenize"]
     bp = clean["boilerplate"]
-    normalise = _without(clean, "boilerplate", "quality", "langid")  # what ingest normalises with
+    normalise = _without(
+        clean, "boilerplate", "quality", "langid", "c4", "pii"
+    )  # what ingest normalises with
     if stage == "ingest":  # a source's per-source overrides change what its documents become
         return {"ingest": config["ingest"], "sources": config["sources"]} | normalise
     if stage == "boilerplate":  # hashes the long lines of the normalised text
@@ -107,6 +109,8 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
         return {
             "langid": clean["langid"],
             "quality": clean["quality"],
+            "c4": clean["c4"],
+            "pii": clean["pii"],
             "boilerplate": _without(bp, "min_docs", "min_fraction"),
             "sources": config["sources"],
         }

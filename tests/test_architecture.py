@@ -6,6 +6,11 @@
    inside functions and under ``TYPE_CHECKING`` too: a circle hidden that way is still a circle).
 3. No function-local import of a project module, except the few in :data:`ALLOWED_LOCAL_IMPORTS`, each for an
    optional dependency or start-up time (never to get round a circle: move the shared piece down instead).
+4. flows/ is rooms (runtime and ui at the bottom, build, train, cli on top), each importing only downward.
+5. Other libraries through their public interfaces: no assignment to (or setattr on) an attribute of prefect,
+   docket, dask or distributed.
+6. A private name (``_x``) stays in its module: none is imported or read across modules.
+Every rule is also shown failing on a planted violation.
 """
 
 from __future__ import annotations
@@ -492,4 +497,55 @@ def test_foreign_patch_checker_catches_a_violation(tmp_path: Path) -> None:
         "assigns to an attribute of Worker",
         "assigns to an attribute of distributed",
         "setattr on SettingsContext",
+    ]
+
+
+# ---------------------------------------------------------------- no private name crosses a module boundary
+
+
+def private_import_violations(paths: list[Path], root: Path = ROOT) -> list[str]:
+    """``from pipeline.x import _name`` or ``x._name`` of a project module from another module: a private name
+    is the module's own; what others need is public (and documented) or moves to where both can use it."""
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+        modules: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PROJECT:
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{rel}:{node.lineno} imports {node.module}.{alias.name}")
+                    else:
+                        modules.add(alias.asname or alias.name)
+            elif isinstance(node, ast.Import):
+                modules |= {a.asname or a.name for a in node.names if a.name.split(".")[0] in PROJECT}
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                found.append(f"{rel}:{node.lineno} uses {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_private_name_is_used_across_modules() -> None:
+    paths = [p for room in PROJECT for p in sources(room)]
+    violations = private_import_violations(paths)
+    assert not violations, "\n".join(violations)
+
+
+def test_private_import_checker_catches_a_violation(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "from flows.build_tasks import _ctx, chunks\nfrom pipeline.clean import wordscan\n"
+        "x = wordscan._repeats\ny = chunks._x\nz = other._y\n"
+    )
+    assert [f.split(" ", 1)[1] for f in private_import_violations([bad], tmp_path)] == [
+        "imports flows.build_tasks._ctx",
+        "uses wordscan._repeats",
+        "uses chunks._x",
     ]

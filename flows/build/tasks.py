@@ -27,6 +27,7 @@ from flows.ui import run_names
 from pipeline import publish, tokenize, unitcache
 from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
+from pipeline.clean.c4 import load_bad_words
 from pipeline.clean.normalize import normalizer
 from pipeline.corpus_config import config_from_dict
 from pipeline.dedup import candidates, clusters, exact, near, signatures
@@ -123,8 +124,9 @@ def clean_chunk_task(
     store, cfg, out = c.store(), c.cfg, []
     bp = boilerplate_key if cfg.clean.boilerplate.enabled else None
     bp_hash = unitcache.content_hash(store, boilerplate_key)
+    bad_words = load_bad_words(cfg.clean.c4.bad_words_file, cfg.s3) if cfg.clean.c4.enabled else None
     for index, up in zip(indices, upstream, strict=True):
-        key = _unit_key(c, "clean", up, bp_hash)
+        key = _unit_key(c, "clean", up, bp_hash, *([bad_words.digest] if bad_words else []))
         units = {"clean": run_unit(store, "clean", key, c.folder("clean"), index,
                                 partial(clean.run_clean_part, in_folder=c.folder("ingest"),
                                         out_folder=c.folder("clean"), index=index, cfg=cfg.clean, boilerplate_key=bp,

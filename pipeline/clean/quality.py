@@ -86,7 +86,7 @@ import numpy as np
 from pipeline.clean import wordscan
 from pipeline.clean.config import QualityConfig
 from pipeline.clean.stopwords import stop_word_reason
-from pipeline.clean.wordscan import CJK_RANGES, MIX, STEP, _repeats, scan_chunks
+from pipeline.clean.wordscan import CJK_RANGES, MIX, STEP, repeated_keys, scan_chunks
 from pipeline.units import packed_ranges
 
 CJK_RE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in CJK_RANGES) + "]")
@@ -293,13 +293,13 @@ def _covered_chars(
     """Per document: characters covered by n-gram occurrences repeating an earlier one.
 
     Buckets would not do here: one false "repeat" covers n words, so the table would need hundreds of
-    slots per word. Instead the valid keys are sorted with their positions (``wordscan._repeats``, which the
+    slots per word. Instead the valid keys are sorted with their positions (``wordscan.repeated_keys``, which the
     line and paragraph bounds use too): all but the first of each run of equal keys repeat an earlier n-gram.
     """
     m = len(key)
     repeats = np.zeros(m, dtype=bool)
     starts = np.flatnonzero(valid)
-    repeats[starts[_repeats(key[starts])]] = True
+    repeats[starts[repeated_keys(key[starts])]] = True
     covered = _covered(repeats, len(doc) - m + 1)
     return np.bincount(doc, weights=lengths * covered, minlength=n_docs)
 

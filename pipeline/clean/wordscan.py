@@ -131,10 +131,10 @@ def _segment_dups(
     chars = e - s
     if cont is not None:
         chars = chars - (np.searchsorted(cont, e) - np.searchsorted(cont, s))
-    return doc, chars, _repeats(key)
+    return doc, chars, repeated_keys(key)
 
 
-def _repeats(key: np.ndarray) -> np.ndarray:
+def repeated_keys(key: np.ndarray) -> np.ndarray:
     """Per key: whether an equal key comes earlier. The key's low bits are replaced by its position and the
     values sorted (several times faster than a stable argsort): equal high bits then come in position order,
     and all but the first of each run repeat. Keys equal only in their high bits count as repeats too, which

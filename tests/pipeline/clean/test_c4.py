@@ -266,3 +266,10 @@ def test_config_from_yaml_and_set(tmp_path: Path) -> None:
     )
     c4 = load_corpus_config(path).clean.c4
     assert (c4.enabled, c4.end_marks, c4.bad_words_file) == (True, (".", "'"), "s3://b/k")
+
+
+def test_a_bad_words_list_has_a_digest_of_what_it_decides_with() -> None:
+    """A build keys clean's units with the list's digest, so a new list at the same URI redoes clean."""
+    same = BadWords(["Foo", "bar baz", ""]), BadWords(["bar baz", "foo", "foo"])
+    assert same[0].digest == same[1].digest
+    assert BadWords(["foo"]).digest != same[0].digest

@@ -422,7 +422,7 @@ def test_sorted_packing_helpers_equal_their_definitions():
         for k in keys.tolist():
             expected.append(k in seen)
             seen.add(k)
-        assert wordscan._repeats(keys).tolist() == expected
+        assert wordscan.repeated_keys(keys).tolist() == expected
     for n in (1, 2, 5):
         repeats = rng.random(40) < 0.1
         covered = [any(repeats[max(j - n + 1, 0) : j + 1]) for j in range(40 + n - 1)]
