@@ -106,7 +106,9 @@ def group_flows(stages: Mapping[str, StageStats]) -> dict[str, dict[str, Any]] |
                 for g, (docs, nbytes) in per_group.items():
                     out.setdefault(g, [0, 0])
                     out[g] = [out[g][0] - docs, out[g][1] - nbytes]
-        for per_group in removed.values() if kept else ():
+        # a stage that tallies its kept documents (or the first one) enters with what it kept and removed;
+        # one that tallies only its drops enters with what the stage before let through
+        for per_group in removed.values() if kept or prev_out is None else ():
             for g, (docs, nbytes) in per_group.items():
                 row = entering.setdefault(g, [0, 0])
                 row[0], row[1] = row[0] + docs, row[1] + nbytes

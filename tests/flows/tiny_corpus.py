@@ -36,7 +36,8 @@ def _doc(rng: random.Random, words: int) -> str:
     sentences = []
     while words > 0:
         n = min(words, rng.randint(6, 12))
-        sentences.append(" ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + ".")
+        # each sentence opens with "The": English enough for Gopher's stop-word rule (two of the, be, to, ...)
+        sentences.append("The " + " ".join(rng.choice(WORDS) for _ in range(n)) + ".")
         words -= n
     return "\n".join(sentences)
 

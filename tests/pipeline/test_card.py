@@ -120,3 +120,14 @@ def test_against_shows_what_moved_per_rule_and_source() -> None:
     text = render_diff(diff)
     assert "exact_dedup:exact_duplicate | 1 -> 0 | -1 |" in text and "## Source `web`" in text
     assert "the same documents" in render_diff(diff_cards(old, old))
+
+
+def test_a_stage_that_drops_every_document_still_has_a_card() -> None:
+    """Clean drops all (no kept tally at all) and exact dedup sees nothing: every row enters with what was there."""
+    clean = _dropped("stop_words", [1, 2, 3])
+    clean.docs_in, clean.bytes_in = 3, 30
+    exact = StageStats(stage="exact")
+    card = build_card("x", "0" * 20, {"clean": clean.to_json(), "exact": exact.to_json()}, {})
+    [row] = [r for r in card["waterfall"] if r["rule"] == "stop_words"]
+    assert row["docs_in"] == 3 and row["docs_removed"] == 3
+    assert card["by_source"]["web"][0]["docs_in"] == 3 and card["by_source"]["web"][0]["docs_removed"] == 3
