@@ -9,7 +9,7 @@ export DS_ACCELERATOR ?= cpu
 
 .PHONY: setup demo build test test-fast test-slow lint sanitize format clean-store
 
-$(STAMP): pyproject.toml $(wildcard pipeline/*.c pipeline/*/*.c)
+$(STAMP): pyproject.toml $(wildcard pipeline/*.c pipeline/*/*.c pipeline/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: the CPU wheel here, so nothing pulls a multi-GB CUDA build
@@ -42,7 +42,8 @@ lint: setup
 # The compiled kernels under AddressSanitizer and UBSan: built into a copy of the tree (the .so files here stay
 # as they are), then their tests run there with the ASan runtime preloaded into Python (which is not built
 # with it); PYTHONMALLOC=malloc gives every Python object (a str's UTF-8 bytes too) its own block and redzones.
-# Python's own allocations leak by design, so leak checks are off; any other report fails the run.
+# Python's own allocations leak by design, so leak checks are off; any other report fails the run. Each kernel
+# must import from the copy: an optional one that failed to build would fall back to the plain .so here.
 SAN_DIR ?= build/sanitize
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all -g
 SAN_TESTS := tests/pipeline/test_native.py tests/pipeline/test_langid.py tests/pipeline/clean/test_wordscan.py \
@@ -57,8 +58,9 @@ sanitize: setup  ## the compiled kernels' tests with the kernels built under ASa
 		| tar -x -C $(SAN_DIR)
 	cd $(SAN_DIR) && CFLAGS="$(SAN_FLAGS)" $(abspath $(BIN))/python -c "from setuptools import setup; setup()" \
 		-q build_ext --inplace
-	cd $(SAN_DIR) && $(SAN_ENV) $(abspath $(BIN))/python -c "import pipeline._langid_walk as w, \
-		pipeline.clean._lines, pipeline.clean._wordscan; assert w.__file__.startswith('$(abspath $(SAN_DIR))/')"
+	cd $(SAN_DIR) && $(SAN_ENV) $(abspath $(BIN))/python -c "import pipeline._langid_walk as a, \
+		pipeline.clean._lines as b, pipeline.clean._wordscan as c; files = [m.__file__ for m in (a, b, c)]; \
+		assert all(f.startswith('$(abspath $(SAN_DIR))/') for f in files), files"
 	cd $(SAN_DIR) && $(SAN_ENV) $(abspath $(BIN))/python -m pytest -q -p no:cacheprovider --capture=sys $(SAN_TESTS)
 
 format: setup
