@@ -7,9 +7,9 @@ TORCH_SPEC ?= torch==2.13.0
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: setup demo build test test-fast test-slow lint format clean-store
+.PHONY: setup demo build test test-fast test-slow lint sanitize format clean-store
 
-$(STAMP): pyproject.toml $(wildcard pipeline/*.c pipeline/*/*.c)
+$(STAMP): pyproject.toml $(wildcard pipeline/*.c pipeline/*/*.c pipeline/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: the CPU wheel here, so nothing pulls a multi-GB CUDA build
@@ -38,6 +38,30 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy pipeline training flows
+
+# The compiled kernels under AddressSanitizer and UBSan: built into a copy of the tree (the .so files here stay
+# as they are), then their tests run there with the ASan runtime preloaded into Python (which is not built
+# with it); PYTHONMALLOC=malloc gives every Python object (a str's UTF-8 bytes too) its own block and redzones.
+# Python's own allocations leak by design, so leak checks are off; any other report fails the run. Each kernel
+# must import from the copy: an optional one that failed to build would fall back to the plain .so here.
+SAN_DIR ?= build/sanitize
+SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all -g
+SAN_TESTS := tests/pipeline/test_native.py tests/pipeline/test_langid.py tests/pipeline/clean/test_wordscan.py \
+	tests/pipeline/clean/test_quality.py tests/pipeline/clean/test_stopwords.py \
+	tests/pipeline/clean/test_boilerplate.py tests/pipeline/clean/test_normalize_once.py
+SAN_ENV := CI=true PYTHONPATH=. PYTHONMALLOC=malloc LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
+	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+
+sanitize: setup  ## the compiled kernels' tests with the kernels built under ASan + UBSan (CI runs it)
+	rm -rf $(SAN_DIR) && mkdir -p $(SAN_DIR)
+	tar -c --exclude='*.so' --exclude=__pycache__ pyproject.toml README.md LICENSE pipeline training flows tests \
+		| tar -x -C $(SAN_DIR)
+	cd $(SAN_DIR) && CFLAGS="$(SAN_FLAGS)" $(abspath $(BIN))/python -c "from setuptools import setup; setup()" \
+		-q build_ext --inplace
+	cd $(SAN_DIR) && $(SAN_ENV) $(abspath $(BIN))/python -c "import pipeline._langid_walk as a, \
+		pipeline.clean._lines as b, pipeline.clean._wordscan as c; files = [m.__file__ for m in (a, b, c)]; \
+		assert all(f.startswith('$(abspath $(SAN_DIR))/') for f in files), files"
+	cd $(SAN_DIR) && $(SAN_ENV) $(abspath $(BIN))/python -m pytest -q -p no:cacheprovider --capture=sys $(SAN_TESTS)
 
 format: setup
 	$(BIN)/ruff format .

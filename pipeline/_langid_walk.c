@@ -19,21 +19,12 @@
  *       document d's distinct features and counts are out_*[out_offsets[d]:out_offsets[d+1]].
  * A table entry out of range (a corrupt table) raises ValueError. The GIL is released during the walk.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-static int check_buffer(Py_buffer *buf, Py_ssize_t itemsize, const char *name) {
-    if (buf->len % itemsize != 0) {
-        PyErr_Format(PyExc_ValueError, "%s: a buffer of %zd-byte items was expected", name, itemsize);
-        return -1;
-    }
-    return 0;
-}
+#include "_native.h"
 
 #define LANES 8
+/* What walk_one answers when it stops: a table entry out of range, or more entries than the room left. */
+#define WALK_CORRUPT (-1)
+#define WALK_NO_ROOM (-2)
 
 /* Counts one emitted feature (branch-free but for the range check: whether a feature is new is unpredictable,
  * and marking it seen again costs less than a mispredicted branch); returns 0, or -1 out of range. */
@@ -49,8 +40,8 @@ static inline int count_feature(int32_t feature, int32_t num_features, int32_t *
     return 0;
 }
 
-/* Walks one document of n bytes; returns the number of entries written at out (-1: a table entry out of
- * range). Following the automaton is a chain of dependent loads from tables of ~40 MB, so the document is
+/* Walks one document of n bytes; returns the number of entries written at out, at most `room` (WALK_CORRUPT: a
+ * table entry out of range; WALK_NO_ROOM: more distinct features than room, which n <= room rules out). Following the automaton is a chain of dependent loads from tables of ~40 MB, so the document is
  * cut into LANES stretches walked side by side, whose loads overlap. A stretch starts in the state that
  * the `depth` bytes before it lead to from the start state: that is the automaton's state there, as no state
  * stands for more than `depth` bytes (the deepest n-gram; pipeline.langid.STATE_DEPTH, tested against the
@@ -58,7 +49,7 @@ static inline int count_feature(int32_t feature, int32_t num_features, int32_t *
 static Py_ssize_t walk_one(const int32_t *next_row, const int32_t *next_feature, Py_ssize_t table_len,
                            int32_t root, int32_t depth, int32_t num_features, const uint8_t *bytes,
                            Py_ssize_t n, int32_t *counts, uint64_t *seen, int32_t *out_features,
-                           int32_t *out_counts) {
+                           int32_t *out_counts, Py_ssize_t room) {
     Py_ssize_t lo_word = PY_SSIZE_T_MAX, hi_word = -1, k = 0;
     int lanes = n >= 16 * LANES ? LANES : 1;
     Py_ssize_t stretch = (n + lanes - 1) / lanes, pos[LANES], end[LANES];
@@ -69,7 +60,7 @@ static Py_ssize_t walk_one(const int32_t *next_row, const int32_t *next_feature,
         row[j] = root;
         for (Py_ssize_t i = pos[j] - depth > 0 ? pos[j] - depth : 0; i < pos[j]; i++) {  /* no features */
             int64_t at = row[j] + bytes[i];
-            if (at < 0 || at >= table_len) return -1;
+            if (at < 0 || at >= table_len) return WALK_CORRUPT;
             row[j] = next_row[at];
         }
     }
@@ -78,22 +69,24 @@ static Py_ssize_t walk_one(const int32_t *next_row, const int32_t *next_feature,
     int32_t emitted[LANES * 64];
     for (Py_ssize_t step = 0; step < stretch; step += 64) {
         Py_ssize_t steps = stretch - step < 64 ? stretch - step : 64, e = 0;
+        if (steps * lanes > LANES * 64) return WALK_NO_ROOM; /* never: a block is 64 steps of each lane */
         for (Py_ssize_t t = 0; t < steps; t++) {
             for (int j = 0; j < lanes; j++) {
                 if (pos[j] >= end[j]) continue;
                 int64_t at = row[j] + bytes[pos[j]++];
-                if (at < 0 || at >= table_len) return -1;
+                if (at < 0 || at >= table_len) return WALK_CORRUPT;
                 row[j] = next_row[at];
                 emitted[e++] = next_feature[at];
             }
         }
         for (Py_ssize_t q = 0; q < e; q++)
-            if (count_feature(emitted[q], num_features, counts, seen, &lo_word, &hi_word)) return -1;
+            if (count_feature(emitted[q], num_features, counts, seen, &lo_word, &hi_word)) return WALK_CORRUPT;
     }
     for (Py_ssize_t word = lo_word; word <= hi_word; word++) {
         uint64_t bits = seen[word];
         while (bits) {
             int32_t feature = (int32_t)(word * 64 + __builtin_ctzll(bits));
+            if (k >= room) return WALK_NO_ROOM;
             out_features[k] = feature;
             out_counts[k++] = counts[feature];
             counts[feature] = 0;
@@ -105,6 +98,7 @@ static Py_ssize_t walk_one(const int32_t *next_row, const int32_t *next_feature,
 }
 
 static PyObject *walk_counts(PyObject *self, PyObject *args) {
+    (void)self;
     Py_buffer next_row, next_feature, data, offsets, out_features, out_counts, out_offsets;
     int root, depth, num_features;
     if (!PyArg_ParseTuple(args, "y*y*iiiy*y*w*w*w*", &next_row, &next_feature, &root, &depth, &num_features, &data,
@@ -113,9 +107,12 @@ static PyObject *walk_counts(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     int32_t *counts = NULL;
     uint64_t *seen = NULL;
-    if (check_buffer(&next_row, 4, "next_row") || check_buffer(&next_feature, 4, "next_feature") ||
-        check_buffer(&offsets, 8, "offsets") || check_buffer(&out_features, 4, "out_features") ||
-        check_buffer(&out_counts, 4, "out_counts") || check_buffer(&out_offsets, 8, "out_offsets"))
+    if (native_check_items(&next_row, 4, "walk_counts: next_row") ||
+        native_check_items(&next_feature, 4, "walk_counts: next_feature") ||
+        native_check_items(&offsets, 8, "walk_counts: offsets") ||
+        native_check_items(&out_features, 4, "walk_counts: out_features") ||
+        native_check_items(&out_counts, 4, "walk_counts: out_counts") ||
+        native_check_items(&out_offsets, 8, "walk_counts: out_offsets"))
         goto done;
     Py_ssize_t table_len = next_row.len / 4, docs = offsets.len / 8 - 1;
     const int64_t *off = (const int64_t *)offsets.buf;
@@ -136,21 +133,27 @@ static PyObject *walk_counts(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    Py_ssize_t total = 0, written = 0;
+    Py_ssize_t total = 0, written = 0, room = out_features.len / 4 < out_counts.len / 4 ? out_features.len / 4
+                                                                                         : out_counts.len / 4;
     int64_t *out_off = (int64_t *)out_offsets.buf;
     Py_BEGIN_ALLOW_THREADS;
     out_off[0] = 0;
     for (Py_ssize_t d = 0; d < docs; d++) {
         written = walk_one((const int32_t *)next_row.buf, (const int32_t *)next_feature.buf, table_len, root,
                            depth, num_features, (const uint8_t *)data.buf + off[d], off[d + 1] - off[d], counts, seen,
-                           (int32_t *)out_features.buf + total, (int32_t *)out_counts.buf + total);
+                           (int32_t *)out_features.buf + total, (int32_t *)out_counts.buf + total,
+                           room - total);
         if (written < 0) break;
         total += written;
         out_off[d + 1] = total;
     }
     Py_END_ALLOW_THREADS;
-    if (written < 0) {
+    if (written == WALK_CORRUPT) {
         PyErr_SetString(PyExc_ValueError, "walk_counts: a table entry points outside the tables (corrupt tables)");
+        goto done;
+    }
+    if (written < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "walk_counts: more distinct features than bytes (a kernel bug)");
         goto done;
     }
     result = PyLong_FromSsize_t(total);
@@ -175,6 +178,6 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_langid_walk",
                                     "The compiled language-ID automaton walk (see pipeline/_langid_walk.c).",
-                                    -1, methods};
+                                    -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__langid_walk(void) { return PyModule_Create(&module); }

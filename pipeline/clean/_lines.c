@@ -13,104 +13,15 @@
  *     text without the lines of >= min_line_chars code points whose key is in boilerplate (a sorted uint64
  *     buffer), joined by "\n" again, and how many were removed; text itself when none was:
  *     remove_boilerplate() of normalize.py.
+ * xxh64(data) -> int
+ *     The key function itself over any bytes-like object (what the tests check against xxhash.xxh64_intdigest).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#define P1 0x9E3779B185EBCA87ULL
-#define P2 0xC2B2AE3D27D4EB4FULL
-#define P3 0x165667B19E3779F9ULL
-#define P4 0x85EBCA77C2B2AE63ULL
-#define P5 0x27D4EB2F165667C5ULL
-
-static inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-
-static inline uint64_t read64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap64(v);
-#endif
-    return v;
-}
-
-static inline uint32_t read32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap32(v);
-#endif
-    return v;
-}
-
-static inline uint64_t xxh_round(uint64_t acc, uint64_t input) { return rotl(acc + input * P2, 31) * P1; }
-
-static inline uint64_t xxh_merge(uint64_t acc, uint64_t val) { return (acc ^ xxh_round(0, val)) * P1 + P4; }
-
-/* XXH64 with seed 0, as xxhash.xxh64_intdigest computes it (tested against it). */
-static uint64_t xxh64(const uint8_t *p, size_t len) {
-    const uint8_t *end = p + len;
-    uint64_t h;
-    if (len >= 32) {
-        const uint8_t *limit = end - 32;
-        uint64_t v1 = P1 + P2, v2 = P2, v3 = 0, v4 = (uint64_t)0 - P1;
-        do {
-            v1 = xxh_round(v1, read64(p));
-            v2 = xxh_round(v2, read64(p + 8));
-            v3 = xxh_round(v3, read64(p + 16));
-            v4 = xxh_round(v4, read64(p + 24));
-            p += 32;
-        } while (p <= limit);
-        h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
-        h = xxh_merge(xxh_merge(xxh_merge(xxh_merge(h, v1), v2), v3), v4);
-    } else {
-        h = P5;
-    }
-    h += (uint64_t)len;
-    for (; p + 8 <= end; p += 8) h = rotl(h ^ xxh_round(0, read64(p)), 27) * P1 + P4;
-    if (p + 4 <= end) {
-        h = rotl(h ^ ((uint64_t)read32(p) * P1), 23) * P2 + P3;
-        p += 4;
-    }
-    for (; p < end; p++) h = rotl(h ^ (*p * P5), 11) * P1;
-    h ^= h >> 33;
-    h *= P2;
-    h ^= h >> 29;
-    h *= P3;
-    h ^= h >> 32;
-    return h;
-}
-
-/* The code point that starts at s (valid UTF-8) and its byte length. */
-static inline Py_UCS4 decode(const uint8_t *s, int *size) {
-    uint8_t b = s[0];
-    if (b < 0x80) { *size = 1; return b; }
-    if (b < 0xE0) { *size = 2; return ((Py_UCS4)(b & 0x1F) << 6) | (s[1] & 0x3F); }
-    if (b < 0xF0) {
-        *size = 3;
-        return ((Py_UCS4)(b & 0x0F) << 12) | ((Py_UCS4)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
-    }
-    *size = 4;
-    return ((Py_UCS4)(b & 0x07) << 18) | ((Py_UCS4)(s[1] & 0x3F) << 12) | ((Py_UCS4)(s[2] & 0x3F) << 6) |
-           (s[3] & 0x3F);
-}
+#include "../_native.h"
 
 /* [*lo, *hi) narrowed to str.strip()'s result. */
 static void strip(const uint8_t *s, Py_ssize_t *lo, Py_ssize_t *hi) {
-    Py_ssize_t a = *lo, b = *hi;
-    int size;
-    while (a < b && Py_UNICODE_ISSPACE(decode(s + a, &size))) a += size;
-    while (b > a) {
-        Py_ssize_t k = b - 1;
-        while (k > a && (s[k] & 0xC0) == 0x80) k--;
-        if (!Py_UNICODE_ISSPACE(decode(s + k, &size))) break;
-        b = k;
-    }
-    *lo = a;
-    *hi = b;
+    *lo = native_lstrip(s, *lo, *hi);
+    *hi = native_rstrip(s, *lo, *hi);
 }
 
 /* Whether s[lo:hi] holds at least n code points. */
@@ -120,13 +31,6 @@ static inline int at_least(const uint8_t *s, Py_ssize_t lo, Py_ssize_t hi, Py_ss
     Py_ssize_t count = 0;
     for (Py_ssize_t i = lo; i < hi; i++) count += (s[i] & 0xC0) != 0x80;
     return count >= n;
-}
-
-/* The UTF-8 form of text, or NULL with no error set when it has a lone surrogate (the caller's Python path). */
-static const uint8_t *utf8_of(PyObject *text, Py_ssize_t *size) {
-    const char *s = PyUnicode_AsUTF8AndSize(text, size);
-    if (s == NULL && PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) PyErr_Clear();
-    return (const uint8_t *)s;
 }
 
 /* The end of the line that starts at i: the next newline, or size. */
@@ -145,7 +49,7 @@ static PyObject *line_hashes(PyObject *self, PyObject *args) {
     PyObject *text;
     Py_ssize_t min_chars, size;
     if (!PyArg_ParseTuple(args, "Un", &text, &min_chars)) return NULL;
-    const uint8_t *s = utf8_of(text, &size);
+    const uint8_t *s = native_utf8(text, &size);
     if (s == NULL) {
         if (PyErr_Occurred()) return NULL;
         Py_RETURN_NONE;
@@ -163,7 +67,14 @@ static PyObject *line_hashes(PyObject *self, PyObject *args) {
             continue;
         }  /* fewer bytes than the minimum: fewer code points too */
         strip(s, &lo, &hi);
-        if (at_least(s, lo, hi, min_chars)) keys[n++] = xxh64(s + lo, (size_t)(hi - lo));
+        if (at_least(s, lo, hi, min_chars)) {
+            if (n >= lines) {  /* never: a key per line at most, and the lines were counted */
+                free(keys);
+                PyErr_SetString(PyExc_RuntimeError, "line_hashes: more lines than newlines + 1 (a kernel bug)");
+                return NULL;
+            }
+            keys[n++] = native_xxh64(s + lo, (size_t)(hi - lo));
+        }
         if (i >= size) break;
     }
     qsort(keys, (size_t)n, sizeof(uint64_t), compare_u64);
@@ -197,15 +108,12 @@ static PyObject *remove_lines(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Uy*n", &text, &boilerplate, &min_chars)) return NULL;
     PyObject *result = NULL;
     uint8_t *out = NULL;
-    const uint8_t *s = utf8_of(text, &size);
+    const uint8_t *s = native_utf8(text, &size);
     if (s == NULL) {
         if (!PyErr_Occurred()) result = Py_NewRef(Py_None);
         goto done;
     }
-    if (boilerplate.len % 8) {
-        PyErr_SetString(PyExc_ValueError, "remove_lines: boilerplate must be a uint64 buffer");
-        goto done;
-    }
+    if (native_check_items(&boilerplate, 8, "remove_lines: boilerplate (sorted uint64)")) goto done;
     const uint64_t *keys = (const uint64_t *)boilerplate.buf;
     Py_ssize_t n_keys = boilerplate.len / 8, removed = 0, written = 0, start = 0;
     int first = 1;
@@ -216,7 +124,7 @@ static PyObject *remove_lines(PyObject *self, PyObject *args) {
         if (n_keys && at_least(s, lo, hi, min_chars)) {
             Py_ssize_t a = lo, b = hi;
             strip(s, &a, &b);
-            drop = in_sorted(keys, n_keys, xxh64(s + a, (size_t)(b - a)));
+            drop = in_sorted(keys, n_keys, native_xxh64(s + a, (size_t)(b - a)));
         }
         if (drop && !removed) {  /* the first line out: what came before it is kept as it is */
             out = malloc((size_t)size + 1);
@@ -231,6 +139,10 @@ static PyObject *remove_lines(PyObject *self, PyObject *args) {
         if (drop) {
             removed++;
         } else if (removed) {
+            if (written + (hi - lo) + !first > size) {  /* never: the kept lines are fewer than all of them */
+                PyErr_SetString(PyExc_RuntimeError, "remove_lines: kept lines longer than the text (a kernel bug)");
+                goto done;
+            }
             if (!first) out[written++] = '\n';
             memcpy(out + written, s + lo, (size_t)(hi - lo));
             written += hi - lo;
@@ -248,7 +160,17 @@ done:
     return result;
 }
 
+static PyObject *xxh64(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE)) return NULL;
+    uint64_t h = native_xxh64((const uint8_t *)data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
 static PyMethodDef methods[] = {
+    {"xxh64", xxh64, METH_O, "XXH64 (seed 0) of a bytes-like object: the key of a stripped line's UTF-8 bytes."},
     {"line_hashes", line_hashes, METH_VARARGS, "The sorted distinct keys of a document's long stripped lines."},
     {"remove_lines", remove_lines, METH_VARARGS, "A document without its boilerplate lines, and how many."},
     {NULL, NULL, 0, NULL},

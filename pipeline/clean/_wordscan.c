@@ -25,11 +25,7 @@
  * repeats are all of its items' but the shortest one's). A document passes when neither fraction is over
  * its threshold with those counts: then the exact rules pass too.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
+#include "../_native.h"
 
 #define M1 0xFF51AFD7ED558CCDULL
 #define M2 0xC4CEB9FE1A85EC53ULL
@@ -83,10 +79,12 @@ static int vec_reserve(Vec *v, size_t more) {
     return 0;
 }
 
-/* Appends a word: the caller reserved the room. */
-static inline void push_word(Vec *hashes, Vec *lengths, uint64_t h, int64_t chars) {
+/* Appends a word without growing the arrays (the caller reserved the room); -1 when there is none left. */
+static inline int push_word(Vec *hashes, Vec *lengths, uint64_t h, int64_t chars) {
+    if (hashes->size >= hashes->cap || lengths->size >= lengths->cap) return -1;
     ((uint64_t *)hashes->data)[hashes->size++] = h;
     ((int64_t *)lengths->data)[lengths->size++] = chars;
+    return 0;
 }
 
 typedef struct {
@@ -95,19 +93,23 @@ typedef struct {
 } Item;
 
 /* Whether the items (lines or paragraphs of one document) pass both fractions, each item whose key came
- * before it counted as a repeat (`table`: scratch of at least 2 * n + 2 slots, zeroed on return). */
+ * before it counted as a repeat (`table`: scratch of at least 2 * n + 2 slots, zeroed on return); -1 with
+ * RuntimeError set when the table is smaller. */
 static int items_pass(const Item *items, size_t n, double max_frac, double max_char_frac, uint64_t *table,
                       size_t slots) {
     if (max_frac < 0 && max_char_frac < 0) return 1;
     size_t mask = 1;
     while (mask < 2 * n) mask <<= 1;
-    if (mask > slots) mask = slots;  /* never: the caller sized the table */
+    if (mask > slots) {  /* never: the caller sized the table */
+        PyErr_SetString(PyExc_RuntimeError, "scan_words: repeat table smaller than its items (a kernel bug)");
+        return -1;
+    }
     mask -= 1;
     int64_t repeats = 0, repeat_chars = 0, total = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t key = items[i].key ? items[i].key : 1;  /* 0 marks an empty slot */
         total += items[i].chars;
-        size_t at = (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 32) & mask;
+        size_t at = (size_t)((key * NATIVE_MIX) >> 32) & mask;
         while (table[at] && table[at] != key) at = (at + 1) & mask;
         if (table[at]) {
             repeats++;
@@ -127,24 +129,17 @@ static int items_pass(const Item *items, size_t n, double max_frac, double max_c
  * is read as 8 bytes when the document goes on that far, and masked to its own). */
 static inline uint64_t word_hash(const uint8_t *s, Py_ssize_t n, Py_ssize_t start, Py_ssize_t end) {
     uint64_t len = (uint64_t)(end - start), first = 0, last = 0;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
     if (len >= 8) {
-        memcpy(&first, s + start, 8);
-        memcpy(&last, s + end - 8, 8);
+        first = native_read_le64(s + start);
+        last = native_read_le64(s + end - 8);
         return (first * M1) ^ (last * M2) ^ len;
     }
     if (start + 8 <= n) {
-        memcpy(&first, s + start, 8);
-        first &= ((uint64_t)1 << (8 * len)) - 1;
+        first = native_read_le64(s + start) & (((uint64_t)1 << (8 * len)) - 1);
         return (first * M1) ^ (first * M2) ^ len;
     }
-#endif
-    size_t k = len < 8 ? (size_t)len : 8;
-    for (size_t i = 0; i < k; i++) {
-        first |= (uint64_t)s[start + i] << (8 * i);
-        last |= (uint64_t)s[end - (Py_ssize_t)k + i] << (8 * i);
-    }
-    return (first * M1) ^ (last * M2) ^ len;
+    for (size_t i = 0; i < (size_t)len; i++) first |= (uint64_t)s[start + (Py_ssize_t)i] << (8 * i);
+    return (first * M1) ^ (first * M2) ^ len;
 }
 
 typedef struct {
@@ -156,30 +151,27 @@ typedef struct {
 static int close_stretch(Vec *items, Stretch *st, Py_ssize_t end) {
     if (end > st->start) {
         Item item = {((st->sum * M2) ^ (uint64_t)(end - st->start)), st->chars};
-        if (vec_push(items, &item)) return -1;
+        if (vec_push(items, &item)) {
+            PyErr_NoMemory();
+            return -1;
+        }
     }
     return 0;
 }
 
-/* The marks the per-document rules count (quality._counted_reason, _line_reason), in this order. */
+/* The marks the per-document rules count (quality._counted_reason, _line_reason), in this order: the names and
+ * the order of pipeline.clean.wordscan.Mark, which reads them (tests/pipeline/clean/test_wordscan.py parses
+ * this enum and compares). */
 enum { MARK_HASH, MARK_DOTS, MARK_ELLIPSIS, MARK_NEWLINES, MARK_BULLET_LINES, MARK_ELLIPSIS_ENDS, MARKS };
 
 static const Py_UCS4 BULLETS[] = {0x2022, 0x2023, 0x25E6, 0x2043, 0x25CF, 0x25AA, '-', '*', 0xB7, 0x2013};
-
-static inline Py_UCS4 decode_at(const uint8_t *s, Py_ssize_t i) {
-    uint8_t b = s[i];
-    if (b < 0x80) return b;
-    if (b < 0xE0) return ((Py_UCS4)(b & 0x1F) << 6) | (s[i + 1] & 0x3F);
-    if (b < 0xF0) return ((Py_UCS4)(b & 0x0F) << 12) | ((Py_UCS4)(s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
-    return ((Py_UCS4)(b & 0x07) << 18) | ((Py_UCS4)(s[i + 1] & 0x3F) << 12) | ((Py_UCS4)(s[i + 2] & 0x3F) << 6) |
-           (s[i + 3] & 0x3F);
-}
 
 /* Whether a bullet line starts at j: spaces and tabs, then a bullet (quality.BULLETS; BULLET_LINE_RE). */
 static int bullet_at(const uint8_t *s, Py_ssize_t n, Py_ssize_t j) {
     while (j < n && (s[j] == ' ' || s[j] == '\t')) j++;
     if (j >= n) return 0;
-    Py_UCS4 cp = decode_at(s, j);
+    int size;
+    Py_UCS4 cp = native_decode(s, j, n, &size);
     for (size_t k = 0; k < sizeof(BULLETS) / sizeof(BULLETS[0]); k++)
         if (cp == BULLETS[k]) return 1;
     return 0;
@@ -207,14 +199,7 @@ static void count_marks(const uint8_t *s, Py_ssize_t n, int64_t *marks) {
     }
     for (p = s; (p = memchr(p, 0xE2, (size_t)(end - p))) != NULL; p++)
         if (end - p >= 3 && p[1] == 0x80 && p[2] == 0xA6) marks[MARK_ELLIPSIS]++;
-    Py_ssize_t b = n;
-    while (b > 0) {
-        Py_ssize_t k = b - 1;
-        while (k > 0 && (s[k] & 0xC0) == 0x80) k--;
-        if (!Py_UNICODE_ISSPACE(decode_at(s, k))) break;
-        b = k;
-    }
-    marks[MARK_ELLIPSIS_ENDS] += ends_with_ellipsis(s, b);
+    marks[MARK_ELLIPSIS_ENDS] += ends_with_ellipsis(s, native_rstrip(s, 0, n));
 }
 
 typedef struct {
@@ -242,32 +227,41 @@ typedef struct {
 } Word;
 
 /* Ends the word being scanned (if one is) at end: appends it, adds its hash to its line and paragraph, counts
- * it (and, if it holds a letter, in *alpha_words). */
-static inline void end_word(Scan *sc, const uint8_t *s, Py_ssize_t n, Word *word, Py_ssize_t end, Stretch *line,
+ * it (and, if it holds a letter, in *alpha_words); -1 when the reserved room is full. */
+static inline int end_word(Scan *sc, const uint8_t *s, Py_ssize_t n, Word *word, Py_ssize_t end, Stretch *line,
                             Stretch *para, Py_ssize_t *words, int64_t *alpha_words) {
-    if (word->start < 0) return;
+    if (word->start < 0) return 0;
     uint64_t h = word_hash(s, n, word->start, end);
-    push_word(&sc->hashes, &sc->lengths, h, word->chars);
+    if (push_word(&sc->hashes, &sc->lengths, h, word->chars)) return -1;
     line->sum += h;
     para->sum += h;
     (*words)++;
     *alpha_words += word->alpha;
     word->start = -1;
+    return 0;
 }
 
 static inline void start_word(Word *word, Py_ssize_t at) {
     if (word->start < 0) *word = (Word){at, 0, 0};
 }
 
-/* Scans one document: appends its words; returns its word count (-1: out of memory) and sets *cjk, *alpha
- * (its words with a letter, CJK ones included), *ok. */
+static Py_ssize_t word_room_error(void) {
+    PyErr_SetString(PyExc_RuntimeError, "scan_words: more words than n / 2 + 1 in n bytes (a kernel bug)");
+    return -1;
+}
+
+/* Scans one document: appends its words; returns its word count (-1 with the error set: out of memory, or a
+ * broken bound) and sets *cjk, *alpha (its words with a letter, CJK ones included), *ok. */
 static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const double *limits, int64_t *cjk,
                            int64_t *alpha, int *ok, int64_t *marks) {
     Py_ssize_t words = 0;
     Word word = {-1, 0, 0};
     Stretch line = {0, 0, 0}, para = {0, 0, 0};
     sc->lines.size = sc->paras.size = 0;
-    if (vec_reserve(&sc->hashes, (size_t)n / 2 + 1) || vec_reserve(&sc->lengths, (size_t)n / 2 + 1)) return -1;
+    if (vec_reserve(&sc->hashes, (size_t)n / 2 + 1) || vec_reserve(&sc->lengths, (size_t)n / 2 + 1)) {
+        PyErr_NoMemory();
+        return -1;
+    }
     *cjk = *alpha = 0;
     memset(marks, 0, MARKS * sizeof(int64_t));
     count_marks(s, n, marks);
@@ -289,7 +283,7 @@ static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const doubl
                 continue;
             }
             if (BYTE_CLASS[b] == 1) {  /* whitespace: ends a word */
-                end_word(sc, s, n, &word, i, &line, &para, &words, alpha);
+                if (end_word(sc, s, n, &word, i, &line, &para, &words, alpha)) return word_room_error();
                 line.chars++;
                 para.chars++;
                 i++;
@@ -299,8 +293,11 @@ static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const doubl
                 cp = b;
                 separator = 1;
             } else {
-                size = b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
-                cp = decode_at(s, i);
+                cp = native_decode(s, i, n, &size);
+                if (cp == NATIVE_BAD_CHAR) {
+                    PyErr_SetString(PyExc_RuntimeError, "scan_words: UTF-8 cut short at the end of a text");
+                    return -1;
+                }
                 int wide = is_cjk(cp);
                 *cjk += wide;
                 *alpha += wide && Py_UNICODE_ISALPHA(cp) != 0;
@@ -308,7 +305,7 @@ static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const doubl
             }
         }
         if (separator) {
-            end_word(sc, s, n, &word, i, &line, &para, &words, alpha);
+            if (end_word(sc, s, n, &word, i, &line, &para, &words, alpha)) return word_room_error();
         } else {
             start_word(&word, i);
             word.chars++;
@@ -338,9 +335,17 @@ static Py_ssize_t scan_one(Scan *sc, const uint8_t *s, Py_ssize_t n, const doubl
         line = (Stretch){i + (run ? run : 1), 0, 0};
         i += run ? run : 1;
     }
-    if (reserve_table(sc, sc->lines.size > sc->paras.size ? sc->lines.size : sc->paras.size)) return -1;
-    *ok = items_pass((const Item *)sc->lines.data, sc->lines.size, limits[0], limits[1], sc->table, sc->slots) &&
-          items_pass((const Item *)sc->paras.data, sc->paras.size, limits[2], limits[3], sc->table, sc->slots);
+    if (reserve_table(sc, sc->lines.size > sc->paras.size ? sc->lines.size : sc->paras.size)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int lines_ok = items_pass((const Item *)sc->lines.data, sc->lines.size, limits[0], limits[1], sc->table,
+                              sc->slots);
+    int paras_ok = lines_ok == 1 ? items_pass((const Item *)sc->paras.data, sc->paras.size, limits[2], limits[3],
+                                              sc->table, sc->slots)
+                                 : lines_ok;
+    if (paras_ok < 0) return -1;
+    *ok = paras_ok;
     return words;
 }
 
@@ -365,19 +370,14 @@ static PyObject *scan_words(PyObject *self, PyObject *args) {
             goto done;
         }
         Py_ssize_t n;
-        const uint8_t *s = (const uint8_t *)PyUnicode_AsUTF8AndSize(text, &n);
+        const uint8_t *s = native_utf8(text, &n);
         int64_t words = 0, wide = 0, letters = 0, *doc_marks = (int64_t *)PyBytes_AS_STRING(marks) + MARKS * d;
-        int ok = 0, other = s == NULL;
+        int ok = 0, other = s == NULL;  /* a lone surrogate: the per-document path */
         memset(doc_marks, 0, MARKS * sizeof(int64_t));
-        if (other) {
-            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) goto done;
-            PyErr_Clear();  /* a lone surrogate: the per-document path */
-        } else {
+        if (other && PyErr_Occurred()) goto done;
+        if (!other) {
             Py_ssize_t found = scan_one(&sc, s, n, limits, &wide, &letters, &ok, doc_marks);
-            if (found < 0) {
-                PyErr_NoMemory();
-                goto done;
-            }
+            if (found < 0) goto done;
             words = found;
         }
         memcpy(PyBytes_AS_STRING(sizes) + 8 * d, &words, 8);
@@ -427,7 +427,6 @@ done:
  *    stop there and pass it).
  * Thresholds are taken times (1 - 1e-9) of the characters, so float rounding cannot clear a failing document.
  */
-#define MIX 0x9E3779B97F4A7C15ULL
 #define STEP 0xD6E8FEB86659FD93ULL
 #define SLACK (1.0 - 1e-9)
 #define MAX_RULES 32
@@ -466,15 +465,19 @@ static int screen_reserve(Screen *sc, size_t words) {
 }
 
 /* Counts the m keys of sc->keys in the table (2^k >= 2m slots): each start's slot, each slot's count and
- * first start. */
-static void count_keys(Screen *sc, size_t m) {
+ * first start; -1 with RuntimeError set when m is more than the room reserved. */
+static int count_keys(Screen *sc, size_t m) {
     size_t slots = 2;
     while (slots < 2 * m) slots <<= 1;
+    if (m > sc->words || slots > sc->slots) {  /* never: no document has more n-grams than words */
+        PyErr_SetString(PyExc_RuntimeError, "screen_ngrams: more n-grams than words reserved (a kernel bug)");
+        return -1;
+    }
     size_t mask = slots - 1;
     memset(sc->table, 0, slots * sizeof(Slot));
     for (size_t p = 0; p < m; p++) {
         uint64_t key = sc->keys[p];
-        size_t at = (size_t)((key * MIX) >> 40) & mask;
+        size_t at = (size_t)((key * NATIVE_MIX) >> 40) & mask;
         while (sc->table[at].count && sc->table[at].key != key) at = (at + 1) & mask;
         if (!sc->table[at].count) {
             sc->table[at].key = key;
@@ -483,6 +486,7 @@ static void count_keys(Screen *sc, size_t m) {
         sc->table[at].count++;
         sc->slot[p] = (uint32_t)at;
     }
+    return 0;
 }
 
 /* Whether some n-gram (starts 0..m-1) may score over `limit` by count x characters, with `count_of(p)` an upper
@@ -508,6 +512,7 @@ static int64_t covered_chars(const Screen *sc, size_t m, size_t n) {
     return covered;
 }
 
+/* 1: the document may fail an n-gram rule; 0: it passes them all; -1: an error is set. */
 static int screen_one(Screen *sc, const uint64_t *hashes, const int64_t *lengths, size_t w, const long *top_n,
                       const double *top_f, size_t n_top, const long *dup_n, const double *dup_f, size_t n_dup) {
     sc->cum[0] = 0;
@@ -518,8 +523,8 @@ static int screen_one(Screen *sc, const uint64_t *hashes, const int64_t *lengths
     for (size_t k = 0; k < n_dup; k++) max_n = (size_t)dup_n[k] > max_n ? (size_t)dup_n[k] : max_n;
     if (max_n > w) max_n = w;
     /* n = 1: each word's count bounds the top rules of every n until a table of n-grams is built */
-    for (size_t p = 0; p < w; p++) sc->keys[p] = hashes[p] * MIX;
-    count_keys(sc, w);
+    for (size_t p = 0; p < w; p++) sc->keys[p] = hashes[p] * NATIVE_MIX;
+    if (count_keys(sc, w)) return -1;
     for (size_t p = 0; p < w; p++) sc->count1[p] = sc->table[sc->slot[p]].count;
     int built = 1, undecided = n_dup > 0; /* built: the table holds the current n's counts */
     size_t last_top = 0;
@@ -528,7 +533,7 @@ static int screen_one(Screen *sc, const uint64_t *hashes, const int64_t *lengths
     for (size_t n = 1; n <= max_n; n++) {
         size_t m = w - n + 1;
         if (n > 1) {
-            for (size_t p = 0; p < m; p++) sc->keys[p] = sc->keys[p] * STEP + hashes[p + n - 1] * MIX;
+            for (size_t p = 0; p < m; p++) sc->keys[p] = sc->keys[p] * STEP + hashes[p + n - 1] * NATIVE_MIX;
             built = 0;
         }
         for (size_t k = 0; k < n_top; k++) {
@@ -536,7 +541,7 @@ static int screen_one(Screen *sc, const uint64_t *hashes, const int64_t *lengths
             double limit = top_f[k] * chars;
             if (n == 1 || top_over(sc, m, n, bound, 0, limit)) { /* the bound is not enough: count them */
                 if (!built) {
-                    count_keys(sc, m);
+                    if (count_keys(sc, m)) return -1;
                     built = 1;
                 }
                 if (top_over(sc, m, n, NULL, 1, limit)) return 1;
@@ -550,7 +555,7 @@ static int screen_one(Screen *sc, const uint64_t *hashes, const int64_t *lengths
             int64_t covered = 0;
             if (m > 1) {
                 if (!built) {
-                    count_keys(sc, m);
+                    if (count_keys(sc, m)) return -1;
                     built = 1;
                 }
                 covered = covered_chars(sc, m, n);
@@ -595,6 +600,10 @@ static PyObject *screen_ngrams(PyObject *self, PyObject *args) {
     double top_f[MAX_RULES], dup_f[MAX_RULES];
     size_t n_top = 0, n_dup = 0;
     if (read_rules(top, top_n, top_f, &n_top) || read_rules(dup, dup_n, dup_f, &n_dup)) goto done;
+    if (native_check_items(&hashes, 8, "screen_ngrams: hashes") ||
+        native_check_items(&lengths, 8, "screen_ngrams: lengths") ||
+        native_check_items(&sizes, 8, "screen_ngrams: sizes"))
+        goto done;
     Py_ssize_t docs = sizes.len / 8, words = hashes.len / 8;
     const int64_t *size = sizes.buf;
     if (lengths.len != hashes.len || pending.len != docs) {
@@ -603,8 +612,12 @@ static PyObject *screen_ngrams(PyObject *self, PyObject *args) {
     }
     Py_ssize_t at = 0;
     for (Py_ssize_t d = 0; d < docs; d++) {
-        if (size[d] < 0 || at + size[d] > words) {
+        if (size[d] < 0 || size[d] > words - at) {
             PyErr_SetString(PyExc_ValueError, "screen_ngrams: word counts past the words");
+            goto done;
+        }
+        if ((uint64_t)size[d] > UINT32_MAX / 2) {  /* the table's slots and counts are 32-bit */
+            PyErr_SetString(PyExc_ValueError, "screen_ngrams: a document of more than 2^31 words");
             goto done;
         }
         at += size[d];
@@ -622,8 +635,13 @@ static PyObject *screen_ngrams(PyObject *self, PyObject *args) {
                 PyErr_NoMemory();
                 goto done;
             }
-            flagged[d] = (char)screen_one(&sc, (const uint64_t *)hashes.buf + at, (const int64_t *)lengths.buf + at,
-                                          w, top_n, top_f, n_top, dup_n, dup_f, n_dup);
+            int maybe = screen_one(&sc, (const uint64_t *)hashes.buf + at, (const int64_t *)lengths.buf + at, w,
+                                   top_n, top_f, n_top, dup_n, dup_f, n_dup);
+            if (maybe < 0) {
+                Py_CLEAR(result);
+                goto done;
+            }
+            flagged[d] = (char)maybe;
         }
         at += (Py_ssize_t)w;
     }
@@ -651,13 +669,13 @@ done:
  * ASCII words: the only non-ASCII character whose str.lower() is ASCII is the Kelvin sign (U+212A -> 'k'); a
  * core with any other non-ASCII character cannot equal an ASCII word.
  */
-static inline int is_alnum_at(const uint8_t *s, Py_ssize_t i) {
-    return s[i] < 0x80 ? ASCII_ALNUM[s[i]] : Py_UNICODE_ISALNUM(decode_at(s, i)) != 0;
-}
-
-static inline Py_ssize_t char_before(const uint8_t *s, Py_ssize_t i) {
-    do i--; while (i > 0 && (s[i] & 0xC0) == 0x80);
-    return i;
+/* Whether the character at s[i] (i < n) is alphanumeric; its byte length in *size. */
+static inline int is_alnum_at(const uint8_t *s, Py_ssize_t i, Py_ssize_t n, int *size) {
+    if (s[i] < 0x80) {
+        *size = 1;
+        return ASCII_ALNUM[s[i]];
+    }
+    return Py_UNICODE_ISALNUM(native_decode(s, i, n, size)) != 0;
 }
 
 /* Whether the core s[start:end] lowercased is one of the words (each `size` bytes, `count` of them). */
@@ -666,7 +684,7 @@ static int is_stop_word(const uint8_t *s, Py_ssize_t start, Py_ssize_t end, cons
     char lower[64];
     Py_ssize_t k = 0;
     for (Py_ssize_t i = start; i < end; k++) {
-        if (k >= longest) return 0;
+        if (k >= longest || k >= (Py_ssize_t)sizeof(lower)) return 0;
         if (s[i] < 0x80) {
             lower[k] = (char)(s[i] >= 'A' && s[i] <= 'Z' ? s[i] + 32 : s[i]);
             i++;
@@ -703,41 +721,31 @@ static PyObject *count_stop_words(PyObject *self, PyObject *args) {
         }
         if (sizes[w] > longest) longest = sizes[w];
     }
-    const uint8_t *s = (const uint8_t *)PyUnicode_AsUTF8AndSize(text, &n);
-    if (!s) {
-        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) return NULL;
-        PyErr_Clear();
-        return PyLong_FromLong(-1);
-    }
+    const uint8_t *s = native_utf8(text, &n);
+    if (!s) return PyErr_Occurred() ? NULL : PyLong_FromLong(-1);
     Py_ssize_t i = 0;
     while (i < n && count < need) {
         Py_ssize_t start = i;  /* a token runs to the next whitespace */
-        int space = 0;
+        int step = 1, size;  /* the byte length of the character at i (at the end: the whitespace) */
         while (i < n) {
             uint8_t b = s[i];
             if (BYTE_CLASS[b] == 0) {
                 i++;
                 continue;
             }
-            if (b < 0x80) {
-                space = 1;
-                break;
-            }
-            Py_UCS4 cp = decode_at(s, i);
-            if (Py_UNICODE_ISSPACE(cp)) {
-                space = 1;
-                break;
-            }
-            i += b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+            step = 1;
+            if (b < 0x80 || Py_UNICODE_ISSPACE(native_decode(s, i, n, &step))) break;
+            i += step;
         }
         Py_ssize_t end = i, core = start;
         if (end > start) {
-            while (core < end && !is_alnum_at(s, core)) core += s[core] < 0xC0 ? 1 : s[core] < 0xE0 ? 2 : s[core] < 0xF0 ? 3 : 4;
-            while (end > core && !is_alnum_at(s, char_before(s, end))) end = char_before(s, end);
+            while (core < end && !is_alnum_at(s, core, end, &size)) core += size;
+            while (end > core && !is_alnum_at(s, native_char_before(s, core, end), end, &size))
+                end = native_char_before(s, core, end);
             if (end > core && end - core <= 3 * longest)
                 count += is_stop_word(s, core, end, words, sizes, nwords, longest);
         }
-        if (space) i += s[i] < 0x80 ? 1 : s[i] < 0xE0 ? 2 : s[i] < 0xF0 ? 3 : 4;
+        if (i < n) i += step; /* past the whitespace that ended the token */
     }
     return PyLong_FromSsize_t(count);
 }

@@ -86,7 +86,7 @@ import numpy as np
 from pipeline.clean import wordscan
 from pipeline.clean.config import QualityConfig
 from pipeline.clean.stopwords import stop_word_reason
-from pipeline.clean.wordscan import CJK_RANGES, MIX, STEP, repeated_keys, scan_chunks
+from pipeline.clean.wordscan import CJK_RANGES, MIX, STEP, Mark, repeated_keys, scan_chunks
 from pipeline.units import packed_ranges
 
 CJK_RE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in CJK_RANGES) + "]")
@@ -116,18 +116,18 @@ def _line_reason(
 ) -> str | None:
     """Bullet and ellipsis line fractions (text is whitespace-normalised: lines carry no trailing spaces).
     ``ellipses``: the counts of "..." and "…" when known (a line cannot end in one that does not occur);
-    ``marks``: the compiled scan's counts (``wordscan.MARK_NAMES``), which make every count here."""
-    n_lines = (marks[3] if marks else text.count("\n")) + 1
+    ``marks``: the compiled scan's counts (indexed by ``wordscan.Mark``), which make every count here."""
+    n_lines = (marks[Mark.NEWLINES] if marks else text.count("\n")) + 1
     if cfg.max_bullet_line_fraction is not None:
         if marks:
-            bullets = marks[4]
+            bullets = marks[Mark.BULLET_LINES]
         else:
             bullets = len(BULLET_LINE_RE.findall(text)) + text.lstrip(" \t").startswith(BULLETS)
         if bullets / n_lines > cfg.max_bullet_line_fraction:
             return "bullet_lines"
     if cfg.max_ellipsis_line_fraction is not None:
         if marks:
-            ends = marks[5]
+            ends = marks[Mark.ELLIPSIS_ENDS]
         else:
             present = (
                 ELLIPSES if ellipses is None else [e for e, k in zip(ELLIPSES, ellipses, strict=True) if k]
@@ -430,10 +430,14 @@ def _counted_reason(
     ellipses = None
     if cfg.max_symbol_word_ratio is not None and n_words:
         # the paper's two ratios, each against the threshold on its own (not their sum)
-        hashes = marks[0] if marks else text.count("#")
+        hashes = marks[Mark.HASH] if marks else text.count("#")
         if hashes / n_words > cfg.max_symbol_word_ratio:
             return "hash_word_ratio"
-        ellipses = (marks[1], marks[2]) if marks else (text.count(ELLIPSES[0]), text.count(ELLIPSES[1]))
+        ellipses = (
+            (marks[Mark.DOTS], marks[Mark.ELLIPSIS])
+            if marks
+            else (text.count(ELLIPSES[0]), text.count(ELLIPSES[1]))
+        )
         if (ellipses[0] + ellipses[1]) / n_words > cfg.max_symbol_word_ratio:
             return "ellipsis_word_ratio"
     reason = _line_reason(text, cfg, ellipses, marks)

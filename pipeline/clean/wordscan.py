@@ -23,6 +23,7 @@ numpy scan below stays the path without it, and both are tested against the refe
 from __future__ import annotations
 
 from collections.abc import Iterator
+from enum import IntEnum
 from types import ModuleType
 from typing import Any
 
@@ -61,10 +62,22 @@ _M1 = np.uint64(0xFF51AFD7ED558CCD)
 _M2 = np.uint64(0xC4CEB9FE1A85EC53)
 _BYTE_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(9)], dtype=np.uint64)  # the first k bytes
 SCAN_BYTES = 1 << 19
-# the counts the compiled scan gives per document for quality._counted_reason: text.count("#"),
-# text.count("..."), text.count("…"), text.count("\n"), bullet lines, lines ending in an ellipsis
-MARK_NAMES = ("hash", "dots", "ellipsis", "newlines", "bullet_lines", "ellipsis_ends")
-MARKS = len(MARK_NAMES)
+
+
+class Mark(IntEnum):
+    """The counts the compiled scan gives per document for the per-document rules (``quality._counted_reason``,
+    ``quality._line_reason``): a document's marks are a row indexed by these. The C side's ``enum { MARK_HASH,
+    ... }`` in ``pipeline/clean/_wordscan.c`` spells the same names in the same order (a test parses it)."""
+
+    HASH = 0  # text.count("#")
+    DOTS = 1  # text.count("...")
+    ELLIPSIS = 2  # text.count("…")
+    NEWLINES = 3  # text.count("\n")
+    BULLET_LINES = 4  # lines starting (after spaces and tabs) with a bullet
+    ELLIPSIS_ENDS = 5  # lines ending in "..." or "…"
+
+
+MARKS = len(Mark)
 
 
 def _word_hashes(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -261,7 +274,7 @@ def scan_chunks(
     must take the per-document path instead (then its words here are not its words), whether it passes the
     repetition rules for certain (see ``_repetition_passes``), its CJK character count (each one a word) and its
     words with an alphabetic character (``str.isalpha``; the CJK ones included); ``marks``
-    (the compiled scan only, else None): per document the counts of :data:`MARK_NAMES` that the per-document
+    (the compiled scan only, else None): per document the counts of :class:`Mark` that the per-document
     rules take."""
     kernel = scan_kernel
     if not texts:

@@ -478,8 +478,15 @@ def test_the_compiled_scan_finds_the_numpy_scans_words_and_bounds_no_looser(monk
             assert got[k].tolist() == want[k].tolist(), (k, text)
         bullets = len(quality.BULLET_LINE_RE.findall(text)) + text.lstrip(" \t").startswith(quality.BULLETS)
         ends = text.count("...\n") + text.count("…\n") + text.rstrip().endswith(quality.ELLIPSES)
-        counts = [text.count("#"), text.count("..."), text.count("…"), text.count("\n"), bullets, ends]
-        assert got[7].tolist() == [counts], text
+        counts = {
+            wordscan.Mark.HASH: text.count("#"),
+            wordscan.Mark.DOTS: text.count("..."),
+            wordscan.Mark.ELLIPSIS: text.count("…"),
+            wordscan.Mark.NEWLINES: text.count("\n"),
+            wordscan.Mark.BULLET_LINES: bullets,
+            wordscan.Mark.ELLIPSIS_ENDS: ends,
+        }
+        assert got[7].tolist() == [[counts[mark] for mark in wordscan.Mark]], text
         trusted = text[:1] != "\n" and text[-1:] != "\n"
         if trusted:
             assert got[4][0] or not want[4][0], text
