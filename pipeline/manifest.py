@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -21,7 +22,7 @@ from typing import Any
 
 from pipeline import __version__
 from pipeline.config import check_name
-from pipeline.shards import CODE_DTYPES, DTYPE_CODES, SPLITS, dtype_for_vocab
+from pipeline.shards import CODE_DTYPES, DTYPE_CODES, SPLITS, ShardInfo, dtype_for_vocab
 from pipeline.storage import (
     AlreadyExistsError,
     ObjectStore,
@@ -86,37 +87,20 @@ class TokenizerInfo:
     files: dict[str, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, kw_only=True)
-class ShardInfo:
-    """One shard; keys are relative to the dataset prefix. ``docs`` counts documents that start here."""
-
-    split: str
-    index: int
-    key: str
-    idx_key: str
-    docs_key: str
-    tokens: int
-    docs: int
-    bytes: int
-    sha256: str
-    idx_bytes: int
-    idx_sha256: str
-    docs_sha256: str
-    token_offset: int
-    sequences: int = 0
-    docs_bytes: int = 0
-
-
 @dataclass(kw_only=True)
 class Manifest:
+    """``manifest.json``: its keys are these fields, in this order (:meth:`to_json`), so a field added here is
+    published and read back without another list to keep in step. The order is part of the published bytes:
+    append new fields, never reorder."""
+
+    schema_version: int = SCHEMA_VERSION
     name: str
+    dataset_id: str = ""
+    code_version: str = __version__
     tokenizer: TokenizerInfo
     dtype: str
-    shards: list[ShardInfo]
-    dataset_id: str = ""
-    schema_version: int = SCHEMA_VERSION
-    code_version: str = __version__
     dtype_code: int = 0
+    shards: list[ShardInfo]
     splits: dict[str, dict[str, int]] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     # Tokens/docs per source name and language per split, each source's contiguous token ranges and its
@@ -133,8 +117,10 @@ class Manifest:
 
     def __post_init__(self) -> None:
         # JSON round trip, so an in-memory manifest equals its loaded self (tuples -> lists, keys -> str).
-        for name in ("splits", "stats", "mixture", "card", "inputs", "config", "lineage"):
-            setattr(self, name, json.loads(json.dumps(getattr(self, name), default=str)))
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            if _record_of(hints[f.name]) is None:
+                setattr(self, f.name, json.loads(json.dumps(getattr(self, f.name), default=str)))
         # Derived fields are filled in, never trusted blindly: validate() cross-checks them when given.
         if not self.dtype_code and self.dtype in DTYPE_CODES:
             self.dtype_code = DTYPE_CODES[self.dtype]
@@ -149,26 +135,7 @@ class Manifest:
         return sorted((s for s in self.shards if s.split == split), key=lambda s: s.index)
 
     def to_json(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        order = [
-            "schema_version",
-            "name",
-            "dataset_id",
-            "code_version",
-            "tokenizer",
-            "dtype",
-            "dtype_code",
-            "shards",
-            "splits",
-            "stats",
-            "mixture",
-            "card",
-            "inputs",
-            "config",
-            "lineage",
-            "created_at",
-        ]
-        return {k: out[k] for k in order}
+        return dataclasses.asdict(self)  # every field, in field order (nested records too)
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.to_json(), indent=1, sort_keys=False) + "\n").encode()
@@ -183,13 +150,14 @@ class Manifest:
                 f"manifest schema_version {version!r} is not supported (this code reads "
                 f"{SCHEMA_VERSION}); upgrade pileworks or rebuild the dataset"
             )
-        try:
-            fields = {k: v for k, v in data.items() if k not in ("tokenizer", "shards")}
-            manifest = cls(
-                tokenizer=TokenizerInfo(**data["tokenizer"]),
-                shards=[ShardInfo(**s) for s in data["shards"]],
-                **fields,
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(
+                f"manifest has unknown fields {unknown}: written by a newer pileworks? upgrade it"
             )
+        hints = typing.get_type_hints(cls)
+        try:
+            manifest = cls(**{k: _field_from_json(hints[k], v) for k, v in data.items()})
         except (KeyError, TypeError) as exc:
             raise ValueError(f"manifest is missing or has unknown fields: {exc}") from exc
         manifest.validate()
@@ -227,6 +195,20 @@ class Manifest:
                 f"dataset_id {self.dataset_id!r} does not match the manifest content "
                 f"({compute_dataset_id(self)!r}); the manifest was edited or is corrupt"
             )
+
+
+def _record_of(hint: Any) -> type | None:
+    """The record class a field holds (as itself or as a list's items: ``TokenizerInfo``, ``ShardInfo``);
+    None for a field that is plain JSON."""
+    item = typing.get_args(hint)[0] if typing.get_origin(hint) is list else hint
+    return item if isinstance(item, type) and dataclasses.is_dataclass(item) else None
+
+
+def _field_from_json(hint: Any, value: Any) -> Any:
+    record = _record_of(hint)
+    if record is None:
+        return value
+    return [record(**v) for v in value] if typing.get_origin(hint) is list else record(**value)
 
 
 def _validate_split(split: str, shards: list[ShardInfo], totals: dict[str, int] | None) -> None:
@@ -310,7 +292,7 @@ def _expected_hashes(manifest: Manifest) -> dict[str, str]:
     if manifest.card:
         hashes[manifest.card["key"]] = manifest.card["sha256"]
     for s in manifest.shards:
-        hashes.update({s.key: s.sha256, s.idx_key: s.idx_sha256, s.docs_key: s.docs_sha256})
+        hashes.update({key: sha256 for key, sha256, _ in s.objects()})
     return hashes
 
 

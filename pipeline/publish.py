@@ -7,12 +7,14 @@ name, each source's documents in part order), cut into balanced shards (:func:`p
 Pass 2 writes the shards. A :class:`Window` is a run of one split's shards, ``[first, stop)``, with the
 :class:`Segment` s of the stream it covers (a source's tokens in one part); a window's writer reads only those
 parts and starts where the stream reaches its first shard, mid-document if need be. Windows write the same
-bytes whether one process writes every shard (:func:`write_shards`, :func:`run_shard_and_publish`) or many
-workers each write some (:func:`plan_windows`, :func:`run_window_unit`: a build's parallel pass, each
-window task a unit in the work folder).
+bytes whether one process writes every shard (:func:`write_shards`) or many workers each write some
+(:func:`plan_windows`, :func:`run_window_unit`: a build's parallel pass, each window task a unit in the work
+folder).
 
-Publishing: the objects go under the immutable ``datasets/<name>/<dataset_id>/`` prefix and are verified,
-then the manifest is written last (``pipeline.manifest``).
+Publishing: :func:`dataset_manifest` lists the shards the window units wrote (:func:`window_results`); they are
+copied under the immutable ``datasets/<name>/<dataset_id>/`` prefix and verified
+(:func:`pipeline.manifest.copy_verified`), then :func:`commit_dataset` adds the tokenizer and the data card and
+writes the manifest last. ``flows/build`` runs these steps as tasks.
 """
 
 from __future__ import annotations
@@ -33,23 +35,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
-from pipeline.card import CARD_KEY, attach_card, build_card, card_bytes
+from pipeline.card import attach_card, build_card, card_bytes
 from pipeline.hf_tokenizer import hf_tokenizer_files
-from pipeline.manifest import Manifest, ShardInfo, TokenizerInfo, publish_dataset
+from pipeline.manifest import Manifest, TokenizerInfo, commit_manifest, dataset_prefix, upload_verified
 from pipeline.shards import (
     PROVENANCE_COLUMNS,
     SPLITS,
     ShardConfig,
+    ShardInfo,
     ShardWriter,
-    WrittenShard,
     dtype_for_vocab,
     plan_shards,
     split_of,
 )
-from pipeline.sources import SourceConfig, mixture_from_runs, shard_runs
+from pipeline.sources import shard_runs
 from pipeline.storage import ObjectStore, join_key, sha256_bytes
 from pipeline.tokenize import special_id
-from pipeline.units import StageStats, finish_unit, merged_stats, part_unit, require_done, unit_stats
+from pipeline.units import StageStats, finish_unit, part_unit, require_done, unit_stats
 
 # ---------------------------------------------------------------- token parts
 
@@ -271,7 +273,7 @@ class _WindowFeed:
         prov = {c: cols[c] for c in PROVENANCE_COLUMNS}
         self.writer.add_batch(cols["id"], cols["source"], cols["location"], sub, flat[a:b], prov)
 
-    def close(self) -> list[WrittenShard]:
+    def close(self) -> list[ShardInfo]:
         for key, seg in self.segments.items():
             if self.read.get(key, 0) != seg.tokens:
                 raise ValueError(
@@ -289,7 +291,7 @@ def write_windows(
     out_dir: Path,
     dtype: np.dtype,
     shard_cfg: ShardConfig,
-) -> list[WrittenShard]:
+) -> list[ShardInfo]:
     """Write the shards of ``windows`` under ``out_dir``, reading each (source, part) they hold once."""
     feeds = {w.split: _WindowFeed(w, out_dir, dtype) for w in windows if w.stop > w.first}
     wanted = sorted({(s.name, s.part) for f in feeds.values() for s in f.window.segments})
@@ -332,7 +334,7 @@ def write_shards(
     dtype: np.dtype,
     shard_cfg: ShardConfig,
     counts_folder: str | None = None,
-) -> list[WrittenShard]:
+) -> list[ShardInfo]:
     """Pass 2 in one process: stream every document into its split's balanced shards under ``out_dir``,
     grouped by source name (sorted), each source in part order, so every source is one contiguous token range
     of its split: the blended sampler draws from a source by drawing from its range (see ``source_ranges``).
@@ -386,12 +388,12 @@ def run_window_unit(
     return finish_unit(store, unit, stats)
 
 
-def window_results(units: Sequence[Mapping[str, Any]]) -> tuple[list[WrittenShard], list[list[list[Any]]]]:
+def window_results(units: Sequence[Mapping[str, Any]]) -> tuple[list[ShardInfo], list[list[list[Any]]]]:
     """The shards and their mixture runs from the stats (JSON) of every window unit, in shard order."""
-    written: list[WrittenShard] = []
+    written: list[ShardInfo] = []
     runs: list[list[list[Any]]] = []
     for stats in units:
-        written += [WrittenShard(**w) for w in stats["extra"]["written"]]
+        written += [ShardInfo(**w) for w in stats["extra"]["written"]]
         runs += stats["extra"]["runs"]
     order = sorted(range(len(written)), key=lambda i: (SPLITS.index(written[i].split), written[i].index))
     return [written[i] for i in order], [runs[i] for i in order]
@@ -400,11 +402,7 @@ def window_results(units: Sequence[Mapping[str, Any]]) -> tuple[list[WrittenShar
 # ---------------------------------------------------------------- the manifest and the publish
 
 
-def _shard_info(w: WrittenShard) -> ShardInfo:
-    return ShardInfo(**{f.name: getattr(w, f.name) for f in dataclasses.fields(ShardInfo)})
-
-
-def shard_stats(written: Sequence[WrittenShard]) -> StageStats:
+def shard_stats(written: Sequence[ShardInfo]) -> StageStats:
     tokens = sum(w.tokens for w in written)
     return StageStats(
         stage="shard",
@@ -458,7 +456,7 @@ class TokenizerFiles:
 def dataset_manifest(
     name: str,
     tok: TokenizerFiles,
-    written: Sequence[WrittenShard],
+    written: Sequence[ShardInfo],
     mixture: dict[str, Any],
     stats: dict[str, Any],
     inputs: list[dict] | None = None,
@@ -470,7 +468,7 @@ def dataset_manifest(
     manifest = Manifest(
         name=name,
         dtype=tok.dtype.name,
-        shards=[_shard_info(w) for w in written],
+        shards=list(written),
         tokenizer=tok.info(),
         stats={**stats, "shard": shard_stats(written).to_json()},
         mixture=mixture,
@@ -492,37 +490,19 @@ def dataset_card(manifest: Manifest) -> bytes:
     return data
 
 
-def run_shard_and_publish(
-    store: ObjectStore,
-    token_folder: str,
-    num_parts: int,
-    tokenizer_key: str,
-    cfg: ShardConfig,
-    name: str,
-    *,
-    inputs: list[dict] | None = None,
-    stats: dict[str, StageStats] | None = None,
-    config: dict | None = None,
-    lineage: dict | None = None,
-    eos_token: str = "<|endoftext|>",
-    pad_token: str | None = "<|pad|>",
-    staging_dir: str | Path | None = None,
-    sources: Sequence[SourceConfig] = (),
-    counts_folder: str | None = None,
-) -> str:
-    """Global step in one process: plan balanced shards over all token parts, write them locally, publish;
-    returns the manifest URI. ``stats`` holds the earlier stages' merged stats; tokenize and shard stats are
-    added. (A build writes the shards on its workers instead: ``flows/build/flow.py``.)"""
-    tok = TokenizerFiles.load(store.get_bytes(tokenizer_key), eos_token, pad_token)
-    all_stats = {k: v.to_json() for k, v in (stats or {}).items()}
-    all_stats["tokenize"] = merged_stats(store, token_folder, num_parts, "tokenize").to_json()
-    with tempfile.TemporaryDirectory(prefix="pileworks-shards-", dir=staging_dir) as tmp:
+def commit_dataset(store: ObjectStore, manifest: Manifest, tok: TokenizerFiles) -> str:
+    """The last step of a build, once every shard is under the dataset's prefix and verified: upload the
+    tokenizer files and the data card (each verified), then write the manifest and ``latest.json``
+    (:func:`pipeline.manifest.commit_manifest`, whose :class:`DatasetConflictError` it passes on). Returns the
+    manifest URI."""
+    prefix = dataset_prefix(manifest.name, manifest.dataset_id)
+    with tempfile.TemporaryDirectory(prefix="pileworks-tokenizer-") as tmp:
         staged = Path(tmp)
         tok.stage(staged)
-        written = write_shards(store, token_folder, num_parts, staged, tok.dtype, cfg, counts_folder)
-        runs = [shard_runs(staged / w.docs_key) for w in written]
-        manifest = dataset_manifest(
-            name, tok, written, mixture_from_runs(written, runs, sources), all_stats, inputs, config, lineage
-        )
-        (staged / CARD_KEY).write_bytes(dataset_card(manifest))
-        return publish_dataset(store, name, staged, manifest)
+        files = {manifest.tokenizer.key: manifest.tokenizer.sha256, **manifest.tokenizer.files}
+        if manifest.card:  # the data card, beside the manifest
+            (staged / manifest.card["key"]).write_bytes(dataset_card(manifest))
+            files[manifest.card["key"]] = manifest.card["sha256"]
+        for name, sha in files.items():
+            upload_verified(store, join_key(prefix, name), staged / name, sha)
+    return commit_manifest(store, manifest.name, manifest)

@@ -204,9 +204,14 @@ class IndexedShard:
 # ---------------------------------------------------------------- the writer
 
 
-@dataclass(frozen=True)
-class WrittenShard:
-    """One finished shard on local disk. Keys are relative to the dataset prefix."""
+@dataclass(frozen=True, kw_only=True)
+class ShardInfo:
+    """One shard as the writer made it and the manifest lists it; keys are relative to the dataset prefix.
+
+    The one record of a shard: the writer returns it, a build's window units keep it as JSON in their stats,
+    and ``pipeline.manifest`` publishes it (its field order is the order of a shard's keys in
+    ``manifest.json``, so it is kept as published).
+    """
 
     split: str
     index: int
@@ -215,14 +220,23 @@ class WrittenShard:
     docs_key: str
     tokens: int
     docs: int  # documents that *start* in this shard (so a split's docs add up exactly)
-    sequences: int  # pieces in the index (docs + continuations)
     bytes: int
     sha256: str
     idx_bytes: int
     idx_sha256: str
-    docs_bytes: int
     docs_sha256: str
     token_offset: int
+    # Added after the first datasets were published, so manifests without them still load (as 0).
+    sequences: int = 0  # pieces in the index (docs + continuations)
+    docs_bytes: int = 0
+
+    def objects(self) -> list[tuple[str, str, int]]:
+        """The shard's three files as ``(key, sha256, bytes)``: the tokens, the index, the documents."""
+        return [
+            (self.key, self.sha256, self.bytes),
+            (self.idx_key, self.idx_sha256, self.idx_bytes),
+            (self.docs_key, self.docs_sha256, self.docs_bytes),
+        ]
 
 
 def shard_keys(split: str, index: int) -> tuple[str, str, str]:
@@ -270,7 +284,7 @@ class ShardWriter:
         self._offset = token_offset
         self._carry_piece = 0
         self._continues: int | None = None
-        self.done: list[WrittenShard] = []
+        self.done: list[ShardInfo] = []
 
     def continue_document(self, piece: int) -> None:
         """The next document added is piece ``piece`` of a document that earlier shards hold the start of
@@ -375,7 +389,7 @@ class ShardWriter:
         hashes = [sha256_file(p) for p in paths]
         starts = sum(1 for p in shard.rows["piece"] if p == 0)
         self.done.append(
-            WrittenShard(
+            ShardInfo(
                 split=self.split,
                 index=shard.index,
                 key=key,
@@ -395,7 +409,7 @@ class ShardWriter:
         )
         self._offset += shard.filled
 
-    def close(self) -> list[WrittenShard]:
+    def close(self) -> list[ShardInfo]:
         if self._current is not None or len(self.done) != len(self.sizes):
             written = sum(d.tokens for d in self.done) + (self._current.filled if self._current else 0)
             if self._current is not None:

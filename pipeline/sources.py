@@ -27,7 +27,7 @@ from pipeline.langid import LangIdConfig
 from pipeline.units import KEPT, UNKNOWN_LANGUAGE, StageStats, snippet
 
 if TYPE_CHECKING:
-    from pipeline.shards import WrittenShard
+    from pipeline.shards import ShardInfo
 
 DEFAULT_SOURCE = "default"  # the name of documents whose source gives no name and whose meta has none
 NAME_FIELD = "pile_set_name"
@@ -221,7 +221,7 @@ def mixture_table(mixture: Mapping[str, Any], split: str = "train") -> list[dict
 
 
 def mixture_of_shards(
-    staged: str | Path, written: Sequence[WrittenShard], sources: Sequence[SourceConfig]
+    staged: str | Path, written: Sequence[ShardInfo], sources: Sequence[SourceConfig]
 ) -> dict[str, Any]:
     """The manifest's ``mixture``, counted from the shards' ``docs.parquet`` (so the two always agree).
 
@@ -251,7 +251,7 @@ def shard_runs(docs_path: str | Path) -> list[list[Any]]:
 
 
 def mixture_from_runs(
-    written: Sequence[WrittenShard], runs: Sequence[Sequence[Sequence[Any]]], sources: Sequence[SourceConfig]
+    written: Sequence[ShardInfo], runs: Sequence[Sequence[Sequence[Any]]], sources: Sequence[SourceConfig]
 ) -> dict[str, Any]:
     """:func:`mixture_of_shards` from each shard's :func:`shard_runs` (``runs[i]`` belongs to ``written[i]``)."""
     per: dict[str, dict[str, Any]] = {}

@@ -53,6 +53,7 @@ from pipeline.clean.stage import missing_kernels
 from pipeline.corpus_config import CorpusConfig, load_corpus_config
 from pipeline.errors import StageFailed
 from pipeline.manifest import MANIFEST_KEY, dataset_prefix
+from pipeline.shards import ShardInfo
 from pipeline.storage import open_store
 from pipeline.storage.s3 import abort_recorded_uploads
 from pipeline.storage.uploads import UploadJournal
@@ -194,8 +195,7 @@ def shard_and_publish(
 
 def _files(shard: dict[str, Any]) -> list[list[Any]]:
     """A shard's three objects with their sha256 and size, as the manifest lists them."""
-    return [[shard["key"], shard["sha256"], shard["bytes"]], [shard["idx_key"], shard["idx_sha256"], shard["idx_bytes"]],
-            [shard["docs_key"], shard["docs_sha256"], shard["docs_bytes"]]]  # fmt: skip
+    return [list(obj) for obj in ShardInfo(**shard).objects()]
 
 
 # persist_result=False: a persisted result shows up as an untitled "result" artifact on the run page.

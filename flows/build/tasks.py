@@ -9,11 +9,9 @@ do not (a deterministic failure would only fail again).
 from __future__ import annotations
 
 import json
-import tempfile
 from collections import Counter
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,10 +34,7 @@ from pipeline.ingest import stage as ingest
 from pipeline.manifest import (
     DatasetConflictError,
     Manifest,
-    commit_manifest,
     copy_verified,
-    dataset_prefix,
-    upload_verified,
 )
 from pipeline.sources import mixture_from_runs
 from pipeline.storage import ObjectStore
@@ -448,17 +443,8 @@ def commit_task(ctx: dict[str, Any], tokenizer_key: str, manifest: dict[str, Any
         m = Manifest.from_json(manifest)
         tok = publish.TokenizerFiles.load(store.get_bytes(tokenizer_key), cfg.tokenize.eos_token,
                                           cfg.tokenize.pad_token)  # fmt: skip
-        prefix = dataset_prefix(m.name, m.dataset_id)
-        with tempfile.TemporaryDirectory(prefix="pileworks-tokenizer-") as tmp:
-            tok.stage(Path(tmp))
-            files = {m.tokenizer.key: m.tokenizer.sha256, **m.tokenizer.files}
-            if m.card:  # the data card, beside the manifest
-                (Path(tmp) / m.card["key"]).write_bytes(publish.dataset_card(m))
-                files[m.card["key"]] = m.card["sha256"]
-            for name, sha in files.items():
-                upload_verified(store, f"{prefix}/{name}", Path(tmp) / name, sha)
         try:
-            return commit_manifest(store, m.name, m)
+            return publish.commit_dataset(store, m, tok)
         except DatasetConflictError as exc:
             # Same content (the dataset id is a content hash) but, e.g., touched input mtimes: the published
             # dataset is the one to use; it stays immutable.

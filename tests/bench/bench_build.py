@@ -20,7 +20,7 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
-from pipeline import publish, tokenize
+from pipeline import tokenize
 from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
 from pipeline.clean.normalize import normalizer
@@ -30,6 +30,7 @@ from pipeline.ingest import stage as ingest
 from pipeline.sample_corpus import sample_corpus_path
 from pipeline.storage import open_store
 from pipeline.units import mark_stage_success, read_part_stats
+from tests.fixtures.publish_steps import shard_and_publish
 
 
 class Clock:
@@ -89,9 +90,7 @@ def bench_stages(root: Path) -> None:
             "tokenize", tokenize.run_tokenize_part, store, f"{w}/dedup", f"{w}/tokens", i, tok, cfg.tokenize
         )
     mark_stage_success(store, f"{w}/tokens", n)
-    clock.run(
-        "shard+publish", publish.run_shard_and_publish, store, f"{w}/tokens", n, tok, cfg.shard, "bench"
-    )
+    clock.run("shard+publish", shard_and_publish, store, w, n, tok, cfg.tokenize, cfg.shard, "bench")
     total = sum(clock.cpu.values())
     print(f"sample corpus: {raw_bytes / 1e6:.1f} MB raw input ({text_mb:.1f} MB of text), {n} parts")
     print(f"{'stage':<16}{'cpu s':>8}{'wall s':>8}{'share':>8}{'text MB/s/core':>16}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.manifest import Manifest, ShardInfo, TokenizerInfo
+from pipeline.manifest import Manifest, TokenizerInfo
 from pipeline.shards import ShardWriter, dtype_for_vocab, plan_shards
 from pipeline.storage import FileStore, sha256_bytes
 
@@ -23,10 +23,7 @@ def build_random_dataset(
         writer.add(
             f"bench://{d}", "bench://", str(d), rng.integers(0, vocab, min(doc_tokens, total_tokens - d))
         )
-    shards = [
-        ShardInfo(**{f.name: getattr(w, f.name) for f in ShardInfo.__dataclass_fields__.values()})
-        for w in writer.close()
-    ]
+    shards = writer.close()
     tokenizer = b'{"bench": true}'
     (root / "tokenizer.json").write_bytes(tokenizer)
     manifest = Manifest(

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,10 +15,12 @@ from pipeline.manifest import (
     MANIFEST_KEY,
     DatasetConflictError,
     Manifest,
+    TokenizerInfo,
     compute_dataset_id,
     load_manifest,
     publish_dataset,
 )
+from pipeline.shards import ShardInfo
 from pipeline.storage import FileStore, ObjectStore, StorageError, open_store
 from tests.fixtures.tiny_dataset import build_tiny_dataset
 
@@ -88,6 +91,109 @@ def test_dataset_id_ignores_created_at_lineage_and_volatile_config(tiny) -> None
     assert len(manifest.dataset_id) == 20 and int(manifest.dataset_id, 16) >= 0
 
 
+# manifest.json as pileworks e029b3c wrote it for _every_field_manifest(): published manifests must keep their bytes
+GOLDEN = Path(__file__).with_name("manifest_v1.json")
+
+
+def _every_field_manifest() -> Manifest:
+    """A manifest whose every field (and every field of its records) holds a value other than its default."""
+    shards, offset = [], {"train": 0, "valid": 0}
+    for split, index, tokens in (("train", 0, 100), ("train", 1, 99), ("valid", 0, 7)):
+        stem = f"{split}/shard-{index:05d}"
+        shards.append(
+            ShardInfo(
+                split=split,
+                index=index,
+                key=f"{stem}.bin",
+                idx_key=f"{stem}.idx",
+                docs_key=f"{stem}.docs.parquet",
+                tokens=tokens,
+                docs=3 + index,
+                bytes=2 * tokens,
+                sha256=f"{index}{split}" * 4,
+                idx_bytes=64 + index,
+                idx_sha256=f"i{index}{split}",
+                docs_sha256=f"d{index}{split}",
+                token_offset=offset[split],
+                sequences=4 + index,
+                docs_bytes=900 + index,
+            )
+        )
+        offset[split] += tokens
+    return Manifest(
+        name="golden",
+        tokenizer=TokenizerInfo(
+            key="tokenizer.json",
+            sha256="ab" * 32,
+            vocab_size=512,
+            eos_id=0,
+            bos_id=1,
+            pad_id=2,
+            files={"tokenizer_config.json": "cd" * 32},
+        ),
+        dtype="uint16",
+        shards=shards,
+        code_version="0.0.golden",
+        stats={
+            "tokenize": {"stage": "tokenize", "docs_in": 5, "extra": {"tokens": 206}},
+            "shard": {"stage": "shard"},
+        },
+        mixture={"sources": {"default": {"train": {"tokens": 199, "docs": 7}}}, "ranges": {"train": []}},
+        card={"key": "card.json", "sha256": "ef" * 32, "bytes": 123},
+        inputs=[{"uri": "file:///in/a.txt", "size": 10, "etag": "e", "mtime": 1.5}],
+        config={
+            "name": "golden",
+            "shard": {"target_bytes": 200, "valid_fraction": 0.1, "seed": 0},
+            "output": "/x",
+        },
+        lineage={"prefect_flow_run_id": "run-1"},
+        created_at="2026-01-02T03:04:05+00:00",
+    )
+
+
+def _defaults(cls: type) -> dict[str, object]:
+    return {
+        f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(cls)
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
+
+
+def test_every_field_is_published_in_field_order_and_read_back() -> None:
+    manifest = _every_field_manifest()
+    for record in (manifest, manifest.tokenizer, manifest.shards[1]):  # so a dropped field would show
+        at_default = {n for n, v in _defaults(type(record)).items() if getattr(record, n) == v}
+        assert at_default <= {"schema_version"}, at_default  # the one version there is
+    data = json.loads(manifest.to_bytes())
+    assert list(data) == [f.name for f in dataclasses.fields(Manifest)]
+    assert list(data["shards"][0]) == [f.name for f in dataclasses.fields(ShardInfo)]
+    assert list(data["tokenizer"]) == [f.name for f in dataclasses.fields(TokenizerInfo)]
+    assert Manifest.from_json(data) == manifest
+
+
+def test_a_new_field_is_published_and_read_back() -> None:
+    @dataclasses.dataclass(kw_only=True)
+    class Grown(Manifest):  # the manifest once someone adds a field
+        provenance: dict[str, Any] = dataclasses.field(default_factory=dict)
+        shard_notes: list[ShardInfo] = dataclasses.field(default_factory=list)
+
+    base = _every_field_manifest()
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(Manifest)}
+    grown = Grown(**fields, provenance={"signed_by": "ci"}, shard_notes=base.shards[:1])
+    data = json.loads(grown.to_bytes())
+    assert list(data)[-2:] == ["provenance", "shard_notes"]
+    back = Grown.from_json(data)
+    assert back.provenance == {"signed_by": "ci"} and back.shard_notes == base.shards[:1]
+    assert back == grown
+
+
+def test_published_manifest_bytes_and_id_are_unchanged() -> None:
+    golden = GOLDEN.read_bytes()
+    assert _every_field_manifest().to_bytes() == golden
+    loaded = Manifest.from_json(json.loads(golden))
+    assert loaded.to_bytes() == golden and loaded.dataset_id == "de931302bd48c68845d2"
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
@@ -98,6 +204,8 @@ def test_dataset_id_ignores_created_at_lineage_and_volatile_config(tiny) -> None
         (lambda d: d | {"splits": {**d["splits"], "train": {**d["splits"]["train"], "docs": 1}}}, "add up"),
         (lambda d: d | {"tokenizer": {**d["tokenizer"], "eos_id": 10**6}}, "outside the vocabulary"),
         (lambda d: {k: v for k, v in d.items() if k != "tokenizer"}, "missing"),
+        (lambda d: d | {"surprise": 1}, r"unknown fields \['surprise'\]"),
+        (lambda d: d | {"shards": [{**d["shards"][0], "surprise": 1}]}, "unknown fields"),
     ],
 )
 def test_from_json_rejects_inconsistent_manifests(tiny, mutate, message: str) -> None:

@@ -20,7 +20,7 @@ from pipeline.publish import (
     write_windows,
 )
 from pipeline.records import Record
-from pipeline.shards import ShardConfig, WrittenShard
+from pipeline.shards import ShardConfig, ShardInfo
 from pipeline.sources import mixture_from_runs, mixture_of_shards
 from pipeline.storage import FileStore
 from pipeline.tokenize import tokens_table, write_token_part
@@ -74,7 +74,7 @@ def test_windows_write_the_same_bytes_as_one_writer_for_any_cut(
             assert [k for a, b in runs for k in range(a, b)] == [
                 w.index for w in reference if w.split == split
             ]
-        written: list[WrittenShard] = []
+        written: list[ShardInfo] = []
         for windows in plan:
             rebuilt = [
                 Window.from_json(json.loads(json.dumps(w.to_json()))) for w in windows
