@@ -210,8 +210,8 @@ def compare_c4(docs: list[tuple[str, str]], words: int, sentences: int) -> dict[
 
 # ---------------------------------------------------------------- Gopher
 
-OFF: dict[str, Any] = {
-    **{f.name: None for f in dataclasses.fields(QualityConfig) if f.name not in ("enabled",)},
+OFF: dict[str, Any] = {  # every rule off (the stop-word lists stay: min_stop_words=None turns the rule off)
+    **{f.name: None for f in dataclasses.fields(QualityConfig) if f.name not in ("enabled", "stop_words")},
     "top_ngram_max_fraction": (),
     "dup_ngram_max_fraction": (),
 }
