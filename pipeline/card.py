@@ -43,13 +43,30 @@ TRIMMED = "trimmed_text"
 # by name). The rules of a stage are exclusive, so the order only decides what "enters" each rule.
 RULE_ORDER = {
     "clean": (
-        "empty_after_clean", "c4*", "language_*", "too_short_chars", "too_long_chars", "too_few_words",
-        "too_many_words", "mean_word_length", "symbol_ratio", "*hash*", "*ellips*", "*alpha*",
-        "bullet_lines", "ellipsis_lines", "dup_line_fraction", "dup_line_char_fraction", "dup_para_fraction",
-        "dup_para_char_fraction", "top_*gram_fraction", "dup_*gram_fraction", "*stop_word*",
+        "empty_after_clean",
+        "c4*",
+        "language_*",
+        "too_short_chars",
+        "too_long_chars",
+        "too_few_words",
+        "too_many_words",
+        "mean_word_length",
+        "symbol_ratio",
+        "*hash*",
+        "*ellips*",
+        "*alpha*",
+        "bullet_lines",
+        "ellipsis_lines",
+        "dup_line_fraction",
+        "dup_line_char_fraction",
+        "dup_para_fraction",
+        "dup_para_char_fraction",
+        "top_*gram_fraction",
+        "dup_*gram_fraction",
+        "*stop_word*",
     ),
     "near_dedup": ("near_duplicate_of_index", "near_duplicate"),
-}  # fmt: skip
+}
 PII_PREFIX = "pii."
 C4_LINES_PREFIX = "c4.lines_removed."
 
@@ -221,10 +238,26 @@ def _prefixed(stages: Mapping[str, StageStats], prefix: str) -> dict[str, dict[s
     return out
 
 
-def _row(stage: str, rule: str, docs_in: int, bytes_in: int | None, docs: int, nbytes: int | None,
-         tokens_in: int | None, tokens: int | None) -> dict[str, Any]:  # fmt: skip
-    return {"stage": stage, "rule": rule, "docs_in": docs_in, "docs_removed": docs, "bytes_in": bytes_in,
-            "bytes_removed": nbytes, "tokens_in_est": tokens_in, "tokens_removed_est": tokens}  # fmt: skip
+def _row(
+    stage: str,
+    rule: str,
+    docs_in: int,
+    bytes_in: int | None,
+    docs: int,
+    nbytes: int | None,
+    tokens_in: int | None,
+    tokens: int | None,
+) -> dict[str, Any]:
+    return {
+        "stage": stage,
+        "rule": rule,
+        "docs_in": docs_in,
+        "docs_removed": docs,
+        "bytes_in": bytes_in,
+        "bytes_removed": nbytes,
+        "tokens_in_est": tokens_in,
+        "tokens_removed_est": tokens,
+    }
 
 
 def _stage_rows(
@@ -249,8 +282,18 @@ def _stage_rows(
     for reason in ordered_rules(stage, (r for r, n in st.dropped.items() if n)):
         docs, nbytes = st.dropped[reason], drop_bytes[reason] if known else None
         est = tokens(reason, nbytes) if nbytes is not None else None
-        rows.append(_row(stage, reason, docs_left, bytes_left if known else None, docs, nbytes,
-                         tokens_left if known else None, est))  # fmt: skip
+        rows.append(
+            _row(
+                stage,
+                reason,
+                docs_left,
+                bytes_left if known else None,
+                docs,
+                nbytes,
+                tokens_left if known else None,
+                est,
+            )
+        )
         docs_left -= docs
         if nbytes is not None and est is not None:
             bytes_left, tokens_left = bytes_left - nbytes, tokens_left - est

@@ -35,12 +35,16 @@ def _cell(text: str) -> str:
 
 
 def waterfall_table(rows: list[dict[str, Any]], first: str = "stage | rule") -> list[str]:
-    lines = [f"| {first} | docs in | docs removed | % | bytes in | bytes removed | tokens removed (est.) |",
-             "|" + "---|" * (first.count("|") + 1) + "---:|" * 6]  # fmt: skip
+    lines = [
+        f"| {first} | docs in | docs removed | % | bytes in | bytes removed | tokens removed (est.) |",
+        "|" + "---|" * (first.count("|") + 1) + "---:|" * 6,
+    ]
     for r in rows[:MAX_ROWS]:
         lead = " | ".join(str(r[k]) for k in ("stage", "rule")) if first == "stage | rule" else r["rule"]
-        lines.append(f"| {lead} | {_n(r['docs_in'])} | {_n(r['docs_removed'])} | {_pct(r['docs_removed'], r['docs_in'])} "
-                     f"| {_size(r['bytes_in'])} | {_size(r['bytes_removed'])} | {_n(r['tokens_removed_est'])} |")  # fmt: skip
+        lines.append(
+            f"| {lead} | {_n(r['docs_in'])} | {_n(r['docs_removed'])} | {_pct(r['docs_removed'], r['docs_in'])} "
+            f"| {_size(r['bytes_in'])} | {_size(r['bytes_removed'])} | {_n(r['tokens_removed_est'])} |"
+        )
     if len(rows) > MAX_ROWS:
         lines.append(f"| … {len(rows) - MAX_ROWS} more rows in card.json |")
     return lines
@@ -48,11 +52,16 @@ def waterfall_table(rows: list[dict[str, Any]], first: str = "stage | rule") -> 
 
 def render_card(card: Mapping[str, Any]) -> str:
     """The whole card as markdown: totals, the waterfall, per source and language, examples, PII, C4, mixture."""
-    lines = [f"# Data card: {card['name']}@{card['dataset_id'][:12]}", "",
-             f"Documents in {_n(card['docs_in'])}, out {_n(card['docs_out'])}; tokens {_n(card['tokens'])} "
-             f"(dataset tokens per byte {card['tokens_per_byte']['dataset']:g}). Tokens of removed documents "
-             "are estimates (bytes x the tokens per byte of the kept documents of the same source and language).",
-             "", "## Removal waterfall", ""]  # fmt: skip
+    lines = [
+        f"# Data card: {card['name']}@{card['dataset_id'][:12]}",
+        "",
+        f"Documents in {_n(card['docs_in'])}, out {_n(card['docs_out'])}; tokens {_n(card['tokens'])} "
+        f"(dataset tokens per byte {card['tokens_per_byte']['dataset']:g}). Tokens of removed documents "
+        "are estimates (bytes x the tokens per byte of the kept documents of the same source and language).",
+        "",
+        "## Removal waterfall",
+        "",
+    ]
     lines += waterfall_table(card["waterfall"]) if card["waterfall"] else ["No document was removed."]
     if card.get("per_group_note"):
         lines += ["", f"No per-source table: {card['per_group_note']}."]
@@ -77,12 +86,19 @@ def render_card(card: Mapping[str, Any]) -> str:
 def _examples(examples: Mapping[str, list[dict[str, str]]]) -> list[str]:
     if not examples:
         return []
-    lines = ["", "## Examples of removed documents (first by id)", "", "| rule | id | source | language | text |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "",
+        "## Examples of removed documents (first by id)",
+        "",
+        "| rule | id | source | language | text |",
+        "|---|---|---|---|---|",
+    ]
     for rule, found in examples.items():
         for e in found:
-            lines.append(f"| {rule} | `{_cell(e['id'])}` | {_cell(e.get('source_name', ''))} | {e.get('language', '')} "
-                         f"| {_cell(e.get('text', ''))} |")  # fmt: skip
+            lines.append(
+                f"| {rule} | `{_cell(e['id'])}` | {_cell(e.get('source_name', ''))} | {e.get('language', '')} "
+                f"| {_cell(e.get('text', ''))} |"
+            )
     return lines
 
 
@@ -91,14 +107,21 @@ def _mixture(mixture: Mapping[str, list[dict[str, Any]]]) -> list[str]:
     for split, rows in mixture.items():
         if not rows:
             continue
-        lines += ["", f"## Mixture ({split})", "", "| source | tokens | docs | share | target | languages |",
-                  "|---|---:|---:|---:|---:|---|"]  # fmt: skip
+        lines += [
+            "",
+            f"## Mixture ({split})",
+            "",
+            "| source | tokens | docs | share | target | languages |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
         for r in rows[:MAX_ROWS]:
             langs = ", ".join(
                 f"{k} {_n(v)}" for k, v in sorted(r["languages"].items(), key=lambda kv: -kv[1])[:4]
             )
-            lines.append(f"| {r['source']} | {_n(r['tokens'])} | {_n(r['docs'])} | {r['share']:.2%} | "
-                         f"{r['target_share']:.2%} | {langs} |")  # fmt: skip
+            lines.append(
+                f"| {r['source']} | {_n(r['tokens'])} | {_n(r['docs'])} | {r['share']:.2%} | "
+                f"{r['target_share']:.2%} | {langs} |"
+            )
     return lines
 
 
@@ -118,8 +141,15 @@ def diff_cards(new: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, Any]
         for rule in list(dict.fromkeys([*b, *a])):
             (dn, bn), (do, bo) = a.get(rule, [0, 0]), b.get(rule, [0, 0])
             if (dn, bn) != (do, bo):
-                out.append({"rule": rule, "docs_removed": [do, dn], "docs_delta": dn - do,
-                            "bytes_removed": [bo, bn], "bytes_delta": bn - bo})  # fmt: skip
+                out.append(
+                    {
+                        "rule": rule,
+                        "docs_removed": [do, dn],
+                        "docs_delta": dn - do,
+                        "bytes_removed": [bo, bn],
+                        "bytes_delta": bn - bo,
+                    }
+                )
         return out
 
     sources = sorted(set(new.get("by_source", {})) | set(old.get("by_source", {})))
@@ -139,8 +169,12 @@ def diff_cards(new: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, Any]
 
 def render_diff(diff: Mapping[str, Any]) -> str:
     new, old = diff["new"], diff["old"]
-    lines = [f"# Data card: {new['name']}@{new['dataset_id'][:12]} against {old['name']}@{old['dataset_id'][:12]}",
-             "", "| | old | new | change |", "|---|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        f"# Data card: {new['name']}@{new['dataset_id'][:12]} against {old['name']}@{old['dataset_id'][:12]}",
+        "",
+        "| | old | new | change |",
+        "|---|---:|---:|---:|",
+    ]
     for key, (a, b) in diff["totals"].items():
         delta = b - a if a is not None and b is not None else None
         lines.append(f"| {key} | {_n(a)} | {_n(b)} | {'+' if delta and delta > 0 else ''}{_n(delta)} |")
@@ -149,10 +183,17 @@ def render_diff(diff: Mapping[str, Any]) -> str:
     if not diff["rules"] and not diff["by_source"]:
         lines += ["", "Every rule removed the same documents and bytes in both."]
     for title, rows in sections:
-        lines += ["", title, "", "| rule | docs removed (old -> new) | change | bytes removed (old -> new) | change |",
-                  "|---|---:|---:|---:|---:|"]  # fmt: skip
+        lines += [
+            "",
+            title,
+            "",
+            "| rule | docs removed (old -> new) | change | bytes removed (old -> new) | change |",
+            "|---|---:|---:|---:|---:|",
+        ]
         for r in rows:
             (do, dn), (bo, bn) = r["docs_removed"], r["bytes_removed"]
-            lines.append(f"| {r['rule']} | {_n(do)} -> {_n(dn)} | {r['docs_delta']:+,} | {_size(bo)} -> {_size(bn)} "
-                         f"| {r['bytes_delta']:+,} B |")  # fmt: skip
+            lines.append(
+                f"| {r['rule']} | {_n(do)} -> {_n(dn)} | {r['docs_delta']:+,} | {_size(bo)} -> {_size(bn)} "
+                f"| {r['bytes_delta']:+,} B |"
+            )
     return "\n".join(lines) + "\n"

@@ -192,8 +192,14 @@ class EvalIndex:
     def from_bytes(cls, data: bytes) -> EvalIndex:
         with np.load(io.BytesIO(data)) as z:
             meta = json.loads(str(z["meta"]))
-            return cls(tuple(meta["names"]), int(meta["ngram"]), z["hashes"], z["masks"],
-                       meta["texts"], meta["too_short"])  # fmt: skip
+            return cls(
+                tuple(meta["names"]),
+                int(meta["ngram"]),
+                z["hashes"],
+                z["masks"],
+                meta["texts"],
+                meta["too_short"],
+            )
 
 
 def index_texts(texts_by_set: dict[str, list[str]], ngram: int) -> EvalIndex:
@@ -375,8 +381,9 @@ def merge_reports(
     """One report of the whole stage: the eval sets read, and the most matched n-grams with document counts."""
     index = EvalIndex.from_bytes(store.get_bytes(index_key))
     total: Counter[tuple[str, str]] = Counter()
-    for rows in store.map(lambda i: json.loads(store.get_bytes(f"{folder}/{part_name(i)}.matches.json")),
-                          range(num_parts)):  # fmt: skip
+    for rows in store.map(
+        lambda i: json.loads(store.get_bytes(f"{folder}/{part_name(i)}.matches.json")), range(num_parts)
+    ):
         for row in rows:
             total[(",".join(row["sets"]), row["ngram"])] += int(row["docs"])
     report = {

@@ -185,8 +185,10 @@ def format_mixture(mixture: Mapping[str, Any], split: str = "train") -> str:
     for row in mixture_table(mixture, split):
         asked = ", ".join(f"{k} {v:g}" for k, v in row["asked"].items())
         top = ", ".join(f"{k} {v}" for k, v in sorted(row["languages"].items(), key=lambda kv: -kv[1])[:4])
-        lines.append(f"{row['source'][:24]:24} {row['tokens']:>12,} {row['docs']:>8,} {row['share']:>7.2%} "
-                     f"{row['target_share']:>7.2%}  {asked:10} {top}")  # fmt: skip
+        lines.append(
+            f"{row['source'][:24]:24} {row['tokens']:>12,} {row['docs']:>8,} {row['share']:>7.2%} "
+            f"{row['target_share']:>7.2%}  {asked:10} {top}"
+        )
     langs = mixture.get("languages", {})
     total = sum(v.get(split, {}).get("tokens", 0) for v in langs.values()) or 1
     lines.append(f"{'language':24} {'tokens':>12} {'docs':>8} {'share':>7}")
@@ -264,8 +266,11 @@ def mixture_from_runs(
             _add(info.setdefault(shard.split, {"tokens": 0, "docs": 0}), tokens, starts)
             by_lang = info["languages"].setdefault(shard.split, {})
             by_lang[lang or "und"] = by_lang.get(lang or "und", 0) + tokens
-            _add(langs.setdefault(lang or "und", {}).setdefault(shard.split, {"tokens": 0, "docs": 0}),
-                 tokens, starts)  # fmt: skip
+            _add(
+                langs.setdefault(lang or "und", {}).setdefault(shard.split, {"tokens": 0, "docs": 0}),
+                tokens,
+                starts,
+            )
             _extend_range(ranges.setdefault(shard.split, []), name, offset, tokens)
             offset += tokens
     train = {n: v.get("train", {}).get("tokens", 0) for n, v in per.items()}

@@ -187,9 +187,15 @@ def run_train_tokenizer(
                 yield text
 
         tok = train_tokenizer(texts(), cfg)
-        record = {"source": "trained", "corpus_parts": num_parts, "corpus_bytes": sum(sizes),
-                  "sample_bytes_limit": cfg.train_sample_bytes, "sample_parts": parts,
-                  "sample_docs": seen["docs"], "sample_bytes": seen["bytes"]}  # fmt: skip
+        record = {
+            "source": "trained",
+            "corpus_parts": num_parts,
+            "corpus_bytes": sum(sizes),
+            "sample_bytes_limit": cfg.train_sample_bytes,
+            "sample_parts": parts,
+            "sample_docs": seen["docs"],
+            "sample_bytes": seen["bytes"],
+        }
     data = tok.to_str().encode("utf-8")
     store.put_bytes(sample_record_key(out_key), json.dumps(record, indent=1).encode())
     store.put_bytes(out_key, data)

@@ -376,9 +376,16 @@ MAY_MAKE_S3_OPTIONS = {
 }
 # Functions that reach a store: each call must hand over the store configuration (positional or s3=).
 NEEDS_S3 = {
-    "open_store": 2, "load_manifest": 2, "load_tokenizer": 2, "list_inputs": 2, "ingest_part": 3,
-    "run_ingest_part": 5, "run_train_tokenizer": 6, "trace_step": None, "plan_parts": None,
-}  # fmt: skip
+    "open_store": 2,
+    "load_manifest": 2,
+    "load_tokenizer": 2,
+    "list_inputs": 2,
+    "ingest_part": 3,
+    "run_ingest_part": 5,
+    "run_train_tokenizer": 6,
+    "trace_step": None,
+    "plan_parts": None,
+}
 
 
 def _calls(path: Path) -> list[ast.Call]:

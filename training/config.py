@@ -122,8 +122,11 @@ class TrainConfig:
             clipped = self.max_steps // 10
             logger.warning(
                 "warmup_steps %d is not below max_steps %d: warming up over %d step(s) instead "
-                "(set warmup_steps to silence this)", self.warmup_steps, self.max_steps, clipped,
-            )  # fmt: skip
+                "(set warmup_steps to silence this)",
+                self.warmup_steps,
+                self.max_steps,
+                clipped,
+            )
             object.__setattr__(self, "warmup_steps", clipped)
         _require(self.weight_decay >= 0, "weight_decay", "must be >= 0", self.weight_decay)
         _require(

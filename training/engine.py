@@ -97,9 +97,13 @@ def init_distributed(timeout_s: float) -> DistInfo:
     if not dist.is_initialized():
         store = _build_store(rank, world_size, timeout)
         dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+            backend,
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
             device_id=None if on_cpu else device,
-        )  # fmt: skip
+        )
     deepspeed.init_distributed(dist_backend=backend, timeout=timeout, verbose=False)
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, on_cpu=on_cpu, device=device)
 

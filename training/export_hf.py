@@ -167,8 +167,12 @@ def export_hf(
     for name, data in companions.items():
         (out / name).write_bytes(data)
     (out / "pileworks_export.json").write_text(
-        json.dumps({"checkpoint": str(tag_dir), "step": record["step"], "dataset_id": record.get("dataset_id")},
-                   indent=1) + "\n", encoding="utf-8",
-    )  # fmt: skip
+        json.dumps(
+            {"checkpoint": str(tag_dir), "step": record["step"], "dataset_id": record.get("dataset_id")},
+            indent=1,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     logger.info("exported %s (step %s) to %s as GPTNeoXForCausalLM", tag_dir, record["step"], out)
     return out

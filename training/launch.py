@@ -118,12 +118,20 @@ def build_command(spec: LaunchSpec, args: Sequence[str], port: int) -> list[str]
     """The launcher argv running ``python -m training.train <args>`` on every rank of this node."""
     if spec.launcher == "torchrun":
         return [
-            sys.executable, "-m", "torch.distributed.run",
-            f"--nproc-per-node={spec.nproc_per_node}", f"--nnodes={spec.nnodes}", f"--node-rank={spec.node_rank}",
-            f"--max-restarts={spec.max_restarts}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={spec.master_addr}:{port}", f"--rdzv-id={spec.rdzv_id}",
-            "-m", "training.train", *args,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={spec.nproc_per_node}",
+            f"--nnodes={spec.nnodes}",
+            f"--node-rank={spec.node_rank}",
+            f"--max-restarts={spec.max_restarts}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={spec.master_addr}:{port}",
+            f"--rdzv-id={spec.rdzv_id}",
+            "-m",
+            "training.train",
+            *args,
+        ]
     cmd = [
         sys.executable,
         "-m",

@@ -137,8 +137,11 @@ def build_data(cfg: TrainConfig, manifest: Manifest, store: ObjectStore, info: D
         )
     )
     if blend:
-        logger.info("blending %d sources by target share: %s", len(blend),
-                    ", ".join(f"{s.name} {s.share:.1%} ({s.count} samples)" for s in blend))  # fmt: skip
+        logger.info(
+            "blending %d sources by target share: %s",
+            len(blend),
+            ", ".join(f"{s.name} {s.share:.1%} ({s.count} samples)" for s in blend),
+        )
     loader = build_dataloader(train_ds, sampler, cfg.micro_batch_size, num_workers=cfg.num_workers)
     valid_loader = None
     if cfg.eval_batches and manifest.split_shards("valid"):
@@ -350,8 +353,18 @@ def log_step(
     p, cfg = run.progress, run.cfg
     # epoch/consumed_in_epoch: the data position after this step, so lineage (training.lineage) can replay
     # the order exactly from any logged step, also after a resume.
-    run.metrics.log("train", step=p.step, loss=loss, lr=lr, epoch=p.epoch, consumed_in_epoch=p.consumed_in_epoch,
-                    world_size=run.info.world_size, **step_source_tokens(run), **timing, **gpu.sample())  # fmt: skip
+    run.metrics.log(
+        "train",
+        step=p.step,
+        loss=loss,
+        lr=lr,
+        epoch=p.epoch,
+        consumed_in_epoch=p.consumed_in_epoch,
+        world_size=run.info.world_size,
+        **step_source_tokens(run),
+        **timing,
+        **gpu.sample(),
+    )
     if p.step % cfg.log_interval == 0 or p.step == cfg.max_steps:
         mfu = f" mfu {timing['mfu']:.1%}" if timing["mfu"] is not None else ""
         logger.info(

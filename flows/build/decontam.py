@@ -41,11 +41,22 @@ def decontam_chunk_task(
     store = c.store()
     index_hash = unitcache.content_hash(store, index_key)
     return one_step_chunk(
-        c, store, "decontam", "decontam", indices, upstream, c.folder("decontam/out"),
-        partial(decontam.run_decontam_part, in_folder=in_folder, out_folder=c.folder("decontam/out"),
-                index_key=index_key, cfg=c.cfg.decontam),
+        c,
+        store,
+        "decontam",
+        "decontam",
+        indices,
+        upstream,
+        c.folder("decontam/out"),
+        partial(
+            decontam.run_decontam_part,
+            in_folder=in_folder,
+            out_folder=c.folder("decontam/out"),
+            index_key=index_key,
+            cfg=c.cfg.decontam,
+        ),
         lambda store, index: index_hash,
-    )  # fmt: skip
+    )
 
 
 @task(name="decontam-report", task_run_name="decontam: report", cache_policy=NO_CACHE)
@@ -67,8 +78,14 @@ def run_decontam(
         return folder, step
     index_key = run.once("decontam-index", decontam_index_task, run.ctx)
     chunked = run.index_chunks()
-    run.fan_out("decontam", decontam_chunk_task, chunked, [folder] * len(chunked), run.keyed(step),
-                index_key=index_key)  # fmt: skip
+    run.fan_out(
+        "decontam",
+        decontam_chunk_task,
+        chunked,
+        [folder] * len(chunked),
+        run.keyed(step),
+        index_key=index_key,
+    )
     run.note_reuse("decontam")
     total = run.merged("decontam")
     total.extra["report_key"] = run.once(

@@ -47,7 +47,7 @@ from flows.runtime.heartbeat import with_heartbeat
 from flows.runtime.profile import BuildProfile
 from flows.runtime.runners import make_task_runner, use_cores, worker_count
 from flows.ui import build_artifacts, run_names
-from flows.ui.progress import stage_progress
+from flows.ui.progress import RunProgress, stage_progress
 from pipeline import unitcache
 from pipeline.clean.stage import missing_kernels
 from pipeline.corpus_config import CorpusConfig, load_corpus_config
@@ -115,8 +115,13 @@ def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> t
         else None
     )
     if cfg.dedup.exact.enabled or cfg.dedup.near.enabled:
-        run.fan_out("filter+signatures", signatures_chunk_task, run.index_chunks(), run.keyed("clean"),
-                    resolved=resolved)  # fmt: skip
+        run.fan_out(
+            "filter+signatures",
+            signatures_chunk_task,
+            run.index_chunks(),
+            run.keyed("clean"),
+            resolved=resolved,
+        )
     if cfg.dedup.exact.enabled:
         stats["exact_dedup"] = run.merged("exact dedup", "exact_dedup")
         folder, step = c.folder("exact/out"), "exact dedup"
@@ -128,16 +133,27 @@ def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> t
     plan = run.once("near-plan", near_plan_task, run.ctx, n, sig_stats)
     run.fan_out("lsh-bands", bands_task, run.index_chunks(light=True), plan=plan)
     if plan["index_parts"]:
-        run.fan_out("lsh-bands-index", bands_task, run.index_chunks(plan["index_parts"], light=True), plan=plan,
-                    from_index=True)  # fmt: skip
+        run.fan_out(
+            "lsh-bands-index",
+            bands_task,
+            run.index_chunks(plan["index_parts"], light=True),
+            plan=plan,
+            from_index=True,
+        )
     run.fan_out(
         "lsh-edges", edges_task, run.index_chunks(plan["num_partitions"], light=True), plan=plan, wait=[]
     )
     exact_json = stats["exact_dedup"].to_json() if "exact_dedup" in stats else None
     clusters = run.once("near-clusters", clusters_task, run.ctx, folder, n, exact_json, sig_stats)
     chunked = run.index_chunks(light=True)
-    run.fan_out("near-filter", near_filter_chunk_task, chunked, [folder] * len(chunked), run.keyed(step, True),
-                clusters=clusters)  # fmt: skip
+    run.fan_out(
+        "near-filter",
+        near_filter_chunk_task,
+        chunked,
+        [folder] * len(chunked),
+        run.keyed(step, True),
+        clusters=clusters,
+    )
     stats["near_dedup"] = run.merged("near dedup", "near_dedup")
     report_key = c.folder("near/clusters/dedup_report.json")
     report = json.loads(c.store().get_bytes(report_key))
@@ -155,11 +171,21 @@ def tokenize_parts(run: Passes, folder: str, step: str, stats: dict[str, StageSt
     stage_progress.stage("tokenizer (trained once per dataset name)")
     tokenizer = run.once("train-tokenizer", tokenizer_task, run.ctx, folder, run.n, [])
     tok_key, sample = tokenizer["key"], tokenizer["sample"]
-    stats["train_tokenizer"] = StageStats(stage="train_tokenizer", docs_in=sample.get("sample_docs", 0),
-                                          bytes_in=sample.get("sample_bytes", 0), extra={"sample": sample})  # fmt: skip
+    stats["train_tokenizer"] = StageStats(
+        stage="train_tokenizer",
+        docs_in=sample.get("sample_docs", 0),
+        bytes_in=sample.get("sample_bytes", 0),
+        extra={"sample": sample},
+    )
     chunked = run.index_chunks()
-    run.fan_out("tokenize", tokenize_chunk_task, chunked, [folder] * len(chunked), run.keyed(step),
-                tokenizer_key=tok_key)  # fmt: skip
+    run.fan_out(
+        "tokenize",
+        tokenize_chunk_task,
+        chunked,
+        [folder] * len(chunked),
+        run.keyed(step),
+        tokenizer_key=tok_key,
+    )
     run.mark_done(c.folder("tokens"), "tokenize")
     stats["tokenize"] = run.merged("tokenize")
     run.note_reuse("tokenize")
@@ -181,14 +207,25 @@ def shard_and_publish(
     plan = run.once("shard-plan", shard_plan_task, run.ctx, run.n, tok_key, tasks, counted)
     folder, tasks = plan["folder"], plan["tasks"]
     units = run.spread("write-shards", write_shards_task, tasks, folder=folder, dtype=plan["dtype"])
-    manifest = run.once("manifest", manifest_task, run.ctx, run.n, tok_key, [u["stats"] for u in units], inputs,
-                        stats_json, lineage)  # fmt: skip
+    manifest = run.once(
+        "manifest",
+        manifest_task,
+        run.ctx,
+        run.n,
+        tok_key,
+        [u["stats"] for u in units],
+        inputs,
+        stats_json,
+        lineage,
+    )
     store = build_context(run.ctx).store()
     prefix = dataset_prefix(manifest["name"], manifest["dataset_id"])
     if not store.exists(f"{prefix}/{MANIFEST_KEY}"):  # published before: its shards were verified then
         shards = {(s["split"], s["index"]): s for s in manifest["shards"]}
-        files = [[pair for w in ws for k in range(w["first"], w["stop"]) for pair in _files(shards[w["split"], k])]
-                 for ws in tasks]  # fmt: skip
+        files = [
+            [pair for w in ws for k in range(w["first"], w["stop"]) for pair in _files(shards[w["split"], k])]
+            for ws in tasks
+        ]
         run.spread("publish-shards", publish_shards_task, tasks, files, folder=folder, prefix=prefix)
     return run.once("publish", commit_task, run.ctx, tok_key, manifest)
 
@@ -200,9 +237,12 @@ def _files(shard: dict[str, Any]) -> list[list[Any]]:
 
 # persist_result=False: a persisted result shows up as an untitled "result" artifact on the run page.
 @flow(
-    name="build_corpus", flow_run_name=run_names.build_run_name, log_prints=False, persist_result=False,
+    name="build_corpus",
+    flow_run_name=run_names.build_run_name,
+    log_prints=False,
+    persist_result=False,
     task_runner=make_task_runner(),
-)  # fmt: skip
+)
 @with_heartbeat
 def build_corpus(
     config_path: str | None = None,
@@ -226,15 +266,24 @@ def build_corpus(
     workers = worker_count()
     use_cores(workers)  # tokenizer training, in this process between passes, uses the workers' cores
     run = Passes(ctx, n, parts_per_task(n, workers), parts_per_task(n, workers, per_worker=1), build_profile)
-    get_run_logger().info("build %s: %d input object(s) in %d part(s), %d per task, %d worker(s); work folder %s",
-                          cfg.name, len(planned["inputs"]), n, run.size, workers, store.uri_of(work))  # fmt: skip
+    get_run_logger().info(
+        "build %s: %d input object(s) in %d part(s), %d per task, %d worker(s); work folder %s",
+        cfg.name,
+        len(planned["inputs"]),
+        n,
+        run.size,
+        workers,
+        store.uri_of(work),
+    )
     if missing := missing_kernels():
-        get_run_logger().warning("compiled kernels not built: %s; clean takes its numpy paths (same output, about "
-                                 "1.7x the CPU). Reinstall where a C compiler is found: pip install -e .",
-                                 ", ".join(missing))  # fmt: skip
+        get_run_logger().warning(
+            "compiled kernels not built: %s; clean takes its numpy paths (same output, about "
+            "1.7x the CPU). Reinstall where a C compiler is found: pip install -e .",
+            ", ".join(missing),
+        )
     stages = build_stages(cfg)  # the terminal's bars and the UI's progress artifact count the same stages
     stage_progress.start_units({s: 1 if s == "publish" else n for s in stages})
-    progress = build_artifacts.RunProgress(stages, key="build-progress")
+    progress = RunProgress(stages, key="build-progress")
     stats: dict[str, StageStats] = {}
     ingest_and_clean(run, cfg, planned, stats)
     progress.finished("ingest", "boilerplate", "clean")
@@ -271,8 +320,9 @@ def save_dedup_index(run: Passes, dataset_id: str) -> str:
     store, prefix = c.store(), dedup_index_prefix(c.cfg.name, dataset_id)
     if store.exists(f"{prefix}/index.json"):
         return store.uri_of(prefix)
-    saved = run.spread("save-dedup-index", save_index_chunk_task, run.index_chunks(light=True),
-                       dataset_id=dataset_id)  # fmt: skip
+    saved = run.spread(
+        "save-dedup-index", save_index_chunk_task, run.index_chunks(light=True), dataset_id=dataset_id
+    )
     docs = sum(k for r in saved for k in r["kept"])
     return str(run.once("dedup-index-meta", index_meta_task, run.ctx, run.n, dataset_id, docs))
 

@@ -98,14 +98,41 @@ def ingest_chunk_task(
     ing, bp = c.folder("ingest"), c.folder("boilerplate")
     for plan, key in zip(plans, keys, strict=True):
         part, written = ingest_config.PartPlan.from_json(plan), _Written(normalizer(cfg.clean))
-        units = {"ingest": run_unit(store, "ingest", key, ing, part.index,
-                                 partial(ingest.run_ingest_part, out_folder=ing, plan=part, cfg=cfg.ingest, s3=cfg.s3,
-                                         sources=cfg.resolved_sources(), normalize=written))}  # fmt: skip
+        units = {
+            "ingest": run_unit(
+                store,
+                "ingest",
+                key,
+                ing,
+                part.index,
+                partial(
+                    ingest.run_ingest_part,
+                    out_folder=ing,
+                    plan=part,
+                    cfg=cfg.ingest,
+                    s3=cfg.s3,
+                    sources=cfg.resolved_sources(),
+                    normalize=written,
+                ),
+            )
+        }
         # the texts ingest just wrote, unless the part was already done (restored or resumed: nothing passed by)
         texts = written.texts if len(written.texts) == units["ingest"]["stats"]["docs_out"] else None
-        units["boilerplate"] = run_unit(store, "boilerplate", _unit_key(c, "boilerplate", key), bp, part.index,
-                                     partial(boilerplate.run_boilerplate_count_part, in_folder=ing, out_folder=bp,
-                                             index=part.index, cfg=cfg.clean, texts=texts))  # fmt: skip
+        units["boilerplate"] = run_unit(
+            store,
+            "boilerplate",
+            _unit_key(c, "boilerplate", key),
+            bp,
+            part.index,
+            partial(
+                boilerplate.run_boilerplate_count_part,
+                in_folder=ing,
+                out_folder=bp,
+                index=part.index,
+                cfg=cfg.clean,
+                texts=texts,
+            ),
+        )
         out.append(units)
     return out
 
@@ -122,14 +149,38 @@ def clean_chunk_task(
     bad_words = load_bad_words(cfg.clean.c4.bad_words_file, cfg.s3) if cfg.clean.c4.enabled else None
     for index, up in zip(indices, upstream, strict=True):
         key = _unit_key(c, "clean", up, bp_hash, *([bad_words.digest] if bad_words else []))
-        units = {"clean": run_unit(store, "clean", key, c.folder("clean"), index,
-                                partial(clean.run_clean_part, in_folder=c.folder("ingest"),
-                                        out_folder=c.folder("clean"), index=index, cfg=cfg.clean, boilerplate_key=bp,
-                                        sources=cfg.resolved_sources()))}  # fmt: skip
+        units = {
+            "clean": run_unit(
+                store,
+                "clean",
+                key,
+                c.folder("clean"),
+                index,
+                partial(
+                    clean.run_clean_part,
+                    in_folder=c.folder("ingest"),
+                    out_folder=c.folder("clean"),
+                    index=index,
+                    cfg=cfg.clean,
+                    boilerplate_key=bp,
+                    sources=cfg.resolved_sources(),
+                ),
+            )
+        }
         if cfg.dedup.exact.enabled:
-            units["exact-hash"] = run_unit(store, "exact-hash", _unit_key(c, "exact-hash", key), c.folder("exact/hash"),
-                                        index, partial(exact.run_exact_hash_part, in_folder=c.folder("clean"),
-                                                       hash_folder=c.folder("exact/hash"), index=index))  # fmt: skip
+            units["exact-hash"] = run_unit(
+                store,
+                "exact-hash",
+                _unit_key(c, "exact-hash", key),
+                c.folder("exact/hash"),
+                index,
+                partial(
+                    exact.run_exact_hash_part,
+                    in_folder=c.folder("clean"),
+                    hash_folder=c.folder("exact/hash"),
+                    index=index,
+                ),
+            )
         out.append(units)
     return out
 
@@ -149,17 +200,36 @@ def signatures_chunk_task(
         units, folder = {}, c.folder("clean")
         if cfg.dedup.exact.enabled:
             drop = unitcache.content_hash(store, f"{c.folder('exact/drop')}/{part_name(index)}.npy")
-            units["exact dedup"] = run_unit(store, "exact dedup", _unit_key(c, "exact-filter", up, drop),
-                                         c.folder("exact/out"), index,
-                                         partial(exact.run_exact_filter_part, in_folder=folder,
-                                                 out_folder=c.folder("exact/out"), index=index,
-                                                 drop_folder=c.folder("exact/drop")))  # fmt: skip
+            units["exact dedup"] = run_unit(
+                store,
+                "exact dedup",
+                _unit_key(c, "exact-filter", up, drop),
+                c.folder("exact/out"),
+                index,
+                partial(
+                    exact.run_exact_filter_part,
+                    in_folder=folder,
+                    out_folder=c.folder("exact/out"),
+                    index=index,
+                    drop_folder=c.folder("exact/drop"),
+                ),
+            )
             up, folder = units["exact dedup"]["key"], c.folder("exact/out")
         if cfg.dedup.near.enabled:
-            units["signatures"] = run_unit(store, "signatures", _unit_key(c, "signatures", up),
-                                        c.folder("near/signatures"), index,
-                                        partial(signatures.run_signatures_part, in_folder=folder,
-                                                out_folder=c.folder("near/signatures"), index=index, cfg=cfg.dedup.near))  # fmt: skip
+            units["signatures"] = run_unit(
+                store,
+                "signatures",
+                _unit_key(c, "signatures", up),
+                c.folder("near/signatures"),
+                index,
+                partial(
+                    signatures.run_signatures_part,
+                    in_folder=folder,
+                    out_folder=c.folder("near/signatures"),
+                    index=index,
+                    cfg=cfg.dedup.near,
+                ),
+            )
         out.append(units)
     return out
 
@@ -178,10 +248,18 @@ def one_step_chunk(
     """A chunk task of one step per part: each part's unit keyed by its upstream key and ``extra(store, index)`` (the
     content hash of what the step reads besides its part), run as ``run_part(store, index=...)``."""
     return [
-        {step: run_unit(store, step, _unit_key(c, key_stage, up, extra(store, index)), out_folder, index,
-                     partial(run_part, index=index))}
+        {
+            step: run_unit(
+                store,
+                step,
+                _unit_key(c, key_stage, up, extra(store, index)),
+                out_folder,
+                index,
+                partial(run_part, index=index),
+            )
+        }
         for index, up in zip(indices, upstream, strict=True)
-    ]  # fmt: skip
+    ]
 
 
 @task(name="near-filter", task_run_name=run_names.parts("near-dedup: filter"), cache_policy=NO_CACHE)
@@ -191,11 +269,21 @@ def near_filter_chunk_task(
     c = build_context(ctx)
     drops = c.folder("near/clusters/drop")
     return one_step_chunk(
-        c, c.store(), "near dedup", "near-filter", indices, upstream, c.folder("dedup"),
-        partial(near.run_near_filter_part, in_folder=in_folder, out_folder=c.folder("dedup"),
-                clusters_folder=c.folder("near/clusters")),
+        c,
+        c.store(),
+        "near dedup",
+        "near-filter",
+        indices,
+        upstream,
+        c.folder("dedup"),
+        partial(
+            near.run_near_filter_part,
+            in_folder=in_folder,
+            out_folder=c.folder("dedup"),
+            clusters_folder=c.folder("near/clusters"),
+        ),
         lambda store, index: unitcache.content_hash(store, f"{drops}/{part_name(index)}.npz"),
-    )  # fmt: skip
+    )
 
 
 @task(name="tokenize", task_run_name=run_names.parts("tokenize"), cache_policy=NO_CACHE)
@@ -208,16 +296,37 @@ def tokenize_chunk_task(
     store = c.store()
     tok_hash = unitcache.content_hash(store, tokenizer_key)
     out = one_step_chunk(
-        c, store, "tokenize", "tokenize", indices, upstream, c.folder("tokens"),
-        partial(tokenize.run_tokenize_part, in_folder=in_folder, out_folder=c.folder("tokens"),
-                tokenizer_key=tokenizer_key, cfg=c.cfg.tokenize),
+        c,
+        store,
+        "tokenize",
+        "tokenize",
+        indices,
+        upstream,
+        c.folder("tokens"),
+        partial(
+            tokenize.run_tokenize_part,
+            in_folder=in_folder,
+            out_folder=c.folder("tokens"),
+            tokenizer_key=tokenizer_key,
+            cfg=c.cfg.tokenize,
+        ),
         lambda store, index: tok_hash,
-    )  # fmt: skip
+    )
     for index, units in zip(indices, out, strict=True):
-        units["split counts"] = run_unit(store, "split counts", _unit_key(c, "split-count", units["tokenize"]["key"]),
-                                      c.folder("split-counts"), index,
-                                      partial(publish.run_split_count_part, token_folder=c.folder("tokens"),
-                                              out_folder=c.folder("split-counts"), index=index, shard_cfg=c.cfg.shard))  # fmt: skip
+        units["split counts"] = run_unit(
+            store,
+            "split counts",
+            _unit_key(c, "split-count", units["tokenize"]["key"]),
+            c.folder("split-counts"),
+            index,
+            partial(
+                publish.run_split_count_part,
+                token_folder=c.folder("tokens"),
+                out_folder=c.folder("split-counts"),
+                index=index,
+                shard_cfg=c.cfg.shard,
+            ),
+        )
     return out
 
 
@@ -227,8 +336,9 @@ def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, docs: list[int])
     with stage_errors("boilerplate-merge"), profile.measure("boilerplate-merge"):
         c = build_context(ctx)
         key = c.folder("boilerplate/lines.npy")
-        n = boilerplate.merge_boilerplate(c.store(), c.folder("boilerplate"), num_parts, c.cfg.clean, key,
-                                          docs=docs)  # fmt: skip
+        n = boilerplate.merge_boilerplate(
+            c.store(), c.folder("boilerplate"), num_parts, c.cfg.clean, key, docs=docs
+        )
         get_run_logger().info("boilerplate: %d line(s) repeated across many documents will be removed", n)
         return key
 
@@ -300,9 +410,14 @@ def clusters_task(
         es = StageStats.from_json(exact_stats) if exact_stats else None
         known = [StageStats.from_json(s) for s in sig_stats]
         return clusters.run_clusters(
-            c.store(), in_folder, c.folder("near"), num_parts, c.cfg.dedup.near, exact_stats=es,
+            c.store(),
+            in_folder,
+            c.folder("near"),
+            num_parts,
+            c.cfg.dedup.near,
+            exact_stats=es,
             known_sig_stats=known,
-        ).to_json()  # fmt: skip
+        ).to_json()
 
 
 # ---------------------------------------------------------------- tasks: tokenize and publish
@@ -334,8 +449,12 @@ def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: l
             _copy_tokenizer(store, key, pin)
         record = tokenize.sample_record_key(key)
         sample = json.loads(store.get_bytes(record)) if store.exists(record) else {"source": "pinned"}
-        get_run_logger().info("tokenizer %s (sha256 %s), trained on %s", key, sha[:12],
-                              {k: v for k, v in sample.items() if k != "sample_parts"})  # fmt: skip
+        get_run_logger().info(
+            "tokenizer %s (sha256 %s), trained on %s",
+            key,
+            sha[:12],
+            {k: v for k, v in sample.items() if k != "sample_parts"},
+        )
         return {"key": key, "sample": sample}
 
 
@@ -355,14 +474,16 @@ def shard_plan_task(
     with stage_errors("shard-plan"), profile.measure("shard-plan"):
         c = build_context(ctx)
         store, cfg = c.store(), c.cfg
-        tok = publish.TokenizerFiles.load(store.get_bytes(tokenizer_key), cfg.tokenize.eos_token,
-                                          cfg.tokenize.pad_token)  # fmt: skip
+        tok = publish.TokenizerFiles.load(
+            store.get_bytes(tokenizer_key), cfg.tokenize.eos_token, cfg.tokenize.pad_token
+        )
         rule = [cfg.shard.valid_fraction, cfg.shard.seed]
         if len(counted) == num_parts and all(u["extra"].get("split") == rule for u in counted):
             counts = [u["extra"]["source_tokens"] for u in counted]
         else:
-            counts = publish.part_counts(store, c.folder("tokens"), num_parts, cfg.shard,
-                                         c.folder("split-counts"))  # fmt: skip
+            counts = publish.part_counts(
+                store, c.folder("tokens"), num_parts, cfg.shard, c.folder("split-counts")
+            )
         plan = publish.plan_windows(counts, cfg.shard.target_tokens(tok.dtype), tasks)
         folder = publish.shards_folder(c.work, tok.info().sha256, tok.dtype, cfg.shard, counts)
         return {
@@ -382,9 +503,14 @@ def write_shards_task(
     records: list[dict[str, Any]] = []
     with stage_errors("write-shards"), profile.measure("write-shards", records):
         c = build_context(ctx)
-        stats = publish.run_window_unit(c.store(), c.folder("tokens"), folder,
-                                        [publish.Window.from_json(w) for w in windows], np.dtype(dtype),
-                                        c.cfg.shard)  # fmt: skip
+        stats = publish.run_window_unit(
+            c.store(),
+            c.folder("tokens"),
+            folder,
+            [publish.Window.from_json(w) for w in windows],
+            np.dtype(dtype),
+            c.cfg.shard,
+        )
     return {"stats": stats.to_json(), "profile": records}
 
 
@@ -421,16 +547,18 @@ def manifest_task(
     with stage_errors("manifest"), profile.measure("manifest"):
         c = build_context(ctx)
         store, cfg = c.store(), c.cfg
-        tok = publish.TokenizerFiles.load(store.get_bytes(tokenizer_key), cfg.tokenize.eos_token,
-                                          cfg.tokenize.pad_token)  # fmt: skip
+        tok = publish.TokenizerFiles.load(
+            store.get_bytes(tokenizer_key), cfg.tokenize.eos_token, cfg.tokenize.pad_token
+        )
         written, runs = publish.window_results(units)
         all_stats = dict(stats)
         if "tokenize" not in all_stats:  # a build passes its tokenize pass's merged stats
             all_stats["tokenize"] = merged_stats(store, c.folder("tokens"), num_parts, "tokenize").to_json()
         mixture = mixture_from_runs(written, runs, cfg.resolved_sources())
         config = cfg.to_dict() | {"output": None, "s3": None}
-        return publish.dataset_manifest(cfg.name, tok, written, mixture, all_stats, inputs, config,
-                                        lineage).to_json()  # fmt: skip
+        return publish.dataset_manifest(
+            cfg.name, tok, written, mixture, all_stats, inputs, config, lineage
+        ).to_json()
 
 
 @task(name="publish", task_run_name="manifest: publish", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -441,8 +569,9 @@ def commit_task(ctx: dict[str, Any], tokenizer_key: str, manifest: dict[str, Any
         c = build_context(ctx)
         store, cfg = c.store(), c.cfg
         m = Manifest.from_json(manifest)
-        tok = publish.TokenizerFiles.load(store.get_bytes(tokenizer_key), cfg.tokenize.eos_token,
-                                          cfg.tokenize.pad_token)  # fmt: skip
+        tok = publish.TokenizerFiles.load(
+            store.get_bytes(tokenizer_key), cfg.tokenize.eos_token, cfg.tokenize.pad_token
+        )
         try:
             return publish.commit_dataset(store, m, tok)
         except DatasetConflictError as exc:
@@ -457,8 +586,12 @@ def dedup_index_prefix(name: str, dataset_id: str) -> str:
     return f"indexes/{name}/{dataset_id}"
 
 
-@task(name="save-dedup-index", task_run_name=run_names.parts("dedup index: save"), cache_policy=NO_CACHE,
-      **IO_RETRIES)  # fmt: skip
+@task(
+    name="save-dedup-index",
+    task_run_name=run_names.parts("dedup index: save"),
+    cache_policy=NO_CACHE,
+    **IO_RETRIES,
+)
 def save_index_chunk_task(ctx: dict[str, Any], indices: list[int], dataset_id: str) -> dict[str, Any]:
     """Persist the kept documents' signatures of these parts, so a later build can drop what this dataset already
     holds (``--set dedup.near.index_uri=<the index URI>``); the flow writes ``index.json`` after every part."""

@@ -26,9 +26,10 @@ def add_build_arguments(
     p.add_argument("--name", help="dataset name (default: the config's, `sample` for the bundled corpus)")
     add_set_argument(p, set_help)
     p.add_argument(
-        "--task-runner", default="local",
+        "--task-runner",
+        default="local",
         help="local (worker processes on this machine) | threads | dask://host:port (a Dask scheduler)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--workers", type=int, default=None, help="worker processes for local (default: the cores)"
     )
@@ -67,9 +68,13 @@ def run(args: argparse.Namespace) -> int:
     flow = with_task_runner(build_corpus, args.task_runner, args.workers)
     with prefect_api():  # one API for the flow and every worker
         state = flow(
-            config_path=args.config, inputs=args.inputs, output=args.output, name=args.name,
-            overrides=corpus_overrides(args), return_state=True,
-        )  # fmt: skip
+            config_path=args.config,
+            inputs=args.inputs,
+            output=args.output,
+            name=args.name,
+            overrides=corpus_overrides(args),
+            return_state=True,
+        )
     summary, run_id = flow_run_outcome(state)
     summary["flow_run_url"] = args.api.run_url(run_id)
     if not args.json:

@@ -37,8 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument(
         "--json", action="store_true", help="print card.json (with --against: the difference) as JSON"
     )
-    c.add_argument("--against", default=None, metavar="OTHER",
-                   help="another dataset (same forms): what each rule removed in one and not the other, per source")  # fmt: skip
+    c.add_argument(
+        "--against",
+        default=None,
+        metavar="OTHER",
+        help="another dataset (same forms): what each rule removed in one and not the other, per source",
+    )
     add_s3_arguments(c)
     c.set_defaults(func=run_card)
 
@@ -103,8 +107,10 @@ def run_dedup(args: argparse.Namespace) -> int:
     if args.report:
         print(json.dumps(report, indent=1))
         return 0
-    print(f"documents in {report['docs_in']}, removed near {report['removed_near']} "
-          f"({report['removal_rate_near']:.2%}), clusters {report['clusters']}")  # fmt: skip
+    print(
+        f"documents in {report['docs_in']}, removed near {report['removed_near']} "
+        f"({report['removal_rate_near']:.2%}), clusters {report['clusters']}"
+    )
     for warning in report.get("warnings", []):
         print(f"warning: {warning}")
     if report["clusters"]:

@@ -26,6 +26,8 @@ def run(args: argparse.Namespace) -> int:
     store = open_store(args.output, s3)
     recorded = abort_recorded_uploads(UploadJournal(store), s3)
     n = store.abort_stale_uploads(older_than_s=args.older_than)
-    print(f"{store.uri}: aborted {recorded} upload(s) recorded by earlier runs, "
-          f"{n} other upload(s) older than {args.older_than:.0f} s")  # fmt: skip
+    print(
+        f"{store.uri}: aborted {recorded} upload(s) recorded by earlier runs, "
+        f"{n} other upload(s) older than {args.older_than:.0f} s"
+    )
     return 0

@@ -14,13 +14,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-age seconds, that never beat and started longer ago than that, or whose process on this host is "
         "gone, and sets them Crashed with the reason in the state message.",
     )
-    p.add_argument("--max-age", type=float, default=120.0, metavar="SECONDS",
-                   help="heartbeat age after which a run counts as dead (default 120; keep it several intervals)")  # fmt: skip
+    p.add_argument(
+        "--max-age",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="heartbeat age after which a run counts as dead (default 120; keep it several intervals)",
+    )
     p.add_argument(
         "--watch", type=float, default=None, metavar="SECONDS", help="repeat every SECONDS until Ctrl-C"
     )
-    p.add_argument("--flow", action="append", dest="flows", metavar="NAME",
-                   help="only runs of this flow (repeatable), e.g. --flow build_corpus --flow train")  # fmt: skip
+    p.add_argument(
+        "--flow",
+        action="append",
+        dest="flows",
+        metavar="NAME",
+        help="only runs of this flow (repeatable), e.g. --flow build_corpus --flow train",
+    )
     p.add_argument("--dry-run", action="store_true", help="list the zombie runs, change nothing")
     p.set_defaults(func=run, precheck=precheck)
 

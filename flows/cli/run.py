@@ -44,11 +44,20 @@ def run_prepare_and_train(args: argparse.Namespace) -> int:
     corpus_overrides, train_overrides = corpus_and_train_overrides(args)
     with prefect_api():  # one API for the flow and every worker of its build
         state = prepare_and_train(
-            corpus_config=args.config, train_config=args.train_config, inputs=args.inputs, output=args.output,
-            nproc=args.nproc, train_overrides=train_overrides, corpus_overrides=corpus_overrides,
-            timeout_s=args.timeout, max_restarts=args.max_restarts, name=args.name, return_state=True,
-            task_runner=args.task_runner, workers=args.workers,
-        )  # fmt: skip
+            corpus_config=args.config,
+            train_config=args.train_config,
+            inputs=args.inputs,
+            output=args.output,
+            nproc=args.nproc,
+            train_overrides=train_overrides,
+            corpus_overrides=corpus_overrides,
+            timeout_s=args.timeout,
+            max_restarts=args.max_restarts,
+            name=args.name,
+            return_state=True,
+            task_runner=args.task_runner,
+            workers=args.workers,
+        )
     out, run_id = flow_run_outcome(state)
     corpus, tr = out["corpus"], {k: v for k, v in out["training"].items() if k != "history"}
     tr["flow_run_url"] = args.api.run_url(run_id)

@@ -29,8 +29,14 @@ def run_sample(args: argparse.Namespace) -> int:
         return 0
     print(
         generate(
-            args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
-            manifest_uri=args.manifest, s3=resolve_s3(args),
+            args.checkpoint,
+            args.prompt,
+            args.max_new_tokens,
+            args.temperature,
+            args.top_k,
+            args.seed,
+            manifest_uri=args.manifest,
+            s3=resolve_s3(args),
         )
-    )  # fmt: skip
+    )
     return 0

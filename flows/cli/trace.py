@@ -30,8 +30,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"step {out['step']} of {out['checkpoint']} (dataset {out['dataset_id']}, world size {out['world_size']}, "
-          f"epoch {', '.join(map(str, out['epochs']))}): {len(out['samples'])} samples")  # fmt: skip
+    print(
+        f"step {out['step']} of {out['checkpoint']} (dataset {out['dataset_id']}, world size {out['world_size']}, "
+        f"epoch {', '.join(map(str, out['epochs']))}): {len(out['samples'])} samples"
+    )
     print(
         f"trained by Prefect flow run {out['prefect_flow_run_id']}; dataset built by flow run {out['dataset_flow_run_id']}"
     )

@@ -56,9 +56,16 @@ def run_train(args: argparse.Namespace) -> int:
     from flows.train.flow import train
 
     state = train(
-        args.manifest, args.train_config, args.nproc, train_overrides(args), args.timeout,
-        args.allow_dataset_change, args.max_restarts, args.allow_change, return_state=True,
-    )  # fmt: skip
+        args.manifest,
+        args.train_config,
+        args.nproc,
+        train_overrides(args),
+        args.timeout,
+        args.allow_dataset_change,
+        args.max_restarts,
+        args.allow_change,
+        return_state=True,
+    )
     result, run_id = flow_run_outcome(state)
     result = {k: v for k, v in result.items() if k != "history"}
     result["flow_run_url"] = args.api.run_url(run_id)

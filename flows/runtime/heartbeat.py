@@ -52,19 +52,26 @@ class Beat:
         found = {k[len(LABEL_PREFIX) :]: v for k, v in (labels or {}).items() if k.startswith(LABEL_PREFIX)}
         try:
             return cls(
-                flow_run_id=flow_run_id, at=float(found["at"]), pid=int(found["pid"]), host=str(found["host"]),
+                flow_run_id=flow_run_id,
+                at=float(found["at"]),
+                pid=int(found["pid"]),
+                host=str(found["host"]),
                 pid_started=float(found["pid_started"]) if "pid_started" in found else None,
                 interval_s=float(found.get("interval_s", 0.0)),
-            )  # fmt: skip
+            )
         except (KeyError, TypeError, ValueError):
             return None
 
 
 def current_beat(flow_run_id: str, interval_s: float) -> Beat:
     return Beat(
-        flow_run_id=flow_run_id, at=time.time(), pid=os.getpid(), host=socket.gethostname(),
-        pid_started=_process_start_time(os.getpid()), interval_s=float(interval_s),
-    )  # fmt: skip
+        flow_run_id=flow_run_id,
+        at=time.time(),
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        pid_started=_process_start_time(os.getpid()),
+        interval_s=float(interval_s),
+    )
 
 
 def _process_start_time(pid: int) -> float | None:

@@ -43,10 +43,14 @@ HEALTH_TIMEOUT_S = 3.0
 QUIET_SERVER_SETTINGS = {
     f"PREFECT_SERVER_SERVICES_{name}": "30"
     for name in (
-        "LATE_RUNS_LOOP_SECONDS", "PAUSE_EXPIRATIONS_LOOP_SECONDS", "CLEANUP_RECONCILER_LOOP_SECONDS",
-        "SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS", "REPOSSESSOR_LOOP_SECONDS", "FOREMAN_LOOP_SECONDS",
+        "LATE_RUNS_LOOP_SECONDS",
+        "PAUSE_EXPIRATIONS_LOOP_SECONDS",
+        "CLEANUP_RECONCILER_LOOP_SECONDS",
+        "SCHEDULER_RECENT_DEPLOYMENTS_LOOP_SECONDS",
+        "REPOSSESSOR_LOOP_SECONDS",
+        "FOREMAN_LOOP_SECONDS",
     )
-}  # fmt: skip
+}
 SERVER_MODULE = "flows.runtime.local_server"  # `python -m` this module starts the server (:func:`serve`)
 
 
@@ -172,12 +176,27 @@ def start_server(
             # the UI asks the API here, which otherwise defaults to port 4200, not --port
             "PREFECT_SERVER_UI_API_URL": f"http://127.0.0.1:{port}/api",
         }
-        cmd = [sys.executable, "-m", SERVER_MODULE, "server", "start", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            SERVER_MODULE,
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
         with (home / LOG_FILE).open("ab") as log:
             proc = subprocess.Popen(
-                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, cwd=home,
-            )  # fmt: skip
+                cmd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=home,
+            )
         state = ServerState(pid=proc.pid, port=port, home=str(home), started_at=time.time())
         (home / STATE_FILE).write_text(json.dumps(asdict(state)))
         try:

@@ -124,8 +124,10 @@ def running_task_runs(client: Any, flow_run_id: str) -> list[Any]:
 
     runs = client.read_task_runs(
         flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[UUID(flow_run_id)])),
-        task_run_filter=TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.RUNNING]))),
-    )  # fmt: skip
+        task_run_filter=TaskRunFilter(
+            state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.RUNNING]))
+        ),
+    )
     return [r.id for r in runs]
 
 

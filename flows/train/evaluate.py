@@ -94,15 +94,24 @@ def evaluate(
         tokens, documents = encode_jsonl(checkpoint, data)
         data = str(Path(data).resolve())
     result = evaluate_checkpoint(
-        checkpoint, data, tokens=tokens, seq_len=seq_len, batch_size=batch_size, max_samples=max_samples,
+        checkpoint,
+        data,
+        tokens=tokens,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        max_samples=max_samples,
         s3=resolve_s3_options(s3) if s3 else None,
-    )  # fmt: skip
+    )
     if documents is not None:
         result["documents"] = documents
     get_run_logger().info(
         "step %s on %s: loss %.4f, perplexity %.2f over %d tokens",
-        result["step"], result["data"], result["loss"], result["perplexity"], result["tokens"],
-    )  # fmt: skip
+        result["step"],
+        result["data"],
+        result["loss"],
+        result["perplexity"],
+        result["tokens"],
+    )
     create_table_artifact(
         [evaluation_row(result)], key="evaluation", description="Checkpoint loss and perplexity"
     )

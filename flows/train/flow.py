@@ -101,11 +101,17 @@ def run_training_job(
 
     display.stage(f"launching {nproc} rank(s)")
     code = launch.run_local(
-        manifest_uri, config_path or str(DEFAULT_TRAIN_CONFIG), nproc, overrides=overrides, on_line=on_line,
-        timeout_s=timeout_s, allow_dataset_change=allow_dataset_change, max_restarts=max_restarts,
+        manifest_uri,
+        config_path or str(DEFAULT_TRAIN_CONFIG),
+        nproc,
+        overrides=overrides,
+        on_line=on_line,
+        timeout_s=timeout_s,
+        allow_dataset_change=allow_dataset_change,
+        max_restarts=max_restarts,
         env={FLOW_RUN_ENV: flow_run_id or "", LOG_TIME_ENV: "0"},  # the flow's log line carries the time
         allow_change=list(allow_change or []),
-    )  # fmt: skip
+    )
     display.stage("after training: artifacts")
     watch.poll()  # the last evaluation, checkpoint and the end record
     if code != 0:
@@ -163,15 +169,25 @@ def train(
     ``allow_change``: checkpoint fields a resume may find changed (``--allow-change``, see training.resume)."""
     cfg = resolved_train_config(config_path, overrides)
     run_training_job(
-        manifest_uri, config_path, nproc, dict(overrides or {}), timeout_s, allow_dataset_change, max_restarts,
-        _flow_run_id(), allow_change,
-    )  # fmt: skip
+        manifest_uri,
+        config_path,
+        nproc,
+        dict(overrides or {}),
+        timeout_s,
+        allow_dataset_change,
+        max_restarts,
+        _flow_run_id(),
+        allow_change,
+    )
     result = train_artifacts.training_result(cfg.output_dir)
     train_artifacts.publish_training_artifacts(result)
     get_run_logger().info(
         "training done: %s steps, loss %s -> %s; checkpoints in %s",
-        result.get("steps"), _fmt(result.get("first_loss")), _fmt(result.get("final_loss")), cfg.output_dir,
-    )  # fmt: skip
+        result.get("steps"),
+        _fmt(result.get("first_loss")),
+        _fmt(result.get("final_loss")),
+        cfg.output_dir,
+    )
     return result
 
 
@@ -206,8 +222,10 @@ def prepare_and_train(
     result = train(
         summary["manifest_uri"], train_config, nproc, overrides, timeout_s, max_restarts=max_restarts
     )
-    run_names.rename_flow_run(f"build {summary['name']} {summary['dataset_id'][:8]} and train "
-                              f"{resolved_train_config(train_config, overrides).preset}")  # fmt: skip
+    run_names.rename_flow_run(
+        f"build {summary['name']} {summary['dataset_id'][:8]} and train "
+        f"{resolved_train_config(train_config, overrides).preset}"
+    )
     return {"corpus": summary, "training": result}
 
 

@@ -66,8 +66,11 @@ class TrainingWatch:
         failed = RANK_FAILED.search(line)
         if failed:
             code, rank = failed.groups()
-            training_event(f"rank {rank} exited with code {code}", {"rank": int(rank), "exit_code": int(code)},
-                           warning=True)  # fmt: skip
+            training_event(
+                f"rank {rank} exited with code {code}",
+                {"rank": int(rank), "exit_code": int(code)},
+                warning=True,
+            )
         if time.monotonic() - self.last_poll >= self.poll_interval_s:
             self.poll()
 

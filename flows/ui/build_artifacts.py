@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import textwrap
 from typing import Any
-from uuid import UUID
 
 from flows.ui import charts, readable
 from pipeline.card import read_card
@@ -101,20 +100,42 @@ def build_charts_markdown(summary: dict[str, Any]) -> str:
     stages = summary["stages"]
     names = list(stages)
     docs = charts.bar_chart(
-        names, {"documents in": [stages[n]["docs_in"] for n in names], "documents out": [stages[n]["docs_out"] for n in names]},
-        title="Documents per stage", value_label="documents", value_format=readable.count,
-    )  # fmt: skip
+        names,
+        {
+            "documents in": [stages[n]["docs_in"] for n in names],
+            "documents out": [stages[n]["docs_out"] for n in names],
+        },
+        title="Documents per stage",
+        value_label="documents",
+        value_format=readable.count,
+    )
     size = charts.bar_chart(
-        names, {"bytes in": [stages[n]["bytes_in"] for n in names], "bytes out": [stages[n]["bytes_out"] for n in names]},
-        title="Bytes per stage", value_label="bytes (UTF-8 text; tokenize: token bytes)", value_format=readable.size,
-    )  # fmt: skip
-    parts = [f"# Build {summary['name']}: dataset {summary['dataset_id'][:12]}", "",
-             charts.markdown_image(docs, "documents per stage chart"), "",
-             charts.markdown_image(size, "bytes per stage chart"), ""]  # fmt: skip
+        names,
+        {
+            "bytes in": [stages[n]["bytes_in"] for n in names],
+            "bytes out": [stages[n]["bytes_out"] for n in names],
+        },
+        title="Bytes per stage",
+        value_label="bytes (UTF-8 text; tokenize: token bytes)",
+        value_format=readable.size,
+    )
+    parts = [
+        f"# Build {summary['name']}: dataset {summary['dataset_id'][:12]}",
+        "",
+        charts.markdown_image(docs, "documents per stage chart"),
+        "",
+        charts.markdown_image(size, "bytes per stage chart"),
+        "",
+    ]
     drops = {k: v for k, v in summary["dropped"].items() if v}
     if drops:
-        bars = charts.bar_chart(list(drops), {"documents dropped": list(drops.values())},
-                                title="Drops by reason", value_label="documents", value_format=readable.count)  # fmt: skip
+        bars = charts.bar_chart(
+            list(drops),
+            {"documents dropped": list(drops.values())},
+            title="Drops by reason",
+            value_label="documents",
+            value_format=readable.count,
+        )
         parts += [charts.markdown_image(bars, "drops by reason chart"), ""]
     else:
         parts += ["No document was dropped.", ""]
@@ -129,16 +150,33 @@ def data_card_markdown(card: dict[str, Any]) -> str:
     text = render_card(card)
     if not rows:
         return text
-    docs = charts.bar_chart(rules, {"documents removed": [r["docs_removed"] for r in rows]},
-                            title="Documents removed per rule", value_label="documents", value_format=readable.count)  # fmt: skip
-    size = charts.bar_chart(rules, {"bytes removed": [r["bytes_removed"] or 0 for r in rows]},
-                            title="Bytes removed per rule", value_label="bytes", value_format=readable.size)  # fmt: skip
-    parts = [charts.markdown_image(docs, "documents removed per rule chart"),
-             charts.markdown_image(size, "bytes removed per rule chart")]  # fmt: skip
+    docs = charts.bar_chart(
+        rules,
+        {"documents removed": [r["docs_removed"] for r in rows]},
+        title="Documents removed per rule",
+        value_label="documents",
+        value_format=readable.count,
+    )
+    size = charts.bar_chart(
+        rules,
+        {"bytes removed": [r["bytes_removed"] or 0 for r in rows]},
+        title="Bytes removed per rule",
+        value_label="bytes",
+        value_format=readable.size,
+    )
+    parts = [
+        charts.markdown_image(docs, "documents removed per rule chart"),
+        charts.markdown_image(size, "bytes removed per rule chart"),
+    ]
     mix = card.get("mixture", {}).get("train", [])
     if mix:
-        tokens = charts.bar_chart([m["source"] for m in mix], {"tokens": [m["tokens"] for m in mix]},
-                                  title="Training tokens per source", value_label="tokens", value_format=readable.count)  # fmt: skip
+        tokens = charts.bar_chart(
+            [m["source"] for m in mix],
+            {"tokens": [m["tokens"] for m in mix]},
+            title="Training tokens per source",
+            value_label="tokens",
+            value_format=readable.count,
+        )
         parts.append(charts.markdown_image(tokens, "tokens per source chart"))
     head, _, rest = text.partition("## Removal waterfall")
     return head + "\n\n".join(parts) + "\n\n## Removal waterfall" + rest
@@ -162,15 +200,24 @@ def manifest_link(uri: str, s3: S3Options, how: str) -> str:
 def manifest_markdown(manifest: Manifest, link: str) -> str:
     """The dataset's key facts: id, tokenizer, tokens per split, shards (size, sha256 prefix), inputs."""
     tok = manifest.tokenizer
-    lines = [f"# Dataset {manifest.name}@{manifest.dataset_id[:12]}", "", f"Manifest: {link}", "",
-             "| field | value |", "|---|---|",
-             f"| dataset id | `{manifest.dataset_id}` |",
-             f"| tokenizer | `{tok.key}` (vocab {readable.count(tok.vocab_size)}, eos id {tok.eos_id}, sha256 `{tok.sha256[:12]}`) |",
-             f"| token dtype | {manifest.dtype} |", f"| code version | {manifest.code_version} |",
-             f"| created | {manifest.created_at} |"]  # fmt: skip
+    lines = [
+        f"# Dataset {manifest.name}@{manifest.dataset_id[:12]}",
+        "",
+        f"Manifest: {link}",
+        "",
+        "| field | value |",
+        "|---|---|",
+        f"| dataset id | `{manifest.dataset_id}` |",
+        f"| tokenizer | `{tok.key}` (vocab {readable.count(tok.vocab_size)}, eos id {tok.eos_id}, sha256 `{tok.sha256[:12]}`) |",
+        f"| token dtype | {manifest.dtype} |",
+        f"| code version | {manifest.code_version} |",
+        f"| created | {manifest.created_at} |",
+    ]
     for split, info in manifest.splits.items():
-        lines.append(f"| {split} | {readable.count(info['tokens'])} tokens, {readable.count(info['docs'])} docs, "
-                     f"{info['shards']} shard(s) |")  # fmt: skip
+        lines.append(
+            f"| {split} | {readable.count(info['tokens'])} tokens, {readable.count(info['docs'])} docs, "
+            f"{info['shards']} shard(s) |"
+        )
     lines += [
         "",
         "## Shards",
@@ -179,8 +226,10 @@ def manifest_markdown(manifest: Manifest, link: str) -> str:
         "|---|---|---:|---:|---:|---|",
     ]
     for s in manifest.shards[:MAX_TABLE_ROWS]:
-        lines.append(f"| {s.split} | `{s.key}` | {readable.count(s.tokens)} | {readable.count(s.docs)} | "
-                     f"{readable.size(s.bytes)} | `{s.sha256[:12]}` |")  # fmt: skip
+        lines.append(
+            f"| {s.split} | `{s.key}` | {readable.count(s.tokens)} | {readable.count(s.docs)} | "
+            f"{readable.size(s.bytes)} | `{s.sha256[:12]}` |"
+        )
     if len(manifest.shards) > MAX_TABLE_ROWS:
         lines.append(f"| … | {len(manifest.shards) - MAX_TABLE_ROWS} more shards in the manifest | | | | |")
     lines += ["", "## Inputs", "", "| input | size | fingerprint (etag / mtime) |", "|---|---:|---|"]
@@ -208,9 +257,13 @@ def cluster_markdown(
             [seg for para in body.splitlines() for seg in (textwrap.wrap(para, width) or [""])][:max_lines]
         )
     heads = [f"{'**kept**' if d['keep'] else 'dropped'} `{_short(d['id'])}`" for d in docs]
-    lines = [f"## Example: cluster {cid} ({size} documents, {len(docs)} shown)", "",
-             "| " + " | ".join(heads) + " |", "|" + "---|" * len(docs),
-             "| " + " | ".join(readable.size(d["nbytes"]) for d in docs) + " |"]  # fmt: skip
+    lines = [
+        f"## Example: cluster {cid} ({size} documents, {len(docs)} shown)",
+        "",
+        "| " + " | ".join(heads) + " |",
+        "|" + "---|" * len(docs),
+        "| " + " | ".join(readable.size(d["nbytes"]) for d in docs) + " |",
+    ]
     for i in range(max(len(c) for c in cols)):
         lines.append("| " + " | ".join(_cell(c[i]) if i < len(c) else "" for c in cols) + " |")
     lines += [""] + [f"- {'kept' if d['keep'] else 'dropped'}: `{d['id']}`" for d in docs]
@@ -225,12 +278,15 @@ def _short(doc_id: str) -> str:
 def dedup_markdown(report: dict[str, Any], cluster: str = "") -> str:
     removed_near, docs_in = report.get("removed_near") or 0, report.get("docs_in") or 0
     params = report.get("params", {})
-    lines = ["# Near-duplicate removal", "",
-             f"- documents in: {readable.count(docs_in)}",
-             f"- removed as exact duplicates: {readable.count(report.get('removed_exact'))}",
-             f"- removed as near duplicates: {readable.count(removed_near)} ({readable.pct(report.get('removal_rate_near', 0))})",
-             f"- clusters: {readable.count(report.get('clusters'))}; threshold {params.get('threshold')}, "
-             f"{params.get('num_perm')} permutations, {params.get('bands')} bands x {params.get('rows')} rows"]  # fmt: skip
+    lines = [
+        "# Near-duplicate removal",
+        "",
+        f"- documents in: {readable.count(docs_in)}",
+        f"- removed as exact duplicates: {readable.count(report.get('removed_exact'))}",
+        f"- removed as near duplicates: {readable.count(removed_near)} ({readable.pct(report.get('removal_rate_near', 0))})",
+        f"- clusters: {readable.count(report.get('clusters'))}; threshold {params.get('threshold')}, "
+        f"{params.get('num_perm')} permutations, {params.get('bands')} bands x {params.get('rows')} rows",
+    ]
     lines += [f"- **warning**: {w}" for w in report.get("warnings", [])]
     hist = report.get("cluster_size_histogram", {})
     if hist:
@@ -241,8 +297,10 @@ def dedup_markdown(report: dict[str, Any], cluster: str = "") -> str:
     if per_source:
         lines += ["", "| source | docs | removed | rate |", "|---|---:|---:|---:|"]
         for src, row in per_source[:MAX_TABLE_ROWS]:
-            lines.append(f"| `{src}` | {readable.count(row.get('docs'))} | {readable.count(row.get('removed_near'))} | "
-                         f"{readable.pct(row.get('rate'))} |")  # fmt: skip
+            lines.append(
+                f"| `{src}` | {readable.count(row.get('docs'))} | {readable.count(row.get('removed_near'))} | "
+                f"{readable.pct(row.get('rate'))} |"
+            )
     if cluster:
         lines += ["", cluster]
     return "\n".join(lines)
@@ -253,48 +311,36 @@ def publish_build_artifacts(summary: dict[str, Any], cfg: CorpusConfig) -> None:
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     create_table_artifact(stage_rows(summary), key="stage-stats", description="Documents and bytes per stage")
-    create_markdown_artifact(build_charts_markdown(summary), key="build-charts",
-                             description="Documents and bytes kept per stage, drops by reason")  # fmt: skip
+    create_markdown_artifact(
+        build_charts_markdown(summary),
+        key="build-charts",
+        description="Documents and bytes kept per stage, drops by reason",
+    )
     manifest, dataset_store = load_manifest(summary["manifest_uri"], s3=cfg.s3)
-    create_markdown_artifact(data_card_markdown(read_card(manifest, dataset_store)), key="data-card",
-                             description=f"Data card of {manifest.name}@{manifest.dataset_id[:12]}: what each rule "
-                             "removed, examples, PII, mixture")  # fmt: skip
+    create_markdown_artifact(
+        data_card_markdown(read_card(manifest, dataset_store)),
+        key="data-card",
+        description=f"Data card of {manifest.name}@{manifest.dataset_id[:12]}: what each rule "
+        "removed, examples, PII, mixture",
+    )
     link = manifest_link(summary["manifest_uri"], cfg.s3, cfg.manifest_link)
-    create_markdown_artifact(manifest_markdown(manifest, link), key="manifest",
-                             description=f"Dataset {manifest.name}@{manifest.dataset_id[:12]}: the manifest's facts")  # fmt: skip
+    create_markdown_artifact(
+        manifest_markdown(manifest, link),
+        key="manifest",
+        description=f"Dataset {manifest.name}@{manifest.dataset_id[:12]}: the manifest's facts",
+    )
     if summary.get("mixture"):
-        create_table_artifact(summary["mixture"], key="mixture",
-                              description="Tokens, documents and shares per source (train split), weights asked and target shares")  # fmt: skip
+        create_table_artifact(
+            summary["mixture"],
+            key="mixture",
+            description="Tokens, documents and shares per source (train split), weights asked and target shares",
+        )
     near = summary["stages"].get("near_dedup", {}).get("extra", {})
     if near.get("report"):
         store = open_store(cfg.output, s3=cfg.s3)
         cid, size, docs = cluster_documents(store, near["report_key"].rsplit("/clusters/", 1)[0], max_docs=2)
-        create_markdown_artifact(dedup_markdown(near["report"], cluster_markdown(cid, size, docs)),
-                                 key="dedup-audit", description="MinHash near-dedup audit")  # fmt: skip
-
-
-class RunProgress:
-    """A Prefect progress artifact for a long flow: the share of its stages done, and the last one finished.
-
-    The build passes the same stage names as its terminal progress bars, so the UI and the terminal count alike.
-    """
-
-    def __init__(self, stages: list[str], key: str) -> None:
-        from prefect.artifacts import create_progress_artifact
-
-        self.stages, self.done = stages, 0
-        created = create_progress_artifact(0.0, key=key, description=f"0/{len(stages)} stages")
-        assert isinstance(created, UUID)  # the synchronous call returns the id
-        self.id = created
-
-    def finished(self, *stages: str) -> None:
-        from prefect.artifacts import update_progress_artifact
-
-        if not stages:
-            return
-        self.done = min(len(self.stages), self.done + len(stages))
-        update_progress_artifact(
-            self.id,
-            100.0 * self.done / len(self.stages),
-            description=f"{self.done}/{len(self.stages)} stages: {', '.join(stages)} done",
+        create_markdown_artifact(
+            dedup_markdown(near["report"], cluster_markdown(cid, size, docs)),
+            key="dedup-audit",
+            description="MinHash near-dedup audit",
         )

@@ -58,8 +58,10 @@ def _thin(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def _text(x: float, y: float, s: str, *, size: int = 12, anchor: str = "middle", extra: str = "") -> str:
-    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" {FONT} '
-            f'fill="#222" {extra}>{escape(s)}</text>')  # fmt: skip
+    return (
+        f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" {FONT} '
+        f'fill="#222" {extra}>{escape(s)}</text>'
+    )
 
 
 def _frame(width: int, height: int, title: str) -> list[str]:
@@ -112,18 +114,29 @@ def line_chart(
         out.append(_text(sx(t), top + ph + 18, readable.si(t), size=11, extra='class="xtick"'))
     out.append(f'<path d="M{left},{top} V{top + ph} H{left + pw}" fill="none" stroke="#444"/>')
     out.append(_text(left + pw / 2, height - 10, x_label, size=12, extra='class="xlabel"'))
-    out.append(_text(16, top + ph / 2, y_label, size=12,
-                     extra=f'class="ylabel" transform="rotate(-90 16 {top + ph / 2:.1f})"'))  # fmt: skip
+    out.append(
+        _text(
+            16,
+            top + ph / 2,
+            y_label,
+            size=12,
+            extra=f'class="ylabel" transform="rotate(-90 16 {top + ph / 2:.1f})"',
+        )
+    )
     for x, label in marks:
         if x0 <= x <= x1:
-            out.append(f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" y2="{top + ph}" stroke="#ff7f0e" '
-                       'stroke-dasharray="4 3" class="mark"/>')  # fmt: skip
+            out.append(
+                f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" y2="{top + ph}" stroke="#ff7f0e" '
+                'stroke-dasharray="4 3" class="mark"/>'
+            )
             out.append(_text(sx(x) + 3, top + 12, label, size=10, anchor="start", extra='class="mark"'))
     for i, s in enumerate(series):
         color = COLORS[i % len(COLORS)]
         coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in _thin(s.points))
-        out.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="2" '
-                   f'data-series="{escape(s.label)}"/>')  # fmt: skip
+        out.append(
+            f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="2" '
+            f'data-series="{escape(s.label)}"/>'
+        )
         if s.markers or len(s.points) == 1:
             out += [
                 f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3.5" fill="{color}"/>' for x, y in s.points
@@ -169,8 +182,10 @@ def bar_chart(
         out.append(_text(left - 8, y + row / 2 - 1, name, size=12, anchor="end", extra='class="ytick"'))
         for g, (label, values) in enumerate(groups.items()):
             v, color = values[r], COLORS[g % len(COLORS)]
-            out.append(f'<rect x="{left}" y="{y + g * bar:.1f}" width="{max(0.0, sx(v) - left):.1f}" '
-                       f'height="{bar - 2}" fill="{color}"><title>{escape(label)}</title></rect>')  # fmt: skip
+            out.append(
+                f'<rect x="{left}" y="{y + g * bar:.1f}" width="{max(0.0, sx(v) - left):.1f}" '
+                f'height="{bar - 2}" fill="{color}"><title>{escape(label)}</title></rect>'
+            )
             out.append(
                 _text(
                     sx(v) + 4,

@@ -9,7 +9,8 @@ tokens/s and the time left. Flows report through the module-level :data:`display
 the log as plain lines.
 
 Only the process that runs the flow with the local (thread) task runner shows the row; tasks on Dask workers or
-in subprocesses don't report here. Prefect progress artifacts are the UI's equivalent (flows/ui/build_artifacts.py).
+in subprocesses don't report here. The Prefect UI's equivalent is a progress artifact: :class:`RunProgress` below
+for the build (the same stage names as the terminal's bars), ``flows/train/live.py`` for training steps.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
+from uuid import UUID
 
 logger = logging.getLogger("pileworks")
 
@@ -44,10 +46,14 @@ class Display:
 
         with self._lock:
             self._progress = Progress(
-                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=30),
-                TextColumn("{task.fields[detail]}"), TimeRemainingColumn(compact=True, elapsed_when_finished=True),
-                console=console, transient=True,
-            )  # fmt: skip
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(bar_width=30),
+                TextColumn("{task.fields[detail]}"),
+                TimeRemainingColumn(compact=True, elapsed_when_finished=True),
+                console=console,
+                transient=True,
+            )
             self._row = self._progress.add_task("starting", total=None, detail="")
             self._progress.start()
 
@@ -165,3 +171,30 @@ def open_display(console: Any) -> Iterator[Display]:
         yield display
     finally:
         display.close()
+
+
+class RunProgress:
+    """A Prefect progress artifact for a long flow: the share of its stages done, and the last one finished.
+
+    The build passes the same stage names as its terminal progress bars, so the UI and the terminal count alike.
+    """
+
+    def __init__(self, stages: list[str], key: str) -> None:
+        from prefect.artifacts import create_progress_artifact
+
+        self.stages, self.done = stages, 0
+        created = create_progress_artifact(0.0, key=key, description=f"0/{len(stages)} stages")
+        assert isinstance(created, UUID)  # the synchronous call returns the id
+        self.id = created
+
+    def finished(self, *stages: str) -> None:
+        from prefect.artifacts import update_progress_artifact
+
+        if not stages:
+            return
+        self.done = min(len(self.stages), self.done + len(stages))
+        update_progress_artifact(
+            self.id,
+            100.0 * self.done / len(self.stages),
+            description=f"{self.done}/{len(self.stages)} stages: {', '.join(stages)} done",
+        )

@@ -25,8 +25,14 @@ def training_result(output_dir: str) -> dict[str, Any]:
         if r.get("resumed_from") is not None
     ]
     if not train:
-        return {"output_dir": output_dir, "steps": 0, "history": [], "eval": evals, "logs": logs,
-                "restarts": restarts}  # fmt: skip
+        return {
+            "output_dir": output_dir,
+            "steps": 0,
+            "history": [],
+            "eval": evals,
+            "logs": logs,
+            "restarts": restarts,
+        }
     last = train[-1]
     warm = train[len(train) // 5 :] or train  # skip warm-up steps in the averages
     return {
@@ -69,11 +75,19 @@ def training_charts(
     loss = [charts.Series("train loss", _series(history, "loss"))]
     if evals:
         loss.append(charts.Series("valid loss", _series(evals, "loss"), markers=True))
-    out = [charts.markdown_image(
-        charts.line_chart(loss, title="Loss", x_label="step", y_label="loss (nats/token)", y_format=readable.sig,
-                          marks=marks),
-        "loss chart: train and valid loss against step",
-    )]  # fmt: skip
+    out = [
+        charts.markdown_image(
+            charts.line_chart(
+                loss,
+                title="Loss",
+                x_label="step",
+                y_label="loss (nats/token)",
+                y_format=readable.sig,
+                marks=marks,
+            ),
+            "loss chart: train and valid loss against step",
+        )
+    ]
     for key, title, y_label, scale, fmt in (
         ("tokens_per_s", "Throughput", "tokens/s", 1.0, readable.si),
         ("data_wait_share", "Data wait", "% of step time", 100.0, readable.sig),
@@ -81,8 +95,14 @@ def training_charts(
     ):
         points = _series(history, key, scale)
         if points:
-            svg = charts.line_chart([charts.Series(title, points)], title=title, x_label="step",
-                                    y_label=y_label, y_format=fmt, marks=marks)  # fmt: skip
+            svg = charts.line_chart(
+                [charts.Series(title, points)],
+                title=title,
+                x_label="step",
+                y_label=y_label,
+                y_format=fmt,
+                marks=marks,
+            )
             out.append(charts.markdown_image(svg, f"{title.lower()} chart: {y_label} against step"))
     return out
 
@@ -137,7 +157,8 @@ def publish_training_artifacts(result: dict[str, Any]) -> None:
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     create_markdown_artifact(
-        training_markdown(result), key="training-curve",
+        training_markdown(result),
+        key="training-curve",
         description="Loss, valid loss, tokens/s, data wait and learning rate against step",
-    )  # fmt: skip
+    )
     create_table_artifact([final_row(result)], key="training-final", description="Final training metrics")

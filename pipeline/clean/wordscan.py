@@ -254,13 +254,23 @@ def _limit(fraction: float | None) -> float:
 def _scan_compiled(
     kernel: ModuleType, texts: list[str], cfg: QualityConfig
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    limits = (cfg.max_dup_line_fraction, cfg.max_dup_line_char_fraction, cfg.max_dup_para_fraction,
-              cfg.max_dup_para_char_fraction)  # fmt: skip
+    limits = (
+        cfg.max_dup_line_fraction,
+        cfg.max_dup_line_char_fraction,
+        cfg.max_dup_para_fraction,
+        cfg.max_dup_para_char_fraction,
+    )
     h, n, sizes, per_doc, ok, cjk, alpha, marks = kernel.scan_words(texts, *map(_limit, limits))
-    return (np.frombuffer(h, dtype=np.uint64), np.frombuffer(n, dtype=np.int64), np.frombuffer(sizes, dtype=np.int64),
-            np.frombuffer(per_doc, dtype=np.bool_), np.frombuffer(ok, dtype=np.bool_),
-            np.frombuffer(cjk, dtype=np.int64), np.frombuffer(alpha, dtype=np.int64),
-            np.frombuffer(marks, dtype=np.int64).reshape(len(texts), MARKS))  # fmt: skip
+    return (
+        np.frombuffer(h, dtype=np.uint64),
+        np.frombuffer(n, dtype=np.int64),
+        np.frombuffer(sizes, dtype=np.int64),
+        np.frombuffer(per_doc, dtype=np.bool_),
+        np.frombuffer(ok, dtype=np.bool_),
+        np.frombuffer(cjk, dtype=np.int64),
+        np.frombuffer(alpha, dtype=np.int64),
+        np.frombuffer(marks, dtype=np.int64).reshape(len(texts), MARKS),
+    )
 
 
 def scan_chunks(

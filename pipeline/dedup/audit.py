@@ -106,8 +106,15 @@ def _sample_pairs(
             true = round(
                 set_jaccard(set(hasher.shingles(texts[int(rd)])), set(hasher.shingles(texts[int(rk)]))), 4
             )
-        pairs.append({"dropped": ids[d], "kept": ids[k], "cluster": int(clusters.cluster[d]),
-                      "estimated_jaccard": round(float(est), 4), "true_jaccard": true})  # fmt: skip
+        pairs.append(
+            {
+                "dropped": ids[d],
+                "kept": ids[k],
+                "cluster": int(clusters.cluster[d]),
+                "estimated_jaccard": round(float(est), 4),
+                "true_jaccard": true,
+            }
+        )
     return pairs
 
 
@@ -136,8 +143,15 @@ def build_report(
     largest = []
     for c in range(min(cfg.max_clusters_in_report, len(clusters.sizes))):
         members = np.flatnonzero(clusters.cluster == c)
-        largest.append({"cluster": c, "size": int(clusters.sizes[c]), "kept": ids[members[clusters.keep[members]]].tolist(),
-                        "members": ids[members[:20]].tolist(), "with_index": bool(has_index[c])})  # fmt: skip
+        largest.append(
+            {
+                "cluster": c,
+                "size": int(clusters.sizes[c]),
+                "kept": ids[members[clusters.keep[members]]].tolist(),
+                "members": ids[members[:20]].tolist(),
+                "with_index": bool(has_index[c]),
+            }
+        )
     report: dict[str, Any] = {
         "input_folder": in_folder,
         "docs_in": docs_in,
@@ -152,11 +166,21 @@ def build_report(
         "cluster_size_histogram": size_histogram(clusters.sizes),
         "largest_clusters": largest,
         "sampled_pairs": _sample_pairs(store, in_folder, work, table, clusters, cfg, checked),
-        "params": {"threshold": cfg.threshold, "num_perm": cfg.num_perm, "bands": plan["bands"], "rows": plan["rows"],
-                   "shingle": cfg.shingle, "ngram": cfg.ngram, "hash": cfg.hash, "scheme": cfg.scheme,
-                   "verify": cfg.verify, "num_partitions": plan["num_partitions"], "index_docs": plan["index_docs"]},
+        "params": {
+            "threshold": cfg.threshold,
+            "num_perm": cfg.num_perm,
+            "bands": plan["bands"],
+            "rows": plan["rows"],
+            "shingle": cfg.shingle,
+            "ngram": cfg.ngram,
+            "hash": cfg.hash,
+            "scheme": cfg.scheme,
+            "verify": cfg.verify,
+            "num_partitions": plan["num_partitions"],
+            "index_docs": plan["index_docs"],
+        },
         "s_curve": s_curve(plan["bands"], plan["rows"]),
-    }  # fmt: skip
+    }
     report["warnings"] = _warnings(report)
     return report
 
@@ -175,8 +199,9 @@ def _warnings(report: dict[str, Any]) -> list[str]:
     return out
 
 
-def cluster_documents(store: ObjectStore, run_folder: str, cluster_id: int | None = None,
-                      max_docs: int = 3) -> tuple[int, int, list[dict[str, Any]]]:  # fmt: skip
+def cluster_documents(
+    store: ObjectStore, run_folder: str, cluster_id: int | None = None, max_docs: int = 3
+) -> tuple[int, int, list[dict[str, Any]]]:
     """A cluster (default 0: the largest): its id, its size and up to ``max_docs`` of its documents, kept first.
 
     Each document is its clusters.parquet row (``id``, ``source``, ``nbytes``, ``keep``, ...) plus ``text``
@@ -198,8 +223,14 @@ def cluster_documents(store: ObjectStore, run_folder: str, cluster_id: int | Non
     return cid, len(rows), [r | {"text": texts.get(r["ref"])} for r in shown]
 
 
-def format_cluster(store: ObjectStore, run_folder: str, cluster_id: int | None = None, width: int = 160,
-                   max_docs: int = 3, max_lines: int = 40) -> str:  # fmt: skip
+def format_cluster(
+    store: ObjectStore,
+    run_folder: str,
+    cluster_id: int | None = None,
+    width: int = 160,
+    max_docs: int = 3,
+    max_lines: int = 40,
+) -> str:
     """A cluster (default: the largest) with its documents side by side, kept document first."""
     cid, size, shown = cluster_documents(store, run_folder, cluster_id, max_docs)
     if not shown:

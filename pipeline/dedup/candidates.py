@@ -44,10 +44,16 @@ def plan_near_dedup(
     b, r = cfg.bands()
     bp = plan_partitions(docs + index_docs, b, cfg.memory_budget_mb)
     plan = {
-        "bands": b, "rows": r, "num_parts": num_parts, "index_parts": index[1] if index else 0,
-        "docs": docs, "index_docs": index_docs, "num_partitions": bp.num_partitions,
-        "partition_bytes": bp.partition_bytes, "memory_budget_mb": cfg.memory_budget_mb,
-    }  # fmt: skip
+        "bands": b,
+        "rows": r,
+        "num_parts": num_parts,
+        "index_parts": index[1] if index else 0,
+        "docs": docs,
+        "index_docs": index_docs,
+        "num_partitions": bp.num_partitions,
+        "partition_bytes": bp.partition_bytes,
+        "memory_budget_mb": cfg.memory_budget_mb,
+    }
     store.put_bytes(key, json.dumps(plan, indent=1).encode())
     return plan
 
@@ -125,6 +131,9 @@ def run_edges_part(
     stats = StageStats(stage="near_edges", docs_in=len(u), docs_out=int(ok.sum()))
     if not ok.all():
         stats.drop("unverified_pair", int((~ok).sum()))
-    stats.extra = {"band_entries": int(sum(len(k) for k in keys)), "buckets_over_window": big,
-                   "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+    stats.extra = {
+        "band_entries": int(sum(len(k) for k in keys)),
+        "buckets_over_window": big,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
     return finish_unit(store, unit, stats)

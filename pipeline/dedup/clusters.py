@@ -103,8 +103,10 @@ def run_clusters(
     stats = StageStats(
         stage="near_dedup", docs_in=report["docs_in"], docs_out=report["docs_in"] - report["removed_near"]
     )
-    for reason, n in (("near_duplicate", report["removed_near"] - report["removed_near_of_index"]),
-                      ("near_duplicate_of_index", report["removed_near_of_index"])):  # fmt: skip
+    for reason, n in (
+        ("near_duplicate", report["removed_near"] - report["removed_near_of_index"]),
+        ("near_duplicate_of_index", report["removed_near_of_index"]),
+    ):
         if n:
             stats.drop(reason, n)
     stats.extra = {"report": report, "seconds": round(time.perf_counter() - t0, 3)}

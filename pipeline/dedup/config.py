@@ -69,9 +69,13 @@ class NearDedupConfig:
 
     def hasher(self) -> MinHasher:
         return MinHasher(
-            num_perm=self.num_perm, seed=self.seed, ngram=self.ngram, shingle=self.shingle, hash=self.hash,
+            num_perm=self.num_perm,
+            seed=self.seed,
+            ngram=self.ngram,
+            shingle=self.shingle,
+            hash=self.hash,
             scheme=self.scheme,
-        )  # fmt: skip
+        )
 
     def bands(self) -> tuple[int, int]:
         return optimal_params(self.threshold, self.num_perm, self.fp_weight, self.fn_weight)

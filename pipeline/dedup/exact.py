@@ -101,8 +101,12 @@ def resolve_exact_duplicates(
     rows = np.stack([parts[dup], positions[dup], parts[kept], positions[kept]], axis=1)
     rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
     bounds = np.searchsorted(rows[:, 0], np.arange(num_parts + 1))  # rows are sorted by part
-    store.map(lambda i: put_npy(store, f"{out_folder}/{part_name(i)}.npy", rows[bounds[i] : bounds[i + 1], 1:].copy()),
-              range(num_parts))  # fmt: skip
+    store.map(
+        lambda i: put_npy(
+            store, f"{out_folder}/{part_name(i)}.npy", rows[bounds[i] : bounds[i + 1], 1:].copy()
+        ),
+        range(num_parts),
+    )
     stats = StageStats(stage="exact_dedup", docs_in=len(hashes), docs_out=len(hashes) - len(dup))
     stats.drop(DROP_REASON, len(dup))
     stats.extra = {"duplicate_groups": len(np.unique(kept)), "parts": num_parts}

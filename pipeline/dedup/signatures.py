@@ -77,8 +77,11 @@ def run_signatures_part(
     store.put_bytes(f"{unit}.docs.parquet", sink.getvalue())
     n = len(cols["id"])
     stats = StageStats(stage="near_signatures", docs_in=n, docs_out=n, bytes_in=sum(cols["nbytes"]))
-    stats.extra = {"no_shingles": cols["shingles"].count(0), "seconds": round(time.perf_counter() - t0, 3),
-                   "docs_per_source": dict(Counter(cols["source"]))}  # fmt: skip
+    stats.extra = {
+        "no_shingles": cols["shingles"].count(0),
+        "seconds": round(time.perf_counter() - t0, 3),
+        "docs_per_source": dict(Counter(cols["source"])),
+    }
     return finish_unit(store, unit, stats)
 
 

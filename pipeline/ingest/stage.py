@@ -365,8 +365,17 @@ def _tally_quarantined(stats: StageStats, q: Quarantined, name: str) -> None:
     doc_id = f"{q.source}#{q.location}"
     if stats.wants_example(q.reason, doc_id):
         text = snippet(q.sample.decode("utf-8", "replace")) or snippet(q.detail)
-        stats.add_example(q.reason, {"id": doc_id, "source": q.source, "source_name": name,
-                                     "language": UNKNOWN_LANGUAGE, "text": text, "detail": snippet(q.detail)})  # fmt: skip
+        stats.add_example(
+            q.reason,
+            {
+                "id": doc_id,
+                "source": q.source,
+                "source_name": name,
+                "language": UNKNOWN_LANGUAGE,
+                "text": text,
+                "detail": snippet(q.detail),
+            },
+        )
 
 
 def ingest_part(
@@ -398,6 +407,11 @@ def run_ingest_part(
     with PartWriter(store, out_folder, plan.index) as writer:
         writer.write(iter_ingest_part(plan, cfg, stats, quarantined, s3, sources, normalize))
         writer.finish(stats, quarantined)
-    log.info("ingest part %d: %d docs, %d quarantined %s", plan.index, stats.docs_out, len(quarantined),
-             dict(stats.dropped))  # fmt: skip
+    log.info(
+        "ingest part %d: %d docs, %d quarantined %s",
+        plan.index,
+        stats.docs_out,
+        len(quarantined),
+        dict(stats.dropped),
+    )
     return stats

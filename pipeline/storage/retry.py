@@ -28,11 +28,22 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _THROTTLE_CODES = {
-    "SlowDown", "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
-    "RequestLimitExceeded", "TooManyRequestsException", "ProvisionedThroughputExceededException",
-    "RequestTimeout", "RequestTimeoutException", "PriorRequestNotComplete", "InternalError",
-    "ServiceUnavailable", "BandwidthLimitExceeded", "EC2ThrottledException",
-}  # fmt: skip
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "RequestThrottled",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
+    "ProvisionedThroughputExceededException",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "PriorRequestNotComplete",
+    "InternalError",
+    "ServiceUnavailable",
+    "BandwidthLimitExceeded",
+    "EC2ThrottledException",
+}
 _TRANSIENT_IO = (
     botocore.exceptions.ConnectionError,  # refused, reset, closed, proxy, endpoint connection
     botocore.exceptions.HTTPClientError,
@@ -98,8 +109,12 @@ class RetryStats:
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
-            return {"attempts": self.attempts, "retries": sum(self.retries.values()), "gave_up": self.gave_up,
-                    **{f"retries_{k}": v for k, v in sorted(self.retries.items())}}  # fmt: skip
+            return {
+                "attempts": self.attempts,
+                "retries": sum(self.retries.values()),
+                "gave_up": self.gave_up,
+                **{f"retries_{k}": v for k, v in sorted(self.retries.items())},
+            }
 
     def reset(self) -> None:
         with self._lock:

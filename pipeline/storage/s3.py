@@ -379,9 +379,14 @@ class S3Store(ObjectStore):
             parts = []
             for number, start in enumerate(range(0, size, chunk), 1):
                 part = functools.partial(
-                    self.client.upload_part_copy, Bucket=self.bucket, Key=k, UploadId=upload_id,
-                    PartNumber=number, CopySource=source, CopySourceRange=f"bytes={start}-{min(start + chunk, size) - 1}",
-                )  # fmt: skip
+                    self.client.upload_part_copy,
+                    Bucket=self.bucket,
+                    Key=k,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    CopySource=source,
+                    CopySourceRange=f"bytes={start}-{min(start + chunk, size) - 1}",
+                )
                 result = self._call("upload_part_copy", dst_key, part)
                 parts.append({"PartNumber": number, "ETag": result["CopyPartResult"]["ETag"]})
             return parts

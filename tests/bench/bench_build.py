@@ -54,8 +54,17 @@ def bench_stages(root: Path) -> None:
     raw_bytes = sum(i.size for i in inputs)
     n, w, clock = len(plans), "work/bench", Clock()
     for p in plans:
-        clock.run("ingest", ingest.run_ingest_part, store, f"{w}/ingest", p, cfg.ingest, cfg.s3,
-                  cfg.resolved_sources(), normalizer(cfg.clean))  # fmt: skip
+        clock.run(
+            "ingest",
+            ingest.run_ingest_part,
+            store,
+            f"{w}/ingest",
+            p,
+            cfg.ingest,
+            cfg.s3,
+            cfg.resolved_sources(),
+            normalizer(cfg.clean),
+        )
     text_mb = sum(read_part_stats(store, f"{w}/ingest", i).bytes_out for i in range(n)) / 1e6
     for i in range(n):
         clock.run(
@@ -99,8 +108,10 @@ def bench_stages(root: Path) -> None:
             f"{stage:<16}{cpu:8.2f}{clock.wall[stage]:8.2f}{cpu / total:8.1%}{text_mb / cpu if cpu else 0:16.1f}"
         )
     print(f"{'total':<16}{total:8.2f}{sum(clock.wall.values()):8.2f}{'':>8}{text_mb / total:16.1f}")
-    print(f"whole build: {raw_bytes / 1e6 / total:.2f} MB/s of raw (compressed) input per core, "
-          f"{text_mb / total:.2f} MB/s of text per core")  # fmt: skip
+    print(
+        f"whole build: {raw_bytes / 1e6 / total:.2f} MB/s of raw (compressed) input per core, "
+        f"{text_mb / total:.2f} MB/s of text per core"
+    )
 
 
 def bench_rebuild(root: Path) -> None:

@@ -62,10 +62,14 @@ def run(name: str, corpus: list[str], evals: list[str], cfg: DecontamConfig) -> 
             stats.docs_in - stats.docs_out if cfg.mode == "cut" else 0
         )
     seconds = time.process_time() - start
-    print(f"{name}: {mb:.1f} MB, {len(records)} docs, {len(evals)} eval texts ({len(index.hashes)} n-grams, "
-          f"index built in {build:.2f} s)")  # fmt: skip
-    print(f"  decontam ({cfg.mode}, {cfg.ngram}-grams): {mb / seconds:8.1f} MB/s per core ({seconds:.2f} s); "
-          f"{dropped} docs contaminated, {len(matches)} distinct matched n-grams")  # fmt: skip
+    print(
+        f"{name}: {mb:.1f} MB, {len(records)} docs, {len(evals)} eval texts ({len(index.hashes)} n-grams, "
+        f"index built in {build:.2f} s)"
+    )
+    print(
+        f"  decontam ({cfg.mode}, {cfg.ngram}-grams): {mb / seconds:8.1f} MB/s per core ({seconds:.2f} s); "
+        f"{dropped} docs contaminated, {len(matches)} distinct matched n-grams"
+    )
 
 
 def main() -> None:

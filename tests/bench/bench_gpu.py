@@ -85,13 +85,21 @@ def measure(args: argparse.Namespace, work: Path, compile_model: bool) -> dict[s
     tokens_per_s = args.steps * cfg.seq_len * cfg.micro_batch_size / elapsed
     return {
         "device": torch.cuda.get_device_name() if on_gpu else "cpu",
-        "preset": cfg.preset, "params": sum(p.numel() for p in engine.module.parameters()),
-        "seq_len": cfg.seq_len, "micro_batch": cfg.micro_batch_size, "compiled": compile_model and on_gpu,
-        "zero_stage": cfg.zero_stage, "steps": args.steps, "tokens_per_s": tokens_per_s,
-        "step_time_s": elapsed / args.steps, "data_wait_share": wait / elapsed,
-        "mfu": tokens_per_s * fpt / peak if peak else None, "peak_flops": peak,
-        "gpu_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None, "final_loss": loss,
-    }  # fmt: skip
+        "preset": cfg.preset,
+        "params": sum(p.numel() for p in engine.module.parameters()),
+        "seq_len": cfg.seq_len,
+        "micro_batch": cfg.micro_batch_size,
+        "compiled": compile_model and on_gpu,
+        "zero_stage": cfg.zero_stage,
+        "steps": args.steps,
+        "tokens_per_s": tokens_per_s,
+        "step_time_s": elapsed / args.steps,
+        "data_wait_share": wait / elapsed,
+        "mfu": tokens_per_s * fpt / peak if peak else None,
+        "peak_flops": peak,
+        "gpu_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
+        "final_loss": loss,
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

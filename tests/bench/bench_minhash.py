@@ -100,8 +100,10 @@ def bench_signatures(texts: list[str]) -> None:
     rows.append(
         ("ours xxh64, 2 processes (busier worker's CPU time)", 4 * size / max(cpu), len(work) / max(cpu))
     )
-    print(f"\n== signatures ({size:.1f} MB, {len(texts)} docs, 5-word shingles, 128 perms; load avg "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")  # fmt: skip
+    print(
+        f"\n== signatures ({size:.1f} MB, {len(texts)} docs, 5-word shingles, 128 perms; load avg "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+    )
     for name, mbs, dps in rows:
         print(f"  {name:72s} {mbs:7.2f} MB/s {dps:9.0f} docs/s")
 
@@ -133,8 +135,10 @@ def bench_banding(n_docs: int) -> None:
 
     dt, cl = timed(ours)
     print(f"\n== banding + clustering ({n_docs} docs, b={b} r={r})")
-    print(f"  ours (numpy band keys, sort/group, union-find, keep rule)        {n_docs / dt:10.0f} docs/s "
-          f"({len(cl.refs)} clustered, {len(cl.dropped_refs)} dropped)")  # fmt: skip
+    print(
+        f"  ours (numpy band keys, sort/group, union-find, keep rule)        {n_docs / dt:10.0f} docs/s "
+        f"({len(cl.refs)} clustered, {len(cl.dropped_refs)} dropped)"
+    )
     m = min(n_docs, 10000)
 
     def datasketch_lsh():
@@ -284,8 +288,10 @@ def main() -> None:
         )
         for step in STEPS:
             sec, rss, over = r[step]
-            print(f"      {step:10s} {sec:7.2f} CPU s  {r['docs'] / max(sec, 1e-9):9.0f} docs/s   peak RSS {rss:7.1f} MiB "
-                  f"({over:6.1f} MiB above the imports)")  # fmt: skip
+            print(
+                f"      {step:10s} {sec:7.2f} CPU s  {r['docs'] / max(sec, 1e-9):9.0f} docs/s   peak RSS {rss:7.1f} MiB "
+                f"({over:6.1f} MiB above the imports)"
+            )
     lo, hi = scales[0], scales[-1]
     for step in STEPS:
         ratio_t = runs[hi][step][0] / max(runs[lo][step][0], 1e-9)

@@ -243,7 +243,12 @@ SPLIT_SYMBOL = {
 GOPHER_ROWS: list[tuple[str, dict[str, Any], type, dict[str, Any]]] = [
     ("too_few_words", {"min_words": 50}, Q, {"min_doc_words": 50}),
     ("too_many_words", {"max_words": 100_000}, Q, {"max_doc_words": 100_000}),
-    ("mean_word_length", {"min_mean_word_length": 3.0, "max_mean_word_length": 10.0}, Q, {"min_avg_word_length": 3, "max_avg_word_length": 10}),
+    (
+        "mean_word_length",
+        {"min_mean_word_length": 3.0, "max_mean_word_length": 10.0},
+        Q,
+        {"min_avg_word_length": 3, "max_avg_word_length": 10},
+    ),
     ("symbol_ratio", {"max_symbol_word_ratio": 0.1}, Q, {"max_symbol_word_ratio": 0.1}),
     ("hash_word_ratio", {"max_symbol_word_ratio": 0.1}, Q, {"max_symbol_word_ratio": 0.1}),
     ("ellipsis_word_ratio", {"max_symbol_word_ratio": 0.1}, Q, {"max_symbol_word_ratio": 0.1}),
@@ -255,9 +260,19 @@ GOPHER_ROWS: list[tuple[str, dict[str, Any], type, dict[str, Any]]] = [
     ("dup_line_char_fraction", {"max_dup_line_char_fraction": 0.2}, R, {"dup_line_char_frac": 0.2}),
     ("dup_para_fraction", {"max_dup_para_fraction": 0.3}, R, {"dup_para_frac": 0.3}),
     ("dup_para_char_fraction", {"max_dup_para_char_fraction": 0.2}, R, {"dup_para_char_frac": 0.2}),
-    ("top_ngram_fraction", {"top_ngram_max_fraction": ((2, 0.2), (3, 0.18), (4, 0.16))}, R, {"top_n_grams": ((2, 0.2), (3, 0.18), (4, 0.16))}),
-    ("dup_ngram_fraction", {"dup_ngram_max_fraction": tuple((n, round(0.2 - n / 100, 2)) for n in range(5, 11))}, R, {"dup_n_grams": tuple((n, round(0.2 - n / 100, 2)) for n in range(5, 11))}),
-]  # fmt: skip
+    (
+        "top_ngram_fraction",
+        {"top_ngram_max_fraction": ((2, 0.2), (3, 0.18), (4, 0.16))},
+        R,
+        {"top_n_grams": ((2, 0.2), (3, 0.18), (4, 0.16))},
+    ),
+    (
+        "dup_ngram_fraction",
+        {"dup_ngram_max_fraction": tuple((n, round(0.2 - n / 100, 2)) for n in range(5, 11))},
+        R,
+        {"dup_n_grams": tuple((n, round(0.2 - n / 100, 2)) for n in range(5, 11))},
+    ),
+]
 
 
 def _our_reasons(texts: list[str], cfg: QualityConfig) -> list[str | None]:

@@ -18,9 +18,13 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 for name, value in {
-    "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
-}.items():  # fmt: skip
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_CONFIG_FILE": "/nonexistent",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+}.items():
     os.environ[name] = value
 os.environ.pop("AWS_ENDPOINT_URL", None)
 
@@ -38,7 +42,7 @@ def build(inputs: str, output: str, endpoint: str) -> dict:
         "ingest.target_part_bytes": 1_000_000,
         "s3.endpoint_url": endpoint,
         "s3.region": "us-east-1",
-    }  # fmt: skip  (the default retry settings: what a user gets)
+    }  # the default retry settings: what a user gets
     return build_corpus(inputs=[inputs], output=output, overrides=overrides)
 
 
@@ -70,8 +74,17 @@ def main() -> int:
             wall = time.perf_counter() - t0
             counts, stats = proxy.counts(), STATS.snapshot()
             ids.add(summary["dataset_id"])
-            rows.append((rate, wall, counts.get("requests", 0), counts.get("injected_503", 0),
-                         stats["retries"], stats["gave_up"], summary["dataset_id"][:16]))  # fmt: skip
+            rows.append(
+                (
+                    rate,
+                    wall,
+                    counts.get("requests", 0),
+                    counts.get("injected_503", 0),
+                    stats["retries"],
+                    stats["gave_up"],
+                    summary["dataset_id"][:16],
+                )
+            )
             print(f"rate {rate:.0%}: done in {wall:.1f} s", flush=True)
     server.stop()
     print(

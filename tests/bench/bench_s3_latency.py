@@ -22,9 +22,14 @@ sys.path.insert(0, str(REPO))
 
 from tests.fixtures.fault_proxy import FaultProxy  # noqa: E402
 
-AWS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret", "AWS_DEFAULT_REGION": "us-east-1",
-       "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": "/nonexistent",
-       "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}  # fmt: skip
+AWS = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_CONFIG_FILE": "/nonexistent",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+}
 
 
 def main() -> None:
@@ -45,9 +50,23 @@ def main() -> None:
         Bucket="pw-latency"
     )
     proxy = FaultProxy(f"http://{host}:{port}", latency_s=args.latency_ms / 1000)
-    cmd = [str(Path(sys.executable).with_name("pileworks")), "build", "--input", args.input,
-           "--output", "s3://pw-latency/root", "--s3-endpoint-url", proxy.url, "--s3-region", "us-east-1",
-           "--name", "latency", "--json", "--workers", str(args.workers)]  # fmt: skip
+    cmd = [
+        str(Path(sys.executable).with_name("pileworks")),
+        "build",
+        "--input",
+        args.input,
+        "--output",
+        "s3://pw-latency/root",
+        "--s3-endpoint-url",
+        proxy.url,
+        "--s3-region",
+        "us-east-1",
+        "--name",
+        "latency",
+        "--json",
+        "--workers",
+        str(args.workers),
+    ]
     env = os.environ | {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     t0 = time.perf_counter()
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO, timeout=3 * 3600)
@@ -58,8 +77,10 @@ def main() -> None:
         sys.exit(f"build failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     summary = json.loads(done.stdout[done.stdout.index("{") :])
     prof = summary["profile"]
-    print(f"{prof['parts']} parts, {args.workers} worker(s), {args.latency_ms:g} ms per request: {wall:.1f} s wall,"
-          f" {prof['storage'].get('attempts', 0)} S3 calls; dataset {summary['dataset_id']}")  # fmt: skip
+    print(
+        f"{prof['parts']} parts, {args.workers} worker(s), {args.latency_ms:g} ms per request: {wall:.1f} s wall,"
+        f" {prof['storage'].get('attempts', 0)} S3 calls; dataset {summary['dataset_id']}"
+    )
     print(f"{'step':<20}{'units':>6}{'S3 calls':>10}{'wall s':>9}")
     for name, step in prof["steps"].items():
         print(f"{name:<20}{step['units']:>6}{step.get('s3_calls', 0):>10}{step['wall_s']:>9.2f}")

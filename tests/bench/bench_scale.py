@@ -242,8 +242,20 @@ def idle_server_rate(seconds: float = 30.0) -> float:
 def run_build(
     corpus: Path, store: Path, workers: int, extra: list[str]
 ) -> tuple[dict[str, Any], TreeSampler, float]:
-    cmd = [str(Path(sys.executable).with_name("pileworks")), "build", "--input", str(corpus), "--output", str(store),
-           "--name", "bench", "--json", "--workers", str(workers), *extra]  # fmt: skip
+    cmd = [
+        str(Path(sys.executable).with_name("pileworks")),
+        "build",
+        "--input",
+        str(corpus),
+        "--output",
+        str(store),
+        "--name",
+        "bench",
+        "--json",
+        "--workers",
+        str(workers),
+        *extra,
+    ]
     env = os.environ | {"PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -273,24 +285,30 @@ def report(
     prof = summary["profile"]
     tree_cpu = sum(tree.cpu.values())
     work = prof["work_cpu_s"]
-    print(f"\n== {label}: {mb:.1f} MB in {wall:.1f} s wall; dataset {summary['dataset_id']}; "
-          f"{prof['task_runs']} task runs")  # fmt: skip
+    print(
+        f"\n== {label}: {mb:.1f} MB in {wall:.1f} s wall; dataset {summary['dataset_id']}; "
+        f"{prof['task_runs']} task runs"
+    )
     print(f"{'pass':<20}{'wall s':>8}{'tree cpu':>10}{'stage cpu':>10}{'orch cpu':>10}{'runs':>6}")
     rows = {}
     for p in prof["passes"]:
         pw = p["end"] - p["start"]
         tc = tree.cpu_between(p["start"], p["end"])
         rows[p["name"]] = {"wall": pw, "tree": tc, "work": p["work_cpu_s"], "runs": p["task_runs"]}
-        print(f"{p['name']:<20}{pw:8.2f}{tc:10.2f}{p['work_cpu_s']:10.2f}{max(0.0, tc - p['work_cpu_s']):10.2f}"
-              f"{p['task_runs']:6d}")  # fmt: skip
+        print(
+            f"{p['name']:<20}{pw:8.2f}{tc:10.2f}{p['work_cpu_s']:10.2f}{max(0.0, tc - p['work_cpu_s']):10.2f}"
+            f"{p['task_runs']:6d}"
+        )
     print(f"{'step':<20}{'cpu s':>8}{'MB/s/core':>11}{'units':>7}{'peak RSS MB':>13}")
     for name, s in prof["steps"].items():
         rate = mb / s["cpu_s"] if s["cpu_s"] else 0.0
         print(f"{name:<20}{s['cpu_s']:8.2f}{rate:11.1f}{int(s['units']):7d}{s['rss_mb']:13.0f}")
     orch = tree_cpu - work
-    print(f"tree CPU {tree_cpu:.1f} s = stage work {work:.1f} s + orchestration {orch:.1f} s "
-          f"({orch / tree_cpu:.1%}); {tree_cpu / mb:.3f} CPU-s/MB, stages alone {work / mb:.3f} CPU-s/MB "
-          f"(whole build / stages = {tree_cpu / work:.2f}x)")  # fmt: skip
+    print(
+        f"tree CPU {tree_cpu:.1f} s = stage work {work:.1f} s + orchestration {orch:.1f} s "
+        f"({orch / tree_cpu:.1%}); {tree_cpu / mb:.3f} CPU-s/MB, stages alone {work / mb:.3f} CPU-s/MB "
+        f"(whole build / stages = {tree_cpu / work:.2f}x)"
+    )
     print(f"peak RSS: tree {tree.tree_rss:.0f} MB; per process:")
     for pid, rss in sorted(tree.rss.items(), key=lambda kv: -kv[1])[:8]:
         print(f"  {rss:8.0f} MB  cpu {tree.cpu.get(pid, 0):7.1f} s  {tree.names.get(pid, '')}")
@@ -298,11 +316,20 @@ def report(
         f"Prefect server processes sampled (the local server, started before the builds): {len(tree.extra)}"
     )
     server = sum(tree.cpu.get(p.pid, 0.0) for p in tree.extra)
-    print(f"of the orchestration, {server:.1f} CPU-s is the Prefect server ({server / wall:.1%} of a core during the "
-          f"build; {idle_rate:.1%} idle before the builds): without the server, orchestration is "
-          f"{orch - server:.1f} CPU-s, {(orch - server) / (tree_cpu - server):.1%} of the build's CPU")  # fmt: skip
-    return {"wall": wall, "passes": rows, "dataset_id": summary["dataset_id"], "tree_cpu": tree_cpu, "work": work,
-            "peak_rss": max(tree.rss.values()), "tree_rss": tree.tree_rss}  # fmt: skip
+    print(
+        f"of the orchestration, {server:.1f} CPU-s is the Prefect server ({server / wall:.1%} of a core during the "
+        f"build; {idle_rate:.1%} idle before the builds): without the server, orchestration is "
+        f"{orch - server:.1f} CPU-s, {(orch - server) / (tree_cpu - server):.1%} of the build's CPU"
+    )
+    return {
+        "wall": wall,
+        "passes": rows,
+        "dataset_id": summary["dataset_id"],
+        "tree_cpu": tree_cpu,
+        "work": work,
+        "peak_rss": max(tree.rss.values()),
+        "tree_rss": tree.tree_rss,
+    }
 
 
 def compare(one: dict[str, Any], many: dict[str, Any], n: int) -> None:
@@ -312,8 +339,10 @@ def compare(one: dict[str, Any], many: dict[str, Any], n: int) -> None:
         rn = many["passes"].get(name)
         if rn and rn["wall"] > 0:
             print(f"{name:<20}{r1['wall']:8.2f}{rn['wall']:8.2f}{r1['wall'] / (n * rn['wall']):12.0%}")
-    print(f"{'whole build':<20}{one['wall']:8.1f}{many['wall']:8.1f}{one['wall'] / (n * many['wall']):12.0%}"
-          f"   wall ratio {many['wall'] / one['wall']:.2f}")  # fmt: skip
+    print(
+        f"{'whole build':<20}{one['wall']:8.1f}{many['wall']:8.1f}{one['wall'] / (n * many['wall']):12.0%}"
+        f"   wall ratio {many['wall'] / one['wall']:.2f}"
+    )
     same = one["dataset_id"] == many["dataset_id"]
     print(f"dataset id: {one['dataset_id']} / {many['dataset_id']} ({'same' if same else 'DIFFERENT'})")
 

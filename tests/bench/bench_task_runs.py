@@ -65,8 +65,13 @@ def measure(tasks: int, workers: int) -> dict[str, float]:
     env = os.environ | {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     out = subprocess.run(
         [sys.executable, __file__, "--child", str(tasks), "--workers", str(workers)],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=900, check=True,
-    )  # fmt: skip
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -82,8 +87,10 @@ def main() -> None:
     print(f"{'CPU ms/task':>13}{'server ms/task':>16}{'wall ms/task':>14}")
     few, many = measure(FEW, args.workers), measure(args.tasks, args.workers)
     n = args.tasks - FEW
-    print(f"{(many['cpu'] - few['cpu']) / n * 1000:13.1f}{(many['server'] - few['server']) / n * 1000:16.1f}"
-          f"{(many['wall'] - few['wall']) / n * 1000:14.1f}")  # fmt: skip
+    print(
+        f"{(many['cpu'] - few['cpu']) / n * 1000:13.1f}{(many['server'] - few['server']) / n * 1000:16.1f}"
+        f"{(many['wall'] - few['wall']) / n * 1000:14.1f}"
+    )
 
 
 if __name__ == "__main__":

@@ -98,8 +98,12 @@ def prefect_server(root: Path) -> Iterator[PrefectServer]:
     with server.log.open("wb") as log:
         proc = subprocess.Popen(
             [str(PREFECT_BIN), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         wait_healthy(server, proc)
         yield server

@@ -39,9 +39,13 @@ def test_serve_builds_a_cron_rebuild_and_a_one_click_deployment() -> None:
     from flows.train.flow import prepare_and_train
 
     args = argparse.Namespace(
-        cron="*/30 * * * *", timezone="UTC", config=None, output="/tmp/x", train_config=None,
+        cron="*/30 * * * *",
+        timezone="UTC",
+        config=None,
+        output="/tmp/x",
+        train_config=None,
         set=["dedup.near.threshold=0.7", "train.lr=1e-3"],
-    )  # fmt: skip
+    )
     rebuild, one_click = build_deployments(args)
     assert rebuild.name == "scheduled-rebuild" and rebuild.parameters["output"] == "/tmp/x"
     assert rebuild.parameters["overrides"] == {"dedup.near.threshold": 0.7}  # one --set feeds both configs

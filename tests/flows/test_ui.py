@@ -27,14 +27,27 @@ from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SHOTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 TRAIN = {
-    "max_steps": 6, "warmup_steps": 2, "seq_len": 32, "micro_batch_size": 2, "checkpoint_interval": 2,
-    "eval_interval": 3, "eval_batches": 1, "log_interval": 1, "num_workers": 0,
-}  # fmt: skip
+    "max_steps": 6,
+    "warmup_steps": 2,
+    "seq_len": 32,
+    "micro_batch_size": 2,
+    "checkpoint_interval": 2,
+    "eval_interval": 3,
+    "eval_batches": 1,
+    "log_interval": 1,
+    "num_workers": 0,
+}
 CRASH_AT = (
     "4:1"  # rank 1 exits while saving step 4 (training/checkpoint.py's test hook); torchrun restarts it
 )
@@ -62,8 +75,21 @@ def run_pileworks(server_env: dict[str, str], inputs: list[str], tmp: Path) -> s
     overrides = TINY_OVERRIDES | {"ingest.id_field": "id"}
     sets = [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
     train = [a for k, v in (TRAIN | {"output_dir": tmp / "run"}).items() for a in ("--train-set", f"{k}={v}")]
-    cmd = [sys.executable, "-m", "flows.cli", "run", "--output", str(tmp / "store"), "--max-restarts", "1",
-           "--timeout", "500", *sets, *train, *(a for path in inputs for a in ("--input", path))]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        "run",
+        "--output",
+        str(tmp / "store"),
+        "--max-restarts",
+        "1",
+        "--timeout",
+        "500",
+        *sets,
+        *train,
+        *(a for path in inputs for a in ("--input", path)),
+    ]
     env = server_env | {"PILEWORKS_TEST_EXIT_IN_SAVE": CRASH_AT}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=700, cwd=tmp)
     if done.returncode != 0:
@@ -72,8 +98,12 @@ def run_pileworks(server_env: dict[str, str], inputs: list[str], tmp: Path) -> s
 
 
 def api(server: Any, path: str, body: dict[str, Any]) -> Any:
-    req = urllib.request.Request(f"{server.api_url}{path}", data=json.dumps(body).encode(), method="POST",
-                                 headers={"content-type": "application/json"})  # fmt: skip
+    req = urllib.request.Request(
+        f"{server.api_url}{path}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"content-type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.load(resp)
 
@@ -139,12 +169,17 @@ def check_build(
 ) -> None:
     page.goto(f"{ui}/runs/flow-run/{run['id']}", timeout=UI_TIMEOUT_MS)
     expect(page.get_by_text(run["name"]).first).to_be_visible(timeout=UI_TIMEOUT_MS)
-    check_task_names(page, expect, {
-        "clean + exact hash": r"^clean \+ exact hash 1(-\d+|(, \d+)+|, \d+, …, \d+)/\d+$",
-        "tokenize": r"^tokenize \d+(-\d+|(, \d+)+|, \d+, …, \d+)/\d+$",
-        "bands": r"^near-dedup: bands \d+(-\d+|(, \d+)+|, \d+, …, \d+)/\d+$",
-        "shards: write": r"^shards: write train \d+(-\d+)?(, valid \d+(-\d+)?)?$", "manifest: publish": r"^manifest: publish$",
-    })  # fmt: skip
+    check_task_names(
+        page,
+        expect,
+        {
+            "clean + exact hash": r"^clean \+ exact hash 1(-\d+|(, \d+)+|, \d+, …, \d+)/\d+$",
+            "tokenize": r"^tokenize \d+(-\d+|(, \d+)+|, \d+, …, \d+)/\d+$",
+            "bands": r"^near-dedup: bands \d+(-\d+|(, \d+)+|, \d+, …, \d+)/\d+$",
+            "shards: write": r"^shards: write train \d+(-\d+)?(, valid \d+(-\d+)?)?$",
+            "manifest: publish": r"^manifest: publish$",
+        },
+    )
     page.screenshot(path=str(shots / "ui-build-task-runs.png"), full_page=True)
     page.get_by_text("Artifacts", exact=True).first.click()
     for key in BUILD_ARTIFACTS:
@@ -171,12 +206,18 @@ def check_training(
 ) -> None:
     page.goto(f"{ui}/runs/flow-run/{run['id']}", timeout=UI_TIMEOUT_MS)
     expect(page.get_by_text(run["name"]).first).to_be_visible(timeout=UI_TIMEOUT_MS)
-    check_task_names(page, expect, {
-        "checkpoint step 2": r"^checkpoint step 2 committed \(\d+ files, COMPLETE\.json\)$",
-        "exited": r"^rank 1 exited with code 17$", "restart": r"^restart 1: resumed from step 2$",
-        "eval step": r"^eval step 3: valid loss \d+\.\d{1,3}$", "finished": r"^finished step 6: loss \d+\.\d{1,3}$",
-        "deepspeed": r"^deepspeed job: 2 ranks$",
-    })  # fmt: skip
+    check_task_names(
+        page,
+        expect,
+        {
+            "checkpoint step 2": r"^checkpoint step 2 committed \(\d+ files, COMPLETE\.json\)$",
+            "exited": r"^rank 1 exited with code 17$",
+            "restart": r"^restart 1: resumed from step 2$",
+            "eval step": r"^eval step 3: valid loss \d+\.\d{1,3}$",
+            "finished": r"^finished step 6: loss \d+\.\d{1,3}$",
+            "deepspeed": r"^deepspeed job: 2 ranks$",
+        },
+    )
     page.set_viewport_size({"width": 1400, "height": 2000})  # every milestone, the crash and the restart
     page.wait_for_timeout(1000)
     page.screenshot(path=str(shots / "ui-train-task-runs.png"), full_page=True)

@@ -137,9 +137,12 @@ def test_prefect_server_runs_the_prefect_the_image_installs(compose: dict) -> No
 
 SECRETS = ("MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD", "PREFECT_API_AUTH_STRING")
 SECRETS_FILLED = {
-    "MINIO_ROOT_USER": "u", "MINIO_ROOT_PASSWORD": "p" * 12, "PREFECT_API_AUTH_STRING": "admin:x",
-    "PILEWORKS_BUCKET": "b", "PILEWORKS_MANIFEST": "s3://b/m",
-}  # fmt: skip
+    "MINIO_ROOT_USER": "u",
+    "MINIO_ROOT_PASSWORD": "p" * 12,
+    "PREFECT_API_AUTH_STRING": "admin:x",
+    "PILEWORKS_BUCKET": "b",
+    "PILEWORKS_MANIFEST": "s3://b/m",
+}
 
 
 def _env_file(path: Path) -> dict[str, str]:

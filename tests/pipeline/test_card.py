@@ -15,8 +15,12 @@ from pipeline.units import KEPT, StageStats
 
 def _rec(i: int, source: str = "web", lang: str = "") -> Record:
     meta = {"source_name": source} | ({"language": lang} if lang else {})
-    return Record(f"file:///in/{source}.jsonl#B{i:04d}", f"text  of\n document {i}", f"file:///in/{source}.jsonl",
-                  json.dumps(meta))  # fmt: skip
+    return Record(
+        f"file:///in/{source}.jsonl#B{i:04d}",
+        f"text  of\n document {i}",
+        f"file:///in/{source}.jsonl",
+        json.dumps(meta),
+    )
 
 
 def _dropped(reason: str, ids: list[int]) -> StageStats:
@@ -45,8 +49,15 @@ def test_examples_are_the_first_three_by_id_whatever_the_merge_order() -> None:
 
 
 def test_stats_written_before_the_tally_still_read_and_write_as_they_were() -> None:
-    old = {"stage": "clean", "docs_in": 3, "docs_out": 2, "bytes_in": 30, "bytes_out": 20,
-           "dropped": {"too_short_chars": 1}, "extra": {"chars_removed": 0}}  # fmt: skip
+    old = {
+        "stage": "clean",
+        "docs_in": 3,
+        "docs_out": 2,
+        "bytes_in": 30,
+        "bytes_out": 20,
+        "dropped": {"too_short_chars": 1},
+        "extra": {"chars_removed": 0},
+    }
     st = StageStats.from_json(old)
     assert st.tally == {} and st.examples == {} and st.to_json() == old
     card = build_card("x", "0" * 20, {"clean": old}, {})
@@ -66,19 +77,26 @@ def _clean_stats() -> dict[str, dict]:
     exact = StageStats(stage="exact_dedup", docs_in=3, docs_out=2, bytes_in=280, bytes_out=190)
     exact.drop("exact_duplicate")
     exact.count_doc("exact_duplicate", "web", "en", 90)
-    tokenize = StageStats(stage="tokenize", docs_in=2, docs_out=2, bytes_in=190, bytes_out=4 * 95,
-                          extra={"tokens": 95})  # fmt: skip
+    tokenize = StageStats(
+        stage="tokenize", docs_in=2, docs_out=2, bytes_in=190, bytes_out=4 * 95, extra={"tokens": 95}
+    )
     return {s.stage: s.to_json() for s in (clean, exact, tokenize)}
 
 
-MIXTURE = {"sources": {"web": {"train": {"tokens": 45, "docs": 1}, "languages": {"train": {"en": 45}}},
-                       "code": {"train": {"tokens": 50, "docs": 1}, "languages": {"train": {"en": 50}}}}}  # fmt: skip
+MIXTURE = {
+    "sources": {
+        "web": {"train": {"tokens": 45, "docs": 1}, "languages": {"train": {"en": 45}}},
+        "code": {"train": {"tokens": 50, "docs": 1}, "languages": {"train": {"en": 50}}},
+    }
+}
 
 
 def test_waterfall_rules_in_order_with_trimmed_bytes_and_estimated_tokens() -> None:
     card = build_card("x", "1" * 20, _clean_stats(), MIXTURE)
-    rows = [(r["stage"], r["rule"], r["docs_in"], r["docs_removed"], r["bytes_in"], r["bytes_removed"])
-            for r in card["waterfall"]]  # fmt: skip
+    rows = [
+        (r["stage"], r["rule"], r["docs_in"], r["docs_removed"], r["bytes_in"], r["bytes_removed"])
+        for r in card["waterfall"]
+    ]
     assert rows == [
         ("clean", "language_not_allowed", 5, 1, 500, 100),  # the language check runs before the quality rules
         ("clean", "too_few_words", 4, 1, 400, 100),
@@ -101,8 +119,12 @@ def test_waterfall_rules_in_order_with_trimmed_bytes_and_estimated_tokens() -> N
 def test_rules_not_listed_come_after_the_listed_ones_of_their_stage() -> None:
     reasons = ["zeta_rule", "dup_line_fraction", "too_short_chars", "c4_javascript", "language_low_score"]
     assert ordered_rules("clean", reasons) == [
-        "c4_javascript", "language_low_score", "too_short_chars", "dup_line_fraction", "zeta_rule"
-    ]  # fmt: skip
+        "c4_javascript",
+        "language_low_score",
+        "too_short_chars",
+        "dup_line_fraction",
+        "zeta_rule",
+    ]
 
 
 def test_against_shows_what_moved_per_rule_and_source() -> None:

@@ -79,8 +79,19 @@ def test_window_hashes_match_a_reference() -> None:
 
 def test_units_are_words_and_cjk_characters() -> None:
     assert units("Hello, World! naïve ＡＢＣ 中文字 かな カナ 한국어") == [
-        "hello", "world", "naïve", "abc", "中", "文", "字", "か", "な", "カ", "ナ", "한국어",
-    ]  # fmt: skip
+        "hello",
+        "world",
+        "naïve",
+        "abc",
+        "中",
+        "文",
+        "字",
+        "か",
+        "な",
+        "カ",
+        "ナ",
+        "한국어",
+    ]
 
 
 def test_every_planted_document_is_removed_and_every_clean_one_kept() -> None:

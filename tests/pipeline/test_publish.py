@@ -33,13 +33,19 @@ def _token_parts(store: FileStore, parts: int, docs_per_part: int, max_len: int)
     """Token parts of documents of 1..max_len tokens from two sources, interleaved in every part."""
     rng = np.random.default_rng(parts * 1000 + max_len)
     for part in range(parts):
-        docs = [np.append(rng.integers(2, 500, int(n)), 0).astype(np.uint32)
-                for n in rng.integers(0, max_len, docs_per_part)]  # fmt: skip
+        docs = [
+            np.append(rng.integers(2, 500, int(n)), 0).astype(np.uint32)
+            for n in rng.integers(0, max_len, docs_per_part)
+        ]
         records = [
-            Record(id=f"p{part}-{i}", text="", source="src",
-                   meta=json.dumps({"source_name": f"s{(i * 7 + part) % 3 % 2}", "language": "en"}))
+            Record(
+                id=f"p{part}-{i}",
+                text="",
+                source="src",
+                meta=json.dumps({"source_name": f"s{(i * 7 + part) % 3 % 2}", "language": "en"}),
+            )
             for i in range(len(docs))
-        ]  # fmt: skip
+        ]
         write_token_part(store, "tokens", part, [tokens_table(records, docs)], StageStats(stage="tokenize"))
 
 

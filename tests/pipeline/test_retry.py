@@ -124,9 +124,13 @@ def test_is_permanent_follows_the_wrapped_cause() -> None:
             return outer
 
     for exc in (
-        FileNotFoundError("x"), PermissionError("x"), ConfigError("x"), OSError(errno.ENOSPC, "full"),
-        PermanentStorageError("no credentials"), botocore.exceptions.NoCredentialsError(),
-    ):  # fmt: skip
+        FileNotFoundError("x"),
+        PermissionError("x"),
+        ConfigError("x"),
+        OSError(errno.ENOSPC, "full"),
+        PermanentStorageError("no credentials"),
+        botocore.exceptions.NoCredentialsError(),
+    ):
         assert is_permanent(exc) and is_permanent(wrapped(exc)), exc
     for exc in (
         StorageError("gave up after 30 tries"),

@@ -34,10 +34,17 @@ def proxy(s3_server: str) -> Iterator[FaultProxy]:
 def via_proxy(s3_bucket, proxy: FaultProxy) -> S3Options:
     """The bucket's options with the endpoint at the proxy; quick backoff so tests stay short."""
     return dataclasses.replace(
-        s3_bucket.options, endpoint_url=proxy.url, retry_budget_s=40.0, max_attempts=200,
-        retry_base_s=0.05, retry_cap_s=1.0, connect_timeout=2.0, read_timeout=10.0,
-        multipart_threshold=5 * MiB, multipart_chunk=5 * MiB,
-    )  # fmt: skip
+        s3_bucket.options,
+        endpoint_url=proxy.url,
+        retry_budget_s=40.0,
+        max_attempts=200,
+        retry_base_s=0.05,
+        retry_cap_s=1.0,
+        connect_timeout=2.0,
+        read_timeout=10.0,
+        multipart_threshold=5 * MiB,
+        multipart_chunk=5 * MiB,
+    )
 
 
 def _admin(s3_server: str):

@@ -404,15 +404,21 @@ def test_missing_bucket_is_a_storage_error_not_a_missing_object(s3_bucket) -> No
 def test_redact_filter_blanks_secrets() -> None:
     secret, token, sig = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "FwoGZXIvYXdzEXAMPLETOKEN+/=", "ab" * 32
     record = logging.LogRecord(
-        "botocore.endpoint", logging.DEBUG, __file__, 1,
+        "botocore.endpoint",
+        logging.DEBUG,
+        __file__,
+        1,
         "headers %s url %s creds %s",
         (
-            {"Authorization": f"AWS4-HMAC-SHA256 Credential=AKIA/x, Signature={sig}", "X-Amz-Security-Token": token},
+            {
+                "Authorization": f"AWS4-HMAC-SHA256 Credential=AKIA/x, Signature={sig}",
+                "X-Amz-Security-Token": token,
+            },
             f"https://h/b/k?X-Amz-Signature={sig}&X-Amz-Security-Token={token}",
             f"aws_secret_access_key={secret} SessionToken: {token}",
         ),
         None,
-    )  # fmt: skip
+    )
     assert RedactSecretsFilter().filter(record)
     message = record.getMessage()
     for leaked in (secret, token, sig):

@@ -89,9 +89,13 @@ def test_sampler_resumes_exactly_on_any_world_size(world: int, start: int) -> No
 def test_source_samples_from_ranges() -> None:
     mixture = {
         "sources": {"a": {"target_share": 0.6}, "b": {"target_share": 0.4}},
-        "ranges": {"train": [{"source": "a", "token_start": 0, "tokens": 1000},
-                             {"source": "b", "token_start": 1000, "tokens": 501}]},
-    }  # fmt: skip
+        "ranges": {
+            "train": [
+                {"source": "a", "token_start": 0, "tokens": 1000},
+                {"source": "b", "token_start": 1000, "tokens": 501},
+            ]
+        },
+    }
     a, b = source_samples(mixture, "train", 100)
     assert (a.first, a.count, a.share) == (0, 9, 0.6)  # windows of 101 tokens inside [0, 1000)
     assert (b.first, b.count) == (10, 5)  # samples 10..14: sample 14 is tokens [1400, 1501)

@@ -161,9 +161,16 @@ class FakeEngine:
 
 def expected_state(**changes: object) -> ResumeState:
     base = {
-        "dataset_id": "d", "tokenizer_sha256": "t", "seed": 1, "shuffle": True, "seq_len": 64,
-        "samples_per_epoch": 100, "world_size": 1, "micro_batch": 4, "grad_accum": 1,
-    }  # fmt: skip
+        "dataset_id": "d",
+        "tokenizer_sha256": "t",
+        "seed": 1,
+        "shuffle": True,
+        "seq_len": 64,
+        "samples_per_epoch": 100,
+        "world_size": 1,
+        "micro_batch": 4,
+        "grad_accum": 1,
+    }
     return ResumeState(**{**base, **changes})  # type: ignore[arg-type]
 
 

@@ -60,9 +60,13 @@ def test_exported_model_computes_our_logits(dataset, tmp_path: Path, changes: di
     model, tag_dir = fake_checkpoint(tmp_path / "ckpt", dataset, cfg)
     out = export_hf(tag_dir.parent, tmp_path / "hf")
     assert {p.name for p in out.iterdir()} >= {
-        "config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-        "tokenizer_config.json", "special_tokens_map.json",
-    }  # fmt: skip
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    }
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert type(hf).__name__ == "GPTNeoXForCausalLM"
     tok = transformers.AutoTokenizer.from_pretrained(out)

@@ -27,15 +27,33 @@ from training.ranklog import LOG_TIME_ENV, PrefixedStream, RankFormatter
 
 def test_torchrun_command_and_env() -> None:
     spec = LaunchSpec(nproc_per_node=2, max_restarts=1, master_port=29512, cpu=True)
-    args = train_args("file:///d/manifest.json", "t.yaml", allow_dataset_change=True, allow_change=["seed,seq_len"],
-                      overrides={"output_dir": "123", "model": {"n_layer": 2}}, stop_at_step=5)  # fmt: skip
+    args = train_args(
+        "file:///d/manifest.json",
+        "t.yaml",
+        allow_dataset_change=True,
+        allow_change=["seed,seq_len"],
+        overrides={"output_dir": "123", "model": {"n_layer": 2}},
+        stop_at_step=5,
+    )
     cmd, env = build_launch(spec, args, base_env={"PATH": "/bin"})
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     assert {"--nproc-per-node=2", "--max-restarts=1", "--rdzv-endpoint=127.0.0.1:29512"} <= set(cmd)
     tail = cmd[cmd.index("training.train") + 1 :]
-    assert tail == ["--manifest", "file:///d/manifest.json", "--config", "t.yaml", "--set", 'output_dir="123"',
-                    "--set", 'model={"n_layer": 2}', "--allow-dataset-change", "--allow-change", "seed,seq_len",
-                    "--stop-at-step", "5"]  # fmt: skip
+    assert tail == [
+        "--manifest",
+        "file:///d/manifest.json",
+        "--config",
+        "t.yaml",
+        "--set",
+        'output_dir="123"',
+        "--set",
+        'model={"n_layer": 2}',
+        "--allow-dataset-change",
+        "--allow-change",
+        "seed,seq_len",
+        "--stop-at-step",
+        "5",
+    ]
     assert (
         env["DS_ACCELERATOR"] == "cpu" and env["MASTER_PORT"] == "29512" and env["MASTER_ADDR"] == "127.0.0.1"
     )
@@ -45,8 +63,14 @@ def test_torchrun_command_and_env() -> None:
 def test_deepspeed_command_with_hostfile(tmp_path) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1 slots=8\nnode2 slots=8\n")
-    spec = LaunchSpec(launcher="deepspeed", nnodes=2, hostfile=str(hostfile), master_addr="10.0.0.1",
-                      master_port=29500, cpu=False)  # fmt: skip
+    spec = LaunchSpec(
+        launcher="deepspeed",
+        nnodes=2,
+        hostfile=str(hostfile),
+        master_addr="10.0.0.1",
+        master_port=29500,
+        cpu=False,
+    )
     cmd, env = build_launch(spec, ["--manifest", "s3://b/m.json"], base_env={})
     assert cmd[1:3] == ["-m", "deepspeed.launcher.runner"]
     assert {f"--hostfile={hostfile}", "--master_addr=10.0.0.1", "--master_port=29500", "--module"} <= set(cmd)

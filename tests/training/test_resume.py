@@ -19,9 +19,18 @@ from training.resume import (
 )
 
 SAVED = ResumeState(
-    dataset_id="d1", tokenizer_sha256="t1", seed=7, shuffle=True, seq_len=64, samples_per_epoch=161,
-    world_size=2, micro_batch=4, grad_accum=2, epoch=0, consumed_in_epoch=144,
-)  # fmt: skip
+    dataset_id="d1",
+    tokenizer_sha256="t1",
+    seed=7,
+    shuffle=True,
+    seq_len=64,
+    samples_per_epoch=161,
+    world_size=2,
+    micro_batch=4,
+    grad_accum=2,
+    epoch=0,
+    consumed_in_epoch=144,
+)
 
 
 def now(**changes: object) -> ResumeState:
@@ -80,8 +89,10 @@ def test_unknown_override_fields_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown field"):
         check_resume(SAVED, now(), tag="t", allowed={"sed"})
     assert parse_allowed(["seed,seq_len", "world_size"], allow_dataset_change=False) == {
-        "seed", "seq_len", "world_size",
-    }  # fmt: skip
+        "seed",
+        "seq_len",
+        "world_size",
+    }
     assert parse_allowed([], allow_dataset_change=True) == DATASET_CHANGE
 
 
@@ -128,7 +139,9 @@ def test_the_trainer_command_line_builds_the_allowed_set() -> None:
 
     args = parse_args(["--manifest", "m", "--allow-change", "seed,seq_len", "--allow-change", "world_size"])
     assert parse_allowed(args.allow_change, allow_dataset_change=args.allow_dataset_change) == {
-        "seed", "seq_len", "world_size",
-    }  # fmt: skip
+        "seed",
+        "seq_len",
+        "world_size",
+    }
     args = parse_args(["--manifest", "m", "--allow-dataset-change"])
     assert parse_allowed(args.allow_change, allow_dataset_change=args.allow_dataset_change) == DATASET_CHANGE

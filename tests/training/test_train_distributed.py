@@ -175,8 +175,12 @@ def test_deepspeeds_own_zero_to_fp32_script_works_without_a_tag(
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     done = subprocess.run(
         [sys.executable, str(ckpt / "zero_to_fp32.py"), str(ckpt), str(tmp_path / "fp32")],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     theirs = torch.load(tmp_path / "fp32" / "pytorch_model.bin", weights_only=True)
     model, _record, _tag = load_model(ckpt)

@@ -28,14 +28,30 @@ def test_two_ranks_train_on_a_dataset_streamed_from_s3(s3_bucket, tmp_path: Path
 
     lines: list[str] = []
     overrides = {
-        "model": {"d_model": 64, "n_layer": 2}, "seq_len": 32, "micro_batch_size": 2, "max_steps": 6,
-        "warmup_steps": 1, "checkpoint_interval": 6, "eval_interval": 6, "eval_batches": 1, "log_interval": 1,
-        "num_workers": 1, "tensorboard": False, "output_dir": str(tmp_path / "run"), "pg_timeout_s": 60,
-        "s3.endpoint_url": s3_bucket.options.endpoint_url, "s3.region": "us-east-1",
-    }  # fmt: skip
+        "model": {"d_model": 64, "n_layer": 2},
+        "seq_len": 32,
+        "micro_batch_size": 2,
+        "max_steps": 6,
+        "warmup_steps": 1,
+        "checkpoint_interval": 6,
+        "eval_interval": 6,
+        "eval_batches": 1,
+        "log_interval": 1,
+        "num_workers": 1,
+        "tensorboard": False,
+        "output_dir": str(tmp_path / "run"),
+        "pg_timeout_s": 60,
+        "s3.endpoint_url": s3_bucket.options.endpoint_url,
+        "s3.region": "us-east-1",
+    }
     code = run_local(
-        s3_manifest, None, 2, overrides=overrides, on_line=lines.append, timeout_s=240,
-    )  # fmt: skip
+        s3_manifest,
+        None,
+        2,
+        overrides=overrides,
+        on_line=lines.append,
+        timeout_s=240,
+    )
     assert code == 0, "\n".join(lines[-30:])
     steps = read_metrics(tmp_path / "run", "train")
     assert [r["step"] for r in steps] == list(range(1, 7))

@@ -63,8 +63,13 @@ def _check_waterfall(card: dict, stats: dict[str, dict]) -> None:
 def _check_examples(card: dict, store_uri: str, build_key: str) -> None:
     store = open_store(store_uri, None)
     ingest = f"work/{build_key}/ingest"
-    records = {r.id: r for i in range(64) if store.exists(f"{ingest}/part-{i:05d}.done")
-               for b in iter_part_batches(store, ingest, i) for r in b}  # fmt: skip
+    records = {
+        r.id: r
+        for i in range(64)
+        if store.exists(f"{ingest}/part-{i:05d}.done")
+        for b in iter_part_batches(store, ingest, i)
+        for r in b
+    }
     quarantined = {f"{q.source}#{q.location}": q for q in read_quarantine(store, ingest)}
     assert card["examples"]
     for rule, examples in card["examples"].items():
@@ -96,8 +101,13 @@ def test_data_card_of_a_build_and_against_another(prefect_harness, tmp_path: Pat
     )
     _check_waterfall(card, manifest.stats)
     rules = {f"{r['stage']}:{r['rule']}" for r in card["waterfall"]}
-    assert {"ingest:malformed_json", "ingest:empty_doc", "clean:too_short_chars",
-            "exact_dedup:exact_duplicate", "near_dedup:near_duplicate"} <= rules  # fmt: skip
+    assert {
+        "ingest:malformed_json",
+        "ingest:empty_doc",
+        "clean:too_short_chars",
+        "exact_dedup:exact_duplicate",
+        "near_dedup:near_duplicate",
+    } <= rules
     _check_examples(card, str(tmp_path / "a"), manifest.lineage["build_key"])
     assert card["mixture"]["train"] and all(r["tokens_removed_est"] is not None for r in card["waterfall"])
 

@@ -119,9 +119,19 @@ def test_a_full_disk_fails_at_once(warm_prefect, tmp_path: Path) -> None:
     mnt.mkdir()
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
     cmd = [
-        "unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o size=512k tmpfs "{mnt}" && exec "$@"', "sh",
-        sys.executable, "-c", RUNNER, "build", "--output", str(mnt / "store"),
-    ]  # fmt: skip
+        "unshare",
+        "-rm",
+        "sh",
+        "-c",
+        f'mount -t tmpfs -o size=512k tmpfs "{mnt}" && exec "$@"',
+        "sh",
+        sys.executable,
+        "-c",
+        RUNNER,
+        "build",
+        "--output",
+        str(mnt / "store"),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode != 0, out.stderr[-2000:]
     seconds = float(out.stderr.rsplit("ELAPSED ", 1)[1].split()[0])
@@ -152,10 +162,12 @@ def test_prefect_retries_only_what_may_succeed() -> None:
             return Failed(data=outer)
 
     for permanent in (
-        FileNotFoundError("s3://b/in/x.jsonl does not exist"), PermissionError("access denied"),
-        ValueError("input source holds no file"), OSError(errno.ENOSPC, "no space left writing /x"),
+        FileNotFoundError("s3://b/in/x.jsonl does not exist"),
+        PermissionError("access denied"),
+        ValueError("input source holds no file"),
+        OSError(errno.ENOSPC, "no space left writing /x"),
         PermanentStorageError("no credentials"),
-    ):  # fmt: skip
+    ):
         assert not _worth_retrying(None, None, failed_with(permanent)), permanent
     for transient in (StorageError("S3 put failed after 40 tries in 120 s"), ConnectionResetError("reset")):
         assert _worth_retrying(None, None, failed_with(transient)), transient

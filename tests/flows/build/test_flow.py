@@ -91,10 +91,11 @@ def test_a_failed_build_names_the_stage_and_a_rerun_resumes(
 
     out = tmp_path / "store"
     state: State = build_corpus(
-        inputs=[str(tiny_corpus)], output=str(out),
+        inputs=[str(tiny_corpus)],
+        output=str(out),
         overrides=TINY_OVERRIDES | {"tokenize.tokenizer": str(tmp_path / "missing-tokenizer.json")},
         return_state=True,
-    )  # fmt: skip
+    )
     assert state.is_failed()
     assert "tokenizer" in state.message.lower()
     done_before = sorted(p.name for p in out.rglob("clean/part-*.done"))

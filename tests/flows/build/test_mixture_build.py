@@ -146,8 +146,14 @@ def test_three_sources_reach_the_shards_and_blend_by_weight(prefect_harness, tmp
 
     info = DistInfo(rank=0, world_size=1, local_rank=0, on_cpu=True, device=torch.device("cpu"))
     for blend in (True, False):
-        cfg = TrainConfig(seq_len=SEQ_LEN, seed=5, num_workers=0, blend=blend, output_dir=str(tmp_path / "run"),
-                          eval_batches=0)  # fmt: skip
+        cfg = TrainConfig(
+            seq_len=SEQ_LEN,
+            seed=5,
+            num_workers=0,
+            blend=blend,
+            output_dir=str(tmp_path / "run"),
+            eval_batches=0,
+        )
         _, sampler, _, _ = build_data(cfg, manifest, dstore, info)
         assert isinstance(sampler, BlendedDistributedSampler) is blend
         if blend:

@@ -17,9 +17,12 @@ def _build(inputs: str, output: str, endpoint: str) -> dict:
 
     overrides = FAST_BUILD | {
         "ingest.target_part_bytes": 400_000,  # ~8 parts: every stage fans out, hundreds of requests
-        "s3.endpoint_url": endpoint, "s3.region": "us-east-1",
-        "s3.retry_base_s": 0.05, "s3.retry_cap_s": 1.0, "s3.retry_budget_s": 60,
-    }  # fmt: skip
+        "s3.endpoint_url": endpoint,
+        "s3.region": "us-east-1",
+        "s3.retry_base_s": 0.05,
+        "s3.retry_cap_s": 1.0,
+        "s3.retry_budget_s": 60,
+    }
     return build_corpus(inputs=[inputs], output=output, overrides=overrides)
 
 

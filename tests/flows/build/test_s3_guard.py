@@ -20,10 +20,18 @@ from flows.cli.main import main as cli
 pytestmark = [pytest.mark.s3]
 
 TRAIN = [
-    "seq_len=32", "micro_batch_size=2", "warmup_steps=1", "checkpoint_interval=2", "eval_interval=2",
-    "eval_batches=1", "log_interval=1", "num_workers=0", "tensorboard=false", "pg_timeout_s=60",
+    "seq_len=32",
+    "micro_batch_size=2",
+    "warmup_steps=1",
+    "checkpoint_interval=2",
+    "eval_interval=2",
+    "eval_batches=1",
+    "log_interval=1",
+    "num_workers=0",
+    "tensorboard=false",
+    "pg_timeout_s=60",
     'model={"d_model": 64, "n_layer": 2}',
-]  # fmt: skip
+]
 
 
 def test_the_trap_catches_a_child_process_talking_to_aws(s3_server, aws_trap) -> None:

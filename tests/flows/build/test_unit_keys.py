@@ -67,8 +67,10 @@ def test_named_sources_are_in_the_ingest_and_clean_keys(stage: str) -> None:
     assert unit_config("signatures", named) == unit_config("signatures", base)
 
 
-@pytest.mark.parametrize(("dotted", "value"), [("clean.c4.enabled", True), ("clean.pii.enabled", True),
-                                                ("clean.quality.min_stop_words", 3)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("dotted", "value"),
+    [("clean.c4.enabled", True), ("clean.pii.enabled", True), ("clean.quality.min_stop_words", 3)],
+)
 def test_clean_rules_are_in_the_clean_key_and_not_in_ingests(dotted: str, value: Any) -> None:
     """C4, PII and the quality rules run in clean: changing one redoes clean's units and reuses ingest's."""
     base = load_corpus_config().to_dict()

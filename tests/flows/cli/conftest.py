@@ -49,9 +49,14 @@ def cli_env(prefect_home: Path, **extra: str) -> dict[str, str]:
 
 def start_cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *args], env=env, cwd=cwd, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        [sys.executable, "-m", "flows.cli", *args],
+        env=env,
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout_s: float = 600) -> Done:

@@ -22,9 +22,15 @@ from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
 pytestmark = [pytest.mark.slow, pytest.mark.distributed, pytest.mark.timeout(900)]
 
 TRAIN = {
-    "seq_len": 32, "micro_batch_size": 2, "checkpoint_interval": 2, "eval_interval": 2, "eval_batches": 1,
-    "log_interval": 1, "num_workers": 0, "tensorboard": False,
-}  # fmt: skip
+    "seq_len": 32,
+    "micro_batch_size": 2,
+    "checkpoint_interval": 2,
+    "eval_interval": 2,
+    "eval_batches": 1,
+    "log_interval": 1,
+    "num_workers": 0,
+    "tensorboard": False,
+}
 
 
 def corpus_args(raw: Path, store: Path) -> list[str]:
@@ -48,10 +54,20 @@ def test_run_names_the_dataset_clips_warmup_and_ends_with_the_next_commands(
     write_tiny_corpus(tmp_path / "raw", files=3)
     env = cli_env(server_home)
     done = run_cli(
-        ["run", "--name", "foo", *corpus_args(tmp_path / "raw", tmp_path / "store"), "--nproc", "2",
-         *train_args(max_steps=2, output_dir=tmp_path / "run"), "--prompt", "river"],
-        env, tmp_path,
-    )  # fmt: skip
+        [
+            "run",
+            "--name",
+            "foo",
+            *corpus_args(tmp_path / "raw", tmp_path / "store"),
+            "--nproc",
+            "2",
+            *train_args(max_steps=2, output_dir=tmp_path / "run"),
+            "--prompt",
+            "river",
+        ],
+        env,
+        tmp_path,
+    )
     assert done.code == 0, done.err[-4000:]
     assert (tmp_path / "store" / "datasets" / "foo" / "latest.json").is_file()
     assert "published dataset foo " in done.out
@@ -86,9 +102,18 @@ def test_train_json_and_a_corrupt_shard_ends_with_the_rank_s_own_line(
     manifest = summary["manifest_uri"]
 
     trained = run_cli(
-        ["train", "--manifest", manifest, "--nproc", "1", "--json", *train_args(max_steps=2, warmup_steps=1,
-         output_dir=tmp_path / "run")], env, tmp_path,
-    )  # fmt: skip
+        [
+            "train",
+            "--manifest",
+            manifest,
+            "--nproc",
+            "1",
+            "--json",
+            *train_args(max_steps=2, warmup_steps=1, output_dir=tmp_path / "run"),
+        ],
+        env,
+        tmp_path,
+    )
     assert trained.code == 0, trained.err[-4000:]
     result = json.loads(trained.out)
     assert result["steps"] == 2 and "/runs/flow-run/" in result["flow_run_url"]
@@ -101,9 +126,17 @@ def test_train_json_and_a_corrupt_shard_ends_with_the_rank_s_own_line(
     for shard in shards:
         shard.write_bytes(b"\0" * shard.stat().st_size)
     broken = run_cli(
-        ["train", "--manifest", manifest, "--nproc", "2", *train_args(max_steps=2, warmup_steps=1,
-         output_dir=tmp_path / "run2")], env, tmp_path,
-    )  # fmt: skip
+        [
+            "train",
+            "--manifest",
+            manifest,
+            "--nproc",
+            "2",
+            *train_args(max_steps=2, warmup_steps=1, output_dir=tmp_path / "run2"),
+        ],
+        env,
+        tmp_path,
+    )
     assert broken.code == 1
     last = broken.last_line
     assert last.startswith("pileworks train: error: training failed on rank "), broken.err[-4000:]

@@ -28,8 +28,14 @@ def test_storage_counts_worker_units_once_and_the_flow_process_whole() -> None:
         in_process: list[dict] = []
         with profile.measure("ingest", in_process):
             STATS.record()  # a unit run in the flow's own process (threads runner): in the process's count
-        worker = {"step": "ingest", "cpu_s": 1.0, "wall_s": 1.0, "pid": os.getpid() + 1, "rss_mb": 10.0,
-                  "storage": {"attempts": 5, "retries": 2, "retries_throttled": 2}}  # fmt: skip
+        worker = {
+            "step": "ingest",
+            "cpu_s": 1.0,
+            "wall_s": 1.0,
+            "pid": os.getpid() + 1,
+            "rss_mb": 10.0,
+            "storage": {"attempts": 5, "retries": 2, "retries_throttled": 2},
+        }
         prof.add_results(entry, [{"profile": in_process}, {"profile": [worker]}], task_runs=2)
     STATS.record(gave_up=True)  # the flow process's own call outside any unit (publish, listing)
     storage = prof.to_json()["storage"]

@@ -129,9 +129,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
 
 def start_probe(server: PrefectServer, script: Path) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(script), "600"], env=server.client_env(), cwd=REPO,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        [sys.executable, str(script), "600"],
+        env=server.client_env(),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def wait_for_beats(procs: list[subprocess.Popen], timeout_s: float = 150.0) -> dict[int, str]:

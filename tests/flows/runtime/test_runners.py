@@ -88,8 +88,10 @@ def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_datas
     assert passes["save-dedup-index"]["task_runs"] >= 2
     assert {p["name"]: p for p in one["profile"]["passes"]}["save-dedup-index"]["task_runs"] == 1
     assert two["profile"]["steps"]["save-dedup-index"]["units"] == passes["save-dedup-index"]["task_runs"] + 1
-    metas = [json.loads(Path(s["dedup_index_uri"].removeprefix("file://"), "index.json").read_text())
-             for s in (one, two, ext)]  # fmt: skip
+    metas = [
+        json.loads(Path(s["dedup_index_uri"].removeprefix("file://"), "index.json").read_text())
+        for s in (one, two, ext)
+    ]
     assert metas[0] == metas[1] == metas[2] and metas[0]["docs"] > 0
     # Listing the inputs is stage work too, timed in the flow's process.
     assert one["profile"]["steps"]["plan-inputs"]["units"] == 1

@@ -10,9 +10,17 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 TRAIN = {
-    "max_steps": 6, "warmup_steps": 2, "seq_len": 32, "micro_batch_size": 2, "checkpoint_interval": 3,
-    "eval_interval": 3, "eval_batches": 1, "log_interval": 1, "num_workers": 0, "tensorboard": False,
-}  # fmt: skip
+    "max_steps": 6,
+    "warmup_steps": 2,
+    "seq_len": 32,
+    "micro_batch_size": 2,
+    "checkpoint_interval": 3,
+    "eval_interval": 3,
+    "eval_batches": 1,
+    "log_interval": 1,
+    "num_workers": 0,
+    "tensorboard": False,
+}
 
 
 def test_prepare_and_train_records_lineage_and_traces_steps(
@@ -27,10 +35,13 @@ def test_prepare_and_train_records_lineage_and_traces_steps(
     from training.lineage import trace_step
 
     out = prepare_and_train(
-        inputs=[str(tiny_corpus)], output=str(tmp_path / "store"), nproc=2,
-        train_overrides=TRAIN | {"output_dir": str(tmp_path / "run")}, corpus_overrides=TINY_OVERRIDES,
+        inputs=[str(tiny_corpus)],
+        output=str(tmp_path / "store"),
+        nproc=2,
+        train_overrides=TRAIN | {"output_dir": str(tmp_path / "run")},
+        corpus_overrides=TINY_OVERRIDES,
         timeout_s=600,
-    )  # fmt: skip
+    )
     training = out["training"]
     assert training["steps"] == 6 and training["final_loss"] < training["first_loss"]
     ckpts = tmp_path / "run" / "checkpoints"

@@ -16,19 +16,40 @@ RAW_FLOAT = re.compile(r"\d\.\d{5,}")
 
 def summary() -> dict:
     stages = {
-        "ingest": {"docs_in": 1234, "docs_out": 1200, "bytes_in": 4_567_890, "bytes_out": 4_400_000,
-                   "dropped": {"empty": 34}},
-        "near_dedup": {"docs_in": 1200, "docs_out": 743, "bytes_in": 4_400_000, "bytes_out": 2_700_000,
-                       "dropped": {"near_duplicate": 457}},
-    }  # fmt: skip
-    return {"name": "sample", "dataset_id": "46dab3b9" * 8, "stages": stages,
-            "dropped": {"ingest:empty": 34, "near_dedup:near_duplicate": 457}}  # fmt: skip
+        "ingest": {
+            "docs_in": 1234,
+            "docs_out": 1200,
+            "bytes_in": 4_567_890,
+            "bytes_out": 4_400_000,
+            "dropped": {"empty": 34},
+        },
+        "near_dedup": {
+            "docs_in": 1200,
+            "docs_out": 743,
+            "bytes_in": 4_400_000,
+            "bytes_out": 2_700_000,
+            "dropped": {"near_duplicate": 457},
+        },
+    }
+    return {
+        "name": "sample",
+        "dataset_id": "46dab3b9" * 8,
+        "stages": stages,
+        "dropped": {"ingest:empty": 34, "near_dedup:near_duplicate": 457},
+    }
 
 
 def test_stage_rows_are_rounded_with_units_and_shares() -> None:
     rows = build_artifacts.stage_rows(summary())
-    assert rows[0] == {"stage": "ingest", "docs in": "1,234", "docs out": "1,200", "kept": "97.2%",
-                       "size in": "4.57 MB", "size out": "4.4 MB", "dropped": "empty=34"}  # fmt: skip
+    assert rows[0] == {
+        "stage": "ingest",
+        "docs in": "1,234",
+        "docs out": "1,200",
+        "kept": "97.2%",
+        "size in": "4.57 MB",
+        "size out": "4.4 MB",
+        "dropped": "empty=34",
+    }
     assert rows[1]["kept"] == "61.9%"
 
 
@@ -96,13 +117,30 @@ def test_manifest_link_local_path_as_text_and_s3_presigned_or_console(
 
 
 def test_training_markdown_has_the_four_charts_and_where_the_logs_are(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    history = [{"step": s, "loss": 7.109127759933472 - s / 10, "lr": 3e-3 * s / 20, "tokens_per_s": 1234.5678 + s,
-                "data_wait_share": 0.00745123} for s in range(1, 21)]  # fmt: skip
+    history = [
+        {
+            "step": s,
+            "loss": 7.109127759933472 - s / 10,
+            "lr": 3e-3 * s / 20,
+            "tokens_per_s": 1234.5678 + s,
+            "data_wait_share": 0.00745123,
+        }
+        for s in range(1, 21)
+    ]
     (tmp_path / "tensorboard").mkdir()
-    result = {"output_dir": str(tmp_path), "steps": 20, "first_loss": history[0]["loss"],
-              "final_loss": history[-1]["loss"], "final_valid_loss": 5.2345678, "tokens_per_s": 1244.56789,
-              "data_wait_share": 0.00745123, "history": history, "restarts": [{"attempt": 1, "resumed_from": 8}], "eval": [{"step": 10, "loss": 6.01234567}],
-              "logs": train_artifacts.log_locations(str(tmp_path))}  # fmt: skip
+    result = {
+        "output_dir": str(tmp_path),
+        "steps": 20,
+        "first_loss": history[0]["loss"],
+        "final_loss": history[-1]["loss"],
+        "final_valid_loss": 5.2345678,
+        "tokens_per_s": 1244.56789,
+        "data_wait_share": 0.00745123,
+        "history": history,
+        "restarts": [{"attempt": 1, "resumed_from": 8}],
+        "eval": [{"step": 10, "loss": 6.01234567}],
+        "logs": train_artifacts.log_locations(str(tmp_path)),
+    }
     md = train_artifacts.training_markdown(result)
     alts = re.findall(r"!\[([^\]]+)\]\(data:image/svg\+xml;base64,", md)
     assert [a.split(" chart")[0] for a in alts] == ["loss", "throughput", "data wait", "learning rate"]

@@ -28,22 +28,59 @@ PUBLIC_V6 = [
 ]
 PUBLIC_EMAILS = ["jane.doe@gmail.com", "j_smith+news@mail.example.co.uk", "ops-team@corp.io", "a1@b-c.de"]
 NOT_PUBLIC = [
-    "10.0.0.1", "10.255.1.2", "192.168.1.20", "172.16.0.5", "172.20.3.4", "172.31.255.254", "127.0.0.1",
-    "127.1.2.3", "169.254.10.1", "100.64.0.1", "100.127.255.1", "192.0.2.44", "198.51.100.7", "203.0.113.200",
-    "0.0.0.0", "255.255.255.255", "224.0.0.251", "240.1.2.3",
-    "::1", "fe80::1", "fe80::a00:27ff:fe4e:66a1", "fd00::42", "fc00:1:2::3", "2001:db8::5", "ff02::fb", "::",
+    "10.0.0.1",
+    "10.255.1.2",
+    "192.168.1.20",
+    "172.16.0.5",
+    "172.20.3.4",
+    "172.31.255.254",
+    "127.0.0.1",
+    "127.1.2.3",
+    "169.254.10.1",
+    "100.64.0.1",
+    "100.127.255.1",
+    "192.0.2.44",
+    "198.51.100.7",
+    "203.0.113.200",
+    "0.0.0.0",
+    "255.255.255.255",
+    "224.0.0.251",
+    "240.1.2.3",
+    "::1",
+    "fe80::1",
+    "fe80::a00:27ff:fe4e:66a1",
+    "fd00::42",
+    "fc00:1:2::3",
+    "2001:db8::5",
+    "ff02::fb",
+    "::",
     "::ffff:10.1.2.3",
-]  # fmt: skip
+]
 RESERVED_EMAILS = ["user@example.com", "admin@mail.example.org", "x@test", "root@host.invalid", "me@a.test"]
 VERSIONS = [  # marked as versions by their own form
-    "1.2.3.4-1", "v1.2.3.4", "1.2.3.4.5", "python3.11.2.4", "1.2.3.4+dfsg", "1.2.3.4~rc1", "libfoo-1.2.3.4",
-    "1:2.38.1.5", "2.38.1.5.dev0", "1.2.3.4rc1",
-]  # fmt: skip
+    "1.2.3.4-1",
+    "v1.2.3.4",
+    "1.2.3.4.5",
+    "python3.11.2.4",
+    "1.2.3.4+dfsg",
+    "1.2.3.4~rc1",
+    "libfoo-1.2.3.4",
+    "1:2.38.1.5",
+    "2.38.1.5.dev0",
+    "1.2.3.4rc1",
+]
 VERSION_CONTEXTS = [  # a bare quad, marked as a version by what surrounds it
-    "glib2.0 (2.38.1.5) unstable; urgency=medium", "New upstream release 2.38.1.5.", "Version: 2.38.1.5",
-    "Standards-Version: 4.6.1.0", "Depends: libglib (>= 2.38.1.5)", "upgrade to 2.38.1.5", "bumped to 2.38.1.5",
-    "see section 5.7.1.1", "a vote under \u00a76.3.1.4 or \u00a7 6.3.1.5", "Git 2.38.1 was followed by Git 2.38.1.5",
-]  # fmt: skip
+    "glib2.0 (2.38.1.5) unstable; urgency=medium",
+    "New upstream release 2.38.1.5.",
+    "Version: 2.38.1.5",
+    "Standards-Version: 4.6.1.0",
+    "Depends: libglib (>= 2.38.1.5)",
+    "upgrade to 2.38.1.5",
+    "bumped to 2.38.1.5",
+    "see section 5.7.1.1",
+    "a vote under \u00a76.3.1.4 or \u00a7 6.3.1.5",
+    "Git 2.38.1 was followed by Git 2.38.1.5",
+]
 PROSE = (
     "The quick survey of the server logs showed nothing unusual for most of the week. Each morning the "
     "team checked the dashboard, compared the numbers with the previous day and wrote a short note."
@@ -147,9 +184,16 @@ def test_every_kept_quad_names_its_guard():
     text = "1.2.3.4.5 v1.2.3.4 1.2.3.4-1 libx-1.2.3.4 999.1.2.3 10.0.0.1 version 2.3.4.5 (>= 3.4.5.6) 8.8.8.8"
     guards = [f.guard for f in find_ipv4(text)]
     assert guards == [
-        "longer_dotted", "attached", "version_suffix", "version_prefix", "invalid", "not_public",
-        "version_word", "version_constraint", None,
-    ]  # fmt: skip
+        "longer_dotted",
+        "attached",
+        "version_suffix",
+        "version_prefix",
+        "invalid",
+        "not_public",
+        "version_word",
+        "version_constraint",
+        None,
+    ]
 
 
 def test_switches_and_placeholders():

@@ -175,8 +175,17 @@ def test_partitions_do_not_change_the_result(tmp_path: Path) -> None:
         write_corpus(store, parts)
         cfg = NearDedupConfig(ngram=3)
         b, r = cfg.bands()
-        plan = {"bands": b, "rows": r, "num_parts": 3, "index_parts": 0, "docs": 0, "index_docs": 0,
-                "num_partitions": partitions, "partition_bytes": 0, "memory_budget_mb": 16}  # fmt: skip
+        plan = {
+            "bands": b,
+            "rows": r,
+            "num_parts": 3,
+            "index_parts": 0,
+            "docs": 0,
+            "index_docs": 0,
+            "num_partitions": partitions,
+            "partition_bytes": 0,
+            "memory_budget_mb": 16,
+        }
         store.put_bytes("work/plan.json", json.dumps(plan).encode())
         run_near_dedup(store, "in", "work", "out", 3, cfg)
         assert len(list(store.list("work/edges/"))) == 3 * partitions
@@ -324,9 +333,17 @@ def test_disabled_passes_documents_through(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("threshold", 0.0), ("num_perm", 1), ("shingle", "bpe"), ("hash", "md5"), ("scheme", "x"), ("fp_weight", 0.9),
-     ("memory_budget_mb", 1), ("ngram", 0)],
-)  # fmt: skip
+    [
+        ("threshold", 0.0),
+        ("num_perm", 1),
+        ("shingle", "bpe"),
+        ("hash", "md5"),
+        ("scheme", "x"),
+        ("fp_weight", 0.9),
+        ("memory_budget_mb", 1),
+        ("ngram", 0),
+    ],
+)
 def test_config_rejects_bad_values_naming_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         NearDedupConfig(**{field: value})
