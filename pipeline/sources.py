@@ -39,6 +39,9 @@ SOURCE_NAME, SOURCE_ENTRY, LANGUAGE, LANGUAGE_SCORE = (
     "language",
     "language_score",
 )
+# A web document's URL and crawl date (WARC/WET records, or the ``ingest.url_field`` of a jsonl/parquet record),
+# beside the provenance fields: the URL rules of clean read them, and docs.parquet publishes them.
+URL, WARC_DATE = "url", "warc_date"
 
 
 def _valid_name(name: str) -> bool:
