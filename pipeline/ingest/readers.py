@@ -38,8 +38,8 @@ from pipeline.ingest.encoding import (
     repair_utf8,
 )
 from pipeline.ingest.streams import DecompressingReader, LineReader, open_seekable
-from pipeline.records import QUARANTINE_SAMPLE_BYTES, Quarantined, Record
-from pipeline.sources import SOURCE_ENTRY, SOURCE_NAME, URL, USER_META, SourceConfig, source_name
+from pipeline.records import QUARANTINE_SAMPLE_BYTES, URL, Quarantined, Record
+from pipeline.sources import SOURCE_ENTRY, SOURCE_NAME, USER_META, SourceConfig, source_name
 from pipeline.storage import ObjectStore
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ from fastwarc.warc import ArchiveIterator, WarcRecord, WarcRecordType
 from pipeline.ingest import html
 from pipeline.ingest.encoding import UndecodableError
 from pipeline.ingest.readers import Item, ReadContext
-from pipeline.sources import URL, WARC_DATE
+from pipeline.records import URL, WARC_DATE
 
 _GZIP_MAGIC = b"\x1f\x8b\x08"
 _WARC_MAGIC = b"WARC/1."
