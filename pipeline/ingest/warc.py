@@ -205,26 +205,34 @@ def _dechunk(body: bytes) -> bytes:
         pos = eol + 2 + size + 2
 
 
-def _html_item(
-    ctx: ReadContext, pos: str, body: bytes, declared: str | None, web: dict[str, str], meta: dict[str, str]
-) -> Item:
-    """Decode with the HTTP header's charset, else the page's ``<meta>``, else our detection; then extract."""
+def decode_html(ctx: ReadContext, body: bytes, declared: str | None) -> tuple[str, str]:
+    """(text, codec) of a page: the HTTP header's charset (``declared``), else the page's ``<meta>``, else our
+    detection. Raises UndecodableError (``code`` ``unknown_charset`` when the declared charset is unknown)."""
     label = declared or html.meta_charset(body)
     codec = html.known_charset(label)
-    text: str | None = None
     if codec is not None:
         try:
-            text, encoding = body.decode(codec), codec
+            return body.decode(codec), codec
         except UnicodeDecodeError:
             ctx.extra["charset_mismatch"] += 1  # the declared charset is wrong: detect instead
     elif label:
         ctx.extra["unknown_charset"] += 1
-    if text is None:
-        try:
-            text, encoding = ctx.decode(body)
-        except UndecodableError as exc:
-            reason = "unknown_charset" if label and codec is None else exc.code
-            return ctx.quarantine(pos, reason, f"charset {label!r}: {exc}", body)
+    try:
+        return ctx.decode(body)
+    except UndecodableError as exc:
+        if label and codec is None:
+            exc.code = "unknown_charset"
+        raise
+
+
+def _html_item(
+    ctx: ReadContext, pos: str, body: bytes, declared: str | None, web: dict[str, str], meta: dict[str, str]
+) -> Item:
+    """Decode (:func:`decode_html`), then extract the main text."""
+    try:
+        text, encoding = decode_html(ctx, body, declared)
+    except UndecodableError as exc:
+        return ctx.quarantine(pos, exc.code, f"charset {declared or html.meta_charset(body)!r}: {exc}", body)
     extracted = html.build_extractor(ctx.cfg.html)(text)
     if not extracted.strip():
         return ctx.quarantine(pos, "no_text_extracted", f"{ctx.cfg.html.extractor} found no main text", body)

@@ -4,6 +4,7 @@ blocklisted domain's pages are dropped as ``url_blocklisted``; every damaged rec
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import random
@@ -85,8 +86,11 @@ def _check_warc_build(manifest: Any, dstore: Any, rows: list[dict[str, Any]]) ->
     assert "url_blocklisted" in json.dumps(card)
 
 
-def test_a_warc_folder_builds_with_urls_and_the_blocklist(prefect_harness, tmp_path: Path) -> None:
+def test_a_warc_folder_builds_with_urls_and_the_blocklist(
+    prefect_harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from flows.build.flow import build_corpus
+    from flows.cli.inspect import register
 
     _write_crawl(tmp_path / "crawl")
     summary = build_corpus(
@@ -96,13 +100,20 @@ def test_a_warc_folder_builds_with_urls_and_the_blocklist(prefect_harness, tmp_p
     )
     manifest, dstore, rows = _published(summary)
     _check_warc_build(manifest, dstore, rows)
-    # no HTML left in any published text: read the cleaned documents back through the shards' ids
+    # no HTML left in any published text (the cleaned parts the shards were tokenized from)
     parts = [p for p in (tmp_path / "store").rglob("part-*.parquet") if p.parent.name == "clean"]
     texts = [pq.read_table(p).column("text").to_pylist() for p in parts]
     flat = [t for part in texts for t in part]
     assert flat and all(
         "<p>" not in t and "tracker" not in t and "All rights reserved" not in t for t in flat
     )
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    capsys.readouterr()
+    args = parser.parse_args(["inspect", "mixture", summary["manifest_uri"], "--domains", "3"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "top domains per source" in out and "host1.example" in out
 
 
 def test_a_wet_folder_builds_with_urls(prefect_harness, tmp_path: Path) -> None:
