@@ -45,6 +45,9 @@ QUARANTINE_SCHEMA = pa.schema(
     ]
 )
 QUARANTINE_SAMPLE_BYTES = 4096
+# A web document's URL and crawl date in its meta (WARC/WET records, or the ``ingest.url_field`` of a
+# jsonl/parquet record): the URL rules of clean read them, and each shard's docs.parquet publishes them.
+URL, WARC_DATE = "url", "warc_date"
 
 
 @dataclass(slots=True)
@@ -70,6 +73,15 @@ class Quarantined:
     reason: str
     detail: str = ""
     sample: bytes = b""
+
+
+def web_fields(meta_json: str) -> tuple[str, str]:
+    """(URL, crawl date) of a document's meta JSON, "" where it has none."""
+    meta = json.loads(meta_json) if meta_json else {}
+    if not isinstance(meta, dict):
+        return "", ""
+    url, date = meta.get(URL, ""), meta.get(WARC_DATE, "")
+    return (url if isinstance(url, str) else "", date if isinstance(date, str) else "")
 
 
 def text_bytes(records: Iterable[Record]) -> int:

@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 import xxhash
 from numpy.typing import DTypeLike
 
+from pipeline.records import web_fields
 from pipeline.storage import sha256_file
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -62,8 +63,12 @@ DOCS_SCHEMA = pa.schema(
         pa.field("source_name", pa.string(), nullable=False),
         pa.field("language", pa.string(), nullable=False),
         pa.field("meta", pa.string(), nullable=False),
+        # A web document's URL and crawl date ("" for others), from its meta: group by domain without parsing
+        pa.field("url", pa.string(), nullable=False),
+        pa.field("warc_date", pa.string(), nullable=False),
     ]
 )
+WEB_COLUMNS = ("url", "warc_date")
 PROVENANCE_COLUMNS = ("source_name", "language", "meta")
 SPLITS = ("train", "valid")
 
@@ -359,6 +364,9 @@ class ShardWriter:
                 *((name, prov[name][first:last]) for name in PROVENANCE_COLUMNS),
             ):
                 shard.rows[name].extend(values)
+            web = [web_fields(meta) for meta in prov["meta"][first:last]]
+            shard.rows["url"].extend(w[0] for w in web)
+            shard.rows["warc_date"].extend(w[1] for w in web)
             shard.sizes.extend(sizes.tolist())
             shard.filled += end - pos
             pos = end

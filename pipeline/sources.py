@@ -15,10 +15,11 @@ and the table ``pileworks inspect mixture`` prints (:func:`mixture_table`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
 
@@ -197,6 +198,46 @@ def format_mixture(mixture: Mapping[str, Any], split: str = "train") -> str:
         lines.append(
             f"{lang:24} {counts['tokens']:>12,} {counts['docs']:>8,} {counts['tokens'] / total:>7.2%}"
         )
+    return "\n".join(lines)
+
+
+def url_domain(url: str) -> str:
+    """The host of a URL, lower-cased and without ``www.`` ("" for no URL)."""
+    if not url:
+        return ""
+    try:
+        host = urlsplit(url if "://" in url else "http://" + url).hostname or ""
+    except ValueError:
+        return ""
+    return host.removeprefix("www.")
+
+
+def domain_tokens(docs_paths: Iterable[Any], top: int = 10) -> dict[str, list[tuple[str, int, int]]]:
+    """The ``top`` domains of each source name, (domain, tokens, documents) by tokens, from shards'
+    ``docs.parquet`` files (paths or file objects); sources without URLs are left out."""
+    per: dict[str, dict[str, list[int]]] = {}
+    for path in docs_paths:
+        table = pq.read_table(path, columns=["source_name", "url", "tokens", "piece"])
+        cols = [table.column(c).to_pylist() for c in ("source_name", "url", "tokens", "piece")]
+        for name, url, tokens, piece in zip(*cols, strict=True):
+            if not url:
+                continue
+            acc = per.setdefault(name, {}).setdefault(url_domain(url), [0, 0])
+            acc[0] += tokens
+            acc[1] += int(piece == 0)
+    return {
+        name: sorted(((d, t, n) for d, (t, n) in domains.items()), key=lambda x: (-x[1], x[0]))[:top]
+        for name, domains in sorted(per.items())
+    }
+
+
+def format_top_domains(top: Mapping[str, Sequence[tuple[str, int, int]]]) -> str:
+    """Top domains per source as a text table (empty when no document has a URL)."""
+    if not top:
+        return ""
+    lines = [f"{'source':24} {'domain':40} {'tokens':>12} {'docs':>8}"]
+    for name, rows in top.items():
+        lines += [f"{name[:24]:24} {d[:40]:40} {t:>12,} {n:>8,}" for d, t, n in rows]
     return "\n".join(lines)
 
 

@@ -99,7 +99,7 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
     clean, near, tok = config["clean"], config["dedup"]["near"], config["tokenize"]
     bp = clean["boilerplate"]
     normalise = _without(
-        clean, "boilerplate", "quality", "langid", "c4", "pii"
+        clean, "boilerplate", "quality", "langid", "c4", "pii", "url"
     )  # what ingest normalises with
     if stage == "ingest":  # a source's per-source overrides change what its documents become
         return {"ingest": config["ingest"], "sources": config["sources"]} | normalise
@@ -111,6 +111,7 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
             "quality": clean["quality"],
             "c4": clean["c4"],
             "pii": clean["pii"],
+            "url": clean["url"],  # the blocklists themselves are keyed by their content digest
             "boilerplate": _without(bp, "min_docs", "min_fraction"),
             "sources": config["sources"],
         }

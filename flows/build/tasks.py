@@ -27,6 +27,7 @@ from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
 from pipeline.clean.c4 import load_bad_words
 from pipeline.clean.normalize import normalizer
+from pipeline.clean.url import load_url_rules
 from pipeline.corpus_config import config_from_dict
 from pipeline.dedup import candidates, clusters, exact, near, signatures
 from pipeline.ingest import config as ingest_config
@@ -147,8 +148,10 @@ def clean_chunk_task(
     bp = boilerplate_key if cfg.clean.boilerplate.enabled else None
     bp_hash = unitcache.content_hash(store, boilerplate_key)
     bad_words = load_bad_words(cfg.clean.c4.bad_words_file, cfg.s3) if cfg.clean.c4.enabled else None
+    url_rules = load_url_rules(cfg.clean.url, cfg.s3)  # its content is in the key: a new list redoes clean
+    digests = [rules.digest for rules in (bad_words, url_rules) if rules is not None]
     for index, up in zip(indices, upstream, strict=True):
-        key = _unit_key(c, "clean", up, bp_hash, *([bad_words.digest] if bad_words else []))
+        key = _unit_key(c, "clean", up, bp_hash, *digests)
         units = {
             "clean": run_unit(
                 store,

@@ -6,6 +6,7 @@ between two datasets."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 
 from flows.cli.s3_flags import add_s3_arguments, resolve_s3
@@ -30,6 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--split", default="train", choices=("train", "valid"), help="split to inspect (default train)"
     )
     m.add_argument("--json", action="store_true", help="print the manifest's mixture section as JSON")
+    m.add_argument(
+        "--domains",
+        type=int,
+        default=10,
+        metavar="N",
+        help="top N domains per source of web documents (from the shards' docs.parquet; 0: none)",
+    )
     add_s3_arguments(m)
     m.set_defaults(func=run_mixture)
     c = what.add_parser("card", help="the data card: what each rule removed, examples, PII, mixture")
@@ -67,9 +75,9 @@ def run_card(args: argparse.Namespace) -> int:
 
 def run_mixture(args: argparse.Namespace) -> int:
     from pipeline.manifest import load_manifest
-    from pipeline.sources import format_mixture
+    from pipeline.sources import domain_tokens, format_mixture, format_top_domains
 
-    manifest, _ = load_manifest(args.dataset, resolve_s3(args))
+    manifest, store = load_manifest(args.dataset, resolve_s3(args))
     if not manifest.mixture:
         raise ValueError(
             f"{args.dataset}: the manifest has no mixture section (built before sources existed)"
@@ -79,6 +87,12 @@ def run_mixture(args: argparse.Namespace) -> int:
         return 0
     print(f"dataset {manifest.name} {manifest.dataset_id}, split {args.split}")
     print(format_mixture(manifest.mixture, args.split))
+    if args.domains > 0:
+        shards = manifest.split_shards(args.split)
+        top = domain_tokens((io.BytesIO(store.get_bytes(s.docs_key)) for s in shards), args.domains)
+        if top:
+            print(f"top domains per source (web documents, {args.split})")
+            print(format_top_domains(top))
     return 0
 
 

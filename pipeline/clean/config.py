@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pipeline.clean.url import UrlConfig
 from pipeline.langid import LangIdConfig
 
 NORMALIZATIONS = ("NFC", "NFKC")
@@ -212,6 +213,7 @@ class CleanConfig:
     c4: C4Config = field(default_factory=C4Config)
     langid: LangIdConfig = field(default_factory=LangIdConfig)
     pii: PiiConfig = field(default_factory=PiiConfig)
+    url: UrlConfig = field(default_factory=UrlConfig)  # blocklists and banned words (``url.py``)
 
     def __post_init__(self) -> None:
         if self.normalization not in NORMALIZATIONS:
@@ -228,3 +230,5 @@ class CleanConfig:
             raise ValueError("CleanConfig.c4 must be a C4Config")
         if not isinstance(self.pii, PiiConfig):
             raise ValueError("CleanConfig.pii must be a PiiConfig")
+        if not isinstance(self.url, UrlConfig):
+            raise ValueError("CleanConfig.url must be a UrlConfig")

@@ -27,8 +27,9 @@ from pipeline.clean.normalize import normalize_text, normalize_whitespace, remov
 from pipeline.clean.pii import redact_document
 from pipeline.clean.quality import check_quality_batch
 from pipeline.clean.stopwords import stop_word_reason
+from pipeline.clean.url import UrlRules, load_url_rules
 from pipeline.langid import LangIdConfig, identify_batch, language_verdict
-from pipeline.records import Record, iter_part_batches, write_part
+from pipeline.records import Record, iter_part_batches, web_fields, write_part
 from pipeline.sources import SOURCE_NAME, SourceConfig, provenance, tally_document
 from pipeline.storage import ObjectStore
 from pipeline.units import StageStats, part_done, read_part_stats
@@ -65,6 +66,13 @@ def clean_text(
                 # the ends can need it again (no Unicode space, carriage return or trailing space appears)
                 text = normalize_whitespace(text, cfg.max_blank_lines, unicode_spaces=False)
     return text
+
+
+def _url_reasons(records: list[Record], rules: UrlRules | None) -> list[str | None]:
+    """The URL rules' drop reason of each document (None: kept, or no URL, or no rules)."""
+    if rules is None:
+        return [None] * len(records)
+    return [(rules.reason(url) if (url := web_fields(rec.meta)[0]) else None) for rec in records]
 
 
 def _blank(text: str) -> bool:
@@ -114,11 +122,13 @@ def clean_batch(
     boilerplate: frozenset[int] = frozenset(),
     normalized: bool = False,
     bad_words: BadWords | None = None,
+    url_rules: UrlRules | None = None,
 ) -> tuple[list[Record], StageStats]:
     """Clean a batch; every dropped document is counted by reason, every repair in ``stats.extra``.
     ``normalized``: the texts are already normalised with ``cfg`` (a build's ingest does it), so steps 0-4 are
-    skipped. ``bad_words``: C4's list when loaded already (else read from ``cfg.c4.bad_words_file``)."""
-    kept, stats = _clean_indexed(records, cfg, boilerplate, normalized, bad_words)
+    skipped. ``bad_words``: C4's list when loaded already (else read from ``cfg.c4.bad_words_file``);
+    ``url_rules``: the URL rules when loaded already (else read from ``cfg.url``)."""
+    kept, stats = _clean_indexed(records, cfg, boilerplate, normalized, bad_words, url_rules)
     return [r for _, r in kept], stats
 
 
@@ -129,11 +139,13 @@ def clean_batch_by_source(
     per_source: Sequence[CleanConfig] = (),
     normalized: bool = False,
     bad_words: BadWords | None = None,
+    url_rules: UrlRules | None = None,
 ) -> tuple[list[Record], StageStats]:
     """:func:`clean_batch` with the config of each document's source entry (``per_source[entry]``, from
     :func:`source_clean_configs`), in the batch's order."""
     if len(set(per_source)) <= 1:
-        return clean_batch(records, per_source[0] if per_source else cfg, boilerplate, normalized, bad_words)
+        only = per_source[0] if per_source else cfg
+        return clean_batch(records, only, boilerplate, normalized, bad_words, url_rules)
     groups: dict[int, list[int]] = {}
     for i, rec in enumerate(records):
         entry = provenance(rec.meta)[1]
@@ -143,7 +155,7 @@ def clean_batch_by_source(
     for entry, members in groups.items():
         group_cfg = per_source[entry] if entry >= 0 else cfg
         group = [records[i] for i in members]
-        out, group_stats = _clean_indexed(group, group_cfg, boilerplate, normalized, bad_words)
+        out, group_stats = _clean_indexed(group, group_cfg, boilerplate, normalized, bad_words, url_rules)
         kept += [(members[j], r) for j, r in out]
         stats.merge(group_stats)
     return [r for _, r in sorted(kept, key=lambda x: x[0])], stats
@@ -160,11 +172,13 @@ def _clean_indexed(
     boilerplate: frozenset[int],
     normalized: bool = False,
     bad_words: BadWords | None = None,
+    url_rules: UrlRules | None = None,
 ) -> tuple[list[tuple[int, Record]], StageStats]:
     stats = StageStats(stage="clean", docs_in=len(records))
     counts: Counter[str] = Counter()
     texts = [clean_text(rec.text, cfg, boilerplate, counts, normalized) for rec in records]
-    early: list[str | None] = ["empty_after_clean" if _blank(t) else None for t in texts]
+    early = _url_reasons(records, url_rules or load_url_rules(cfg.url, None))
+    early = [e or ("empty_after_clean" if _blank(t) else None) for e, t in zip(early, texts, strict=True)]
     if cfg.c4.enabled:  # C4 removes lines and drops pages before langid and the quality rules see the text
         words = bad_words or load_bad_words(cfg.c4.bad_words_file, None)
         texts, early = apply_c4(texts, early, cfg.c4, counts, words)
@@ -222,11 +236,14 @@ def run_clean_part(
     normalized = input_normalized(store, in_folder, index)
     boilerplate = load_boilerplate(store, boilerplate_key) if boilerplate_key else frozenset()
     bad_words = load_bad_words(cfg.c4.bad_words_file, store.s3) if cfg.c4.enabled else None
+    url_rules = load_url_rules(cfg.url, store.s3)
     stats = StageStats(stage="clean")
     per_source = source_clean_configs(cfg, sources)
     kept: list[Record] = []
     for batch in iter_part_batches(store, in_folder, index):
-        out, batch_stats = clean_batch_by_source(batch, cfg, boilerplate, per_source, normalized, bad_words)
+        out, batch_stats = clean_batch_by_source(
+            batch, cfg, boilerplate, per_source, normalized, bad_words, url_rules
+        )
         kept.extend(out)
         stats.merge(batch_stats)
     stats.extra.setdefault("chars_removed", 0)

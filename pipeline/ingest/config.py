@@ -8,7 +8,22 @@ from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-FORMATS = ("txt", "txt.gz", "txt.zst", "jsonl", "jsonl.gz", "jsonl.zst", "parquet")
+from pipeline.ingest.html import HtmlConfig
+
+FORMATS = (
+    "txt",
+    "txt.gz",
+    "txt.zst",
+    "jsonl",
+    "jsonl.gz",
+    "jsonl.zst",
+    "parquet",
+    "warc",
+    "warc.gz",
+    "wet",
+    "wet.gz",
+)
+WEB_FORMATS = ("warc", "warc.gz", "wet", "wet.gz")
 DEFAULT_EXTENSIONS: Mapping[str, str] = MappingProxyType(
     {
         ".txt": "txt",
@@ -21,6 +36,10 @@ DEFAULT_EXTENSIONS: Mapping[str, str] = MappingProxyType(
         ".jsonl.zst": "jsonl.zst",
         ".json.zst": "jsonl.zst",
         ".parquet": "parquet",
+        ".warc": "warc",
+        ".warc.gz": "warc.gz",
+        ".wet": "wet",
+        ".wet.gz": "wet.gz",
     }
 )
 # Planning weighs pieces by the text they will produce (that is what a part holds in memory), estimating
@@ -43,6 +62,13 @@ class IngestConfig:
     # character, counted as repaired_invalid_utf8) or "quarantine" the whole line/paragraph (invalid_utf8).
     invalid_utf8: str = "replace"
     extensions: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_EXTENSIONS))
+    # WARC/WET: a record whose block is larger is quarantined (record_too_large) without being read into memory
+    # (Common Crawl truncates payloads at 1 MiB; a 200 MB record is an archived video or a broken crawl).
+    max_record_bytes: int = 32 * 1024 * 1024
+    html: HtmlConfig = field(default_factory=HtmlConfig)  # how a WARC's HTML payloads become text
+    # The jsonl/parquet field holding a document's URL (copied to its meta's "url", which the URL rules of
+    # clean and docs.parquet read); None: none. WARC/WET records take theirs from WARC-Target-URI.
+    url_field: str | None = "url"
 
     def __post_init__(self) -> None:
         if self.txt_mode not in ("file", "paragraph"):
@@ -58,6 +84,12 @@ class IngestConfig:
             raise ValueError("ingest.id_field must be a field name or None")
         if self.target_part_bytes < 1:
             raise ValueError(f"ingest.target_part_bytes must be >= 1, got {self.target_part_bytes}")
+        if self.max_record_bytes < 1:
+            raise ValueError(f"ingest.max_record_bytes must be >= 1, got {self.max_record_bytes}")
+        if not isinstance(self.html, HtmlConfig):
+            raise ValueError("ingest.html must be a section (extractor, options)")
+        if self.url_field is not None and not self.url_field:
+            raise ValueError("ingest.url_field must be a field name or None")
         if self.max_doc_bytes < 1:
             raise ValueError(f"ingest.max_doc_bytes must be >= 1, got {self.max_doc_bytes}")
         if not 0.0 <= self.min_detect_confidence <= 1.0:

@@ -38,7 +38,7 @@ from pipeline.ingest.encoding import (
     repair_utf8,
 )
 from pipeline.ingest.streams import DecompressingReader, LineReader, open_seekable
-from pipeline.records import QUARANTINE_SAMPLE_BYTES, Quarantined, Record
+from pipeline.records import QUARANTINE_SAMPLE_BYTES, URL, Quarantined, Record
 from pipeline.sources import SOURCE_ENTRY, SOURCE_NAME, USER_META, SourceConfig, source_name
 from pipeline.storage import ObjectStore
 
@@ -75,9 +75,16 @@ class ReadContext:
         return Quarantined(self.uri, location, reason, detail, sample[:QUARANTINE_SAMPLE_BYTES])
 
     def record(
-        self, pos: str, text: str, meta: dict[str, Any], encoding: str, doc_id: str | None = None
+        self,
+        pos: str,
+        text: str,
+        meta: dict[str, Any],
+        encoding: str,
+        doc_id: str | None = None,
+        web: dict[str, str] | None = None,
     ) -> Item:
-        """A Record, or a Quarantined ``empty_doc``; NULs are counted here and left for clean to handle."""
+        """A Record, or a Quarantined ``empty_doc``; NULs are counted here and left for clean to handle.
+        ``web``: the document's URL and crawl date (``pipeline.sources.URL``...), kept beside our provenance."""
         if not text.strip():
             return self.quarantine(
                 pos, "empty_doc", "no non-whitespace text", text.encode("utf-8", "replace")
@@ -94,16 +101,20 @@ class ReadContext:
         # is neither overwritten nor mistaken for ours).
         name = name if isinstance(name, str) and name else "default"
         self.extra[f"source.{name}"] += 1
-        meta = {
+        if web is None and self.cfg.url_field is not None:
+            url = meta.get(self.cfg.url_field)
+            web = {URL: url} if isinstance(url, str) and url else None
+        ours: dict[str, Any] = {
             "format": self.fmt,
             "encoding": encoding,
             "offset": pos,
             SOURCE_NAME: name,
             SOURCE_ENTRY: self.entry,
+            **{k: v for k, v in (web or {}).items() if v},
             USER_META: meta,
         }
         rid = doc_id if doc_id is not None else f"{self.uri}#{pos}"
-        return Record(rid, text, self.uri, json.dumps(meta, ensure_ascii=False, default=str))
+        return Record(rid, text, self.uri, json.dumps(ours, ensure_ascii=False, default=str))
 
     def decode(self, data: bytes) -> tuple[str, str]:
         """(text, codec): strict UTF-8 inline (the common case), then UTF-8 with its invalid bytes replaced

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.ingest import readers, streams
+from pipeline.ingest import html, readers, streams, warc
 from pipeline.ingest.config import (
     COMPRESSION_ESTIMATE,
     DEFAULT_EXTENSIONS,
+    WEB_FORMATS,
     IngestConfig,
     InputFile,
     PartPlan,
@@ -318,7 +319,7 @@ def iter_ingest_part(
             continue
         items = 0
         try:
-            for item in readers.read_piece(piece, ctx, *stores.locate(piece.uri)):
+            for item in _read_piece(piece, ctx, stores):
                 items += 1
                 if isinstance(item, Record):
                     docs += 1
@@ -356,6 +357,20 @@ def iter_ingest_part(
         stats.extra["normalize_chars_removed"] = chars_read - chars_kept
         for name in sorted(counts):
             stats.extra[name] = stats.extra.get(name, 0) + counts[name]
+
+
+def _read_piece(piece: Piece, ctx: readers.ReadContext, stores: _Stores) -> Iterator[Record | Quarantined]:
+    """The items of one piece: WARC/WET through :mod:`pipeline.ingest.warc`, the other formats through
+    :mod:`pipeline.ingest.readers`."""
+    store, key = stores.locate(piece.uri)
+    if piece.fmt not in WEB_FORMATS:
+        yield from readers.read_piece(piece, ctx, store, key)
+        return
+    wet = piece.fmt.startswith("wet")
+    if not wet:  # a missing extractor package is the user's to fix: fail before reading, not per record
+        html.build_extractor(ctx.cfg.html)
+    with streams.open_seekable(store, key, piece.size) as f:
+        yield from warc.read_warc(ctx, f, piece.size, wet=wet, gz=piece.fmt.endswith(".gz"))
 
 
 def _tally_quarantined(stats: StageStats, q: Quarantined, name: str) -> None:

@@ -364,3 +364,32 @@ def test_add_batch_writes_the_same_bytes_as_one_document_at_a_time(tmp_path: Pat
     assert one.close() == many.close()  # same sizes and sha256 of every file
     files = sorted(p.relative_to(tmp_path / "one").as_posix() for p in (tmp_path / "one").rglob("*.*"))
     assert filecmp.cmpfiles(tmp_path / "one", tmp_path / "many", files, shallow=False)[1:] == ([], [])
+
+
+def test_docs_parquet_holds_url_and_date_and_top_domains_count_them(tmp_path: Path) -> None:
+    from pipeline.sources import domain_tokens, format_top_domains
+
+    metas = [
+        json.dumps(
+            {"source_name": "web", "url": "https://www.a.example/x", "warc_date": "2024-01-01T00:00:00Z"}
+        ),
+        json.dumps({"source_name": "web", "url": "http://b.example/y"}),
+        json.dumps({"source_name": "web", "url": "https://a.example/z", "warc_date": "2024-02-01T00:00:00Z"}),
+        json.dumps({"source_name": "books"}),
+    ]
+    writer = ShardWriter(tmp_path, "train", [14], np.uint16)
+    for i, meta in enumerate(metas):
+        name = json.loads(meta)["source_name"]
+        writer.add(f"d{i}", "s", "B0", np.arange(2 + i, dtype=np.uint16), (name, "en", meta))
+    (shard,) = writer.close()
+    rows = pq.read_table(tmp_path / shard.docs_key).to_pylist()
+    assert [r["url"] for r in rows] == [
+        "https://www.a.example/x",
+        "http://b.example/y",
+        "https://a.example/z",
+        "",
+    ]
+    assert [r["warc_date"] for r in rows] == ["2024-01-01T00:00:00Z", "", "2024-02-01T00:00:00Z", ""]
+    top = domain_tokens([tmp_path / shard.docs_key])
+    assert top == {"web": [("a.example", 2 + 4, 2), ("b.example", 3, 1)]}  # books has no URL: left out
+    assert "a.example" in format_top_domains(top)

@@ -158,6 +158,7 @@ def test_every_format(tmp_path: Path) -> None:
         "offset": "L1",
         "source_name": "default",
         "source_entry": 0,
+        "url": "http://x/0",  # ingest.url_field ("url"): the URL rules and docs.parquet read it here
     }
     assert first["f.parquet"].meta_dict()["user"]["lang"] == "fr"
     assert stats.docs_out == 22 and stats.docs_in == 22 and stats.bytes_out > 0
@@ -198,6 +199,7 @@ def test_id_field_and_non_pile_fields(tmp_path: Path) -> None:
         "offset": "B0",
         "source_name": "default",
         "source_entry": 0,
+        "url": "u",
     }
 
 
