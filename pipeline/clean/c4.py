@@ -43,13 +43,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from pipeline.clean.config import C4Config
-from pipeline.storage import S3Options, open_store, split_uri
+from pipeline.storage import S3Options, read_object
 
 POLICY_SUBSTRINGS = (
     "terms of use",
@@ -161,16 +160,7 @@ def load_bad_words(uri: str | None, s3: S3Options | None) -> BadWords | None:
     ``pipeline.storage`` (run_clean_part reads it once per part) and compiled once per distinct content."""
     if uri is None:
         return None
-    if "://" not in uri:
-        path = os.path.abspath(os.path.expanduser(uri))
-        if not os.path.isfile(path):
-            raise ValueError(f"clean.c4.bad_words_file: {uri} is not a file")
-        uri = "file://" + path
-    root, key = split_uri(uri)
-    try:
-        data = open_store(root, s3).get_bytes(key)
-    except FileNotFoundError as exc:
-        raise ValueError(f"clean.c4.bad_words_file: {uri} does not exist") from exc
+    data = read_object(uri, s3, "clean.c4.bad_words_file")
     return _compiled(data)
 
 

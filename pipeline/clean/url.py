@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from pipeline.storage import S3Options, open_store, split_uri
+from pipeline.storage import S3Options, read_object
 
 _TOKEN = re.compile(r"[^a-z0-9]+")
 
@@ -111,16 +110,5 @@ def load_url_rules(cfg: UrlConfig, s3: S3Options | None) -> UrlRules | None:
     once per distinct content."""
     if not cfg.enabled:
         return None
-    blobs = []
-    for uri in cfg.blocklist:
-        if "://" not in uri:
-            path = os.path.abspath(os.path.expanduser(uri))
-            if not os.path.isfile(path):
-                raise ValueError(f"clean.url.blocklist: {uri} is not a file")
-            uri = "file://" + path
-        root, key = split_uri(uri)
-        try:
-            blobs.append(open_store(root, s3).get_bytes(key))
-        except FileNotFoundError as exc:
-            raise ValueError(f"clean.url.blocklist: {uri} does not exist") from exc
+    blobs = [read_object(uri, s3, "clean.url.blocklist") for uri in cfg.blocklist]
     return _rules(tuple(blobs), tuple(cfg.banned_words))

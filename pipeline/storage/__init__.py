@@ -7,6 +7,8 @@ this package touches boto3.
 
 from __future__ import annotations
 
+import os
+
 from pipeline.errors import AlreadyExistsError, StorageError
 from pipeline.storage.base import (
     ObjectInfo,
@@ -48,6 +50,21 @@ def split_uri(uri: str) -> tuple[str, str]:
     return head, tail
 
 
+def read_object(uri: str, s3: S3Options | None, field: str) -> bytes:
+    """The bytes of one small object a config field names (a list file): a local path, ``file://`` or ``s3://``.
+    A missing one raises ``ValueError`` naming ``field``."""
+    if "://" not in uri:
+        path = os.path.abspath(os.path.expanduser(uri))
+        if not os.path.isfile(path):
+            raise ValueError(f"{field}: {uri} is not a file")
+        uri = "file://" + path
+    root, key = split_uri(uri)
+    try:
+        return open_store(root, s3).get_bytes(key)
+    except FileNotFoundError as exc:
+        raise ValueError(f"{field}: {uri} does not exist") from exc
+
+
 __all__ = [
     "AlreadyExistsError",
     "FileStore",
@@ -58,6 +75,7 @@ __all__ = [
     "join_key",
     "normalize_key",
     "open_store",
+    "read_object",
     "sha256_bytes",
     "sha256_file",
     "split_uri",
