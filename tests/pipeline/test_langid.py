@@ -14,6 +14,7 @@ from pipeline.clean.stage import clean_batch
 from pipeline.langid import STATE_DEPTH, FastIdentifier, LangIdConfig, _identifier, identify, language_verdict
 from pipeline.records import Record
 from pipeline.sample_corpus import sample_corpus_path
+from tests.kernels import needs_walk, require
 from tests.pipeline.clean.test_clean import prose
 from tests.pipeline.ingest.test_encoding import CHINESE, FRENCH, JAPANESE, RUSSIAN, SPANISH
 from tests.pipeline.ingest.test_ingest import ingest_all
@@ -256,21 +257,17 @@ def _walk_texts() -> list[str]:
     return texts
 
 
+@needs_walk
 def test_the_compiled_walk_counts_what_the_numpy_walk_finds(monkeypatch: pytest.MonkeyPatch) -> None:
     """``walk_counts`` (pipeline/_langid_walk.c) gives each document's distinct features in increasing order
     with their counts, as sorting the numpy walk's features does, so the scores and the answers are bitwise
     those of the numpy path; where a C compiler was found at install (CI's machine has one) it is built."""
-    import os
 
     import numpy as np
 
     import pipeline.langid as langid
 
-    if langid.walk_kernel is None:
-        assert not os.environ.get("CI"), (
-            "the compiled language-ID walk was not built (pip install -e . needs gcc)"
-        )
-        pytest.skip("pipeline._langid_walk was not built (no C compiler at install)")
+    require(langid.walk_kernel, "pipeline._langid_walk")
     fast = langid._fast()
     texts = _walk_texts()
     datas = [t.encode("utf-8", "surrogatepass") for t in texts]
@@ -298,14 +295,14 @@ def test_the_compiled_walk_counts_what_the_numpy_walk_finds(monkeypatch: pytest.
     assert fast.classify_batch(texts) == compiled
 
 
+@needs_walk
 def test_the_compiled_walk_refuses_corrupt_tables() -> None:
     """A table entry that points past the tables (a corrupt cache) raises instead of reading out of bounds."""
     import numpy as np
 
     import pipeline.langid as langid
 
-    if langid.walk_kernel is None:
-        pytest.skip("pipeline._langid_walk was not built")
+    require(langid.walk_kernel, "pipeline._langid_walk")
     fast = langid._fast()
     broken = np.array(fast.next_row)
     broken[:] = len(broken)  # every next row is past the end

@@ -15,17 +15,11 @@ import xxhash
 
 from pipeline import langid
 from pipeline.clean import normalize, quality, stopwords, wordscan
+from tests.kernels import needs_lines, needs_walk, needs_wordscan, require
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = "pipeline/_native.h"
 KERNELS = ("pipeline/_langid_walk.c", "pipeline/clean/_lines.c", "pipeline/clean/_wordscan.c")
-
-
-def built(kernel: object, name: str) -> None:
-    """Skips where the install found no compiler; CI's machine has one, so there the kernel must be built."""
-    if kernel is None:
-        assert not os.environ.get("CI"), f"{name} was not built (pip install needs gcc)"
-        pytest.skip(f"{name} was not built (no C compiler at install)")
 
 
 def test_the_kernels_include_the_shared_header_and_keep_no_copy_of_it():
@@ -51,12 +45,13 @@ def test_every_kernel_builds_warning_free_with_the_header_in_its_sdist():
         assert module["optional"] is True, module["name"]
 
 
+@needs_lines
 def test_our_xxh64_is_the_xxhash_packages_on_every_length_and_alignment():
     """``_lines.xxh64`` (native_xxh64, the boilerplate line key) against ``xxhash.xxh64_intdigest`` on random
     bytes of every length 0..300 (the 32-byte stripe loop, then the 8-, 4- and 1-byte tails) at every start
     offset within a word (the reads are unaligned)."""
     kernel = normalize.lines_kernel
-    built(kernel, "pipeline.clean._lines")
+    require(kernel, "pipeline.clean._lines")
     assert kernel is not None
     rng = random.Random(64)
     for length in range(301):
@@ -68,12 +63,15 @@ def test_our_xxh64_is_the_xxhash_packages_on_every_length_and_alignment():
     assert kernel.xxh64(text.encode()) == normalize.line_hash(text)
 
 
+@needs_lines
+@needs_wordscan
+@needs_walk
 def test_a_buffer_of_the_wrong_size_or_alignment_is_refused():
     """Each kernel checks the buffers it reads as integers: a length that is not a whole number of items, or
     a start that is not aligned for them, raises ValueError naming the buffer."""
-    built(normalize.lines_kernel, "pipeline.clean._lines")
-    built(wordscan.scan_kernel, "pipeline.clean._wordscan")
-    built(langid.walk_kernel, "pipeline._langid_walk")
+    require(normalize.lines_kernel, "pipeline.clean._lines")
+    require(wordscan.scan_kernel, "pipeline.clean._wordscan")
+    require(langid.walk_kernel, "pipeline._langid_walk")
     assert normalize.lines_kernel and wordscan.scan_kernel and langid.walk_kernel
     keys = np.arange(4, dtype=np.uint64).tobytes()
     with pytest.raises(ValueError, match="boilerplate"):
@@ -102,11 +100,13 @@ def test_a_buffer_of_the_wrong_size_or_alignment_is_refused():
         )
 
 
+@needs_lines
+@needs_wordscan
 def test_the_kernels_read_only_whole_characters_at_a_texts_end(monkeypatch: pytest.MonkeyPatch):
     """Texts that end in a multi-byte character (2, 3 and 4 bytes) right after a word, a space or a bullet:
     the kernels give Python's answers there (make sanitize runs this under AddressSanitizer)."""
-    built(normalize.lines_kernel, "pipeline.clean._lines")
-    built(wordscan.scan_kernel, "pipeline.clean._wordscan")
+    require(normalize.lines_kernel, "pipeline.clean._lines")
+    require(wordscan.scan_kernel, "pipeline.clean._wordscan")
     assert normalize.lines_kernel and wordscan.scan_kernel
     lines, scan = normalize.lines_kernel, wordscan.scan_kernel
     ends = ["é", "\u3000", "中", "\U0001f600", "\xa0", "•", "\u2028", "\u212a"]

@@ -23,6 +23,7 @@ from pipeline.clean.stage import run_clean_part
 from pipeline.records import Record, read_part, write_part
 from pipeline.storage import FileStore
 from pipeline.units import StageStats
+from tests.kernels import needs_lines, require
 
 WORD_TEXT = "river garden morning village teacher window market winter summer letter evening station"
 WORDS = WORD_TEXT.split()
@@ -209,21 +210,17 @@ def _line_cases() -> list[str]:
     return docs + [" ".join(r.text for r in part) for part in corpus()]
 
 
+@needs_lines
 def test_compiled_line_keys_and_removal_are_the_python_rules(monkeypatch: pytest.MonkeyPatch):
     """``pipeline/clean/_lines.c`` (xxhash64, str.strip()'s whitespace, lengths in code points) gives the keys
     and removals of the Python lines on every edge case; a text with a lone surrogate goes to the Python path;
     where a C compiler was found at install (CI's machine has one) it is built."""
-    import os
 
     from pipeline.clean import boilerplate as bp_module
     from pipeline.clean import normalize
 
     kernel = normalize.lines_kernel
-    if kernel is None:
-        assert not os.environ.get("CI"), (
-            "the compiled boilerplate lines were not built (pip install -e . needs gcc)"
-        )
-        pytest.skip("pipeline.clean._lines was not built (no C compiler at install)")
+    require(kernel, "pipeline.clean._lines")
     docs = _line_cases()
     boilerplate = frozenset(line_hash(line) for line in (FOOTER, NAV, "ééééééééééééééééééé", "x" * 20))
     for min_chars in (0, 1, 19, 20):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 import random
 import string
 from collections import Counter
@@ -20,6 +19,7 @@ from pipeline.clean.quality import check_quality, check_quality_batch, count_wor
 from pipeline.clean.stage import clean_batch
 from pipeline.records import Record
 from pipeline.sample_corpus import sample_corpus_path
+from tests.kernels import needs_wordscan, require
 from tests.pipeline.clean.quality_oracle import (
     alpha_word_fraction,
     fast_words,
@@ -303,14 +303,13 @@ def mixed_script_docs(n_docs: int, seed: int) -> list[str]:
     return docs
 
 
-@pytest.fixture(params=["compiled", "numpy"])
+@pytest.fixture(params=[pytest.param("compiled", marks=needs_wordscan), "numpy"])
 def scan_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The word scan under test: the compiled one (pipeline/clean/_wordscan.c) or the numpy one."""
     if request.param == "numpy":
         monkeypatch.setattr(wordscan, "scan_kernel", None)
-    elif wordscan.scan_kernel is None:
-        assert not os.environ.get("CI"), "the compiled word scan was not built (pip install -e . needs gcc)"
-        pytest.skip("pipeline.clean._wordscan was not built (no C compiler at install)")
+    else:
+        require(wordscan.scan_kernel, "pipeline.clean._wordscan")
     return str(request.param)
 
 
@@ -429,12 +428,12 @@ def test_sorted_packing_helpers_equal_their_definitions():
         assert quality._covered(repeats, n).tolist() == covered
 
 
+@needs_wordscan
 def test_the_compiled_scan_finds_the_numpy_scans_words_and_bounds_no_looser(monkeypatch):
     """Document by document, the compiled scan gives the numpy scan's routing, word hashes, lengths, word and
     CJK counts; its repetition bounds (exact keys) prove at least every document the numpy ones prove, and
     only documents that pass the exact rules."""
-    if wordscan.scan_kernel is None:
-        pytest.skip("pipeline.clean._wordscan was not built")
+    require(wordscan.scan_kernel, "pipeline.clean._wordscan")
     cfg = QualityConfig()
     docs = [
         *mixed_script_docs(300, seed=11),
@@ -496,11 +495,11 @@ def test_the_compiled_scan_finds_the_numpy_scans_words_and_bounds_no_looser(monk
     assert proven > 100
 
 
+@needs_wordscan
 def test_the_compiled_ngram_screen_flags_every_failing_document_and_spares_most_others():
     """``screen_ngrams`` (pipeline/clean/_wordscan.c) over the borderline documents and varied rule sets: every
     document that the exact n-gram rules fail is flagged, and most that pass are proven (not flagged)."""
-    if wordscan.scan_kernel is None:
-        pytest.skip("pipeline.clean._wordscan was not built")
+    require(wordscan.scan_kernel, "pipeline.clean._wordscan")
     docs = borderline_docs(400, seed=3)
     rules = [
         QualityConfig(),

@@ -19,6 +19,7 @@ from pipeline.config import build_config
 from pipeline.langid import LangIdConfig
 from pipeline.records import Record
 from pipeline.sources import SOURCE_ENTRY, SOURCE_NAME, SourceConfig
+from tests.kernels import needs_wordscan, require
 from tests.pipeline.clean.quality_oracle import reference_stop_word_reason, stop_word_count
 from tests.pipeline.clean.test_quality import GERMAN
 
@@ -127,12 +128,14 @@ def test_thresholds_and_switches():
     assert stop_word_reason(english([]), "en", QualityConfig(stop_words=())) is None
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+@pytest.mark.parametrize(
+    "compiled", [pytest.param(True, marks=needs_wordscan), False], ids=["compiled", "python"]
+)
 def test_the_counts_give_the_token_by_token_answers(monkeypatch, compiled):
     if not compiled:
         monkeypatch.setattr(wordscan, "scan_kernel", None)
-    elif wordscan.scan_kernel is None:
-        pytest.skip("pipeline.clean._wordscan was not built")
+    else:
+        require(wordscan.scan_kernel, "pipeline.clean._wordscan")
     rng = random.Random(3)
     tokens = [
         *PLAIN[:8],
