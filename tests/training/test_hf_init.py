@@ -257,3 +257,21 @@ def test_run_builds_with_the_models_tokenizer_and_its_special_tokens(dataset, tm
     }
     cfg = load_corpus_config(None, overrides=overrides)
     assert cfg.tokenize.tokenizer == f"{tmp_path}/tokenizer.json" and cfg.tokenize.pad_token is None
+
+
+def test_the_trainer_builds_the_released_model_with_the_run_options(dataset, tmp_path: Path) -> None:
+    from training.config import TrainConfig
+    from training.train import build_model
+
+    manifest, store, _uri = dataset
+    released(tmp_path, dataset)
+    cfg = TrainConfig(
+        init_from=str(tmp_path), seq_len=64, attention="document", activation_checkpointing=True
+    )
+    model = build_model(cfg, manifest, store)
+    assert model.activation_checkpointing and model.cfg.attention == "document"
+    assert model.cfg.eos_id == manifest.tokenizer.eos_id
+    init = load_hf_model(str(tmp_path))
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in init.state.items())
+    with pytest.raises(ValueError, match="seq_len 256 exceeds init_from's max_position_embeddings 128"):
+        build_model(TrainConfig(init_from=str(tmp_path), seq_len=256), manifest, store)
