@@ -84,26 +84,29 @@ def model_config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         if value != wanted:
             raise _refuse(field, value, f"pileworks' model needs {wanted!r}")
     pct, base = rotary_settings(hf)
-    heads, width = int(hf["num_attention_heads"]), int(hf["hidden_size"])
-    if width % heads or int(width // heads * pct) % 2:
-        raise _refuse("rotary_pct", pct, f"gives an odd rotary dimension for head size {width // heads}")
     try:
-        return ModelConfig(
-            vocab_size=int(hf["vocab_size"]),
-            n_layer=int(hf["num_hidden_layers"]),
-            n_head=heads,
-            d_model=width,
-            d_ff=int(hf.get("intermediate_size") or 4 * width),
-            max_seq_len=int(hf.get("max_position_embeddings", 2048)),
-            rotary_pct=pct,
-            rotary_base=base,
-            parallel_residual=bool(hf.get("use_parallel_residual", True)),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            norm_eps=float(hf.get("layer_norm_eps", 1e-5)),
-            init_std=float(hf.get("initializer_range", 0.02)),
-        )
+        required = ("vocab_size", "num_hidden_layers", "num_attention_heads", "hidden_size")
+        vocab, layers, heads, width = (int(hf[name]) for name in required)
     except KeyError as exc:
         raise UnsupportedModelError(f"init_from config.json has no {exc.args[0]}") from exc
+    if width % heads:
+        raise _refuse("hidden_size", width, f"is not a multiple of num_attention_heads {heads}")
+    if int(width // heads * pct) % 2:
+        raise _refuse("rotary_pct", pct, f"gives an odd rotary dimension for head size {width // heads}")
+    return ModelConfig(
+        vocab_size=vocab,
+        n_layer=layers,
+        n_head=heads,
+        d_model=width,
+        d_ff=int(hf.get("intermediate_size") or 4 * width),
+        max_seq_len=int(hf.get("max_position_embeddings", 2048)),
+        rotary_pct=pct,
+        rotary_base=base,
+        parallel_residual=bool(hf.get("use_parallel_residual", True)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        norm_eps=float(hf.get("layer_norm_eps", 1e-5)),
+        init_std=float(hf.get("initializer_range", 0.02)),
+    )
 
 
 def our_qkv_rows(tensor: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:

@@ -163,7 +163,8 @@ def test_a_released_config_file_maps_field_by_field() -> None:
         ({"model_type": "llama"}, "model_type"),
         ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
         ({"rope_parameters": {"rope_type": "linear", "factor": 2.0}}, "rope_parameters.rope_type"),
-        ({"rotary_pct": 0.2}, "rotary_pct"),  # 16 * 0.2 -> 3 rotary dims: odd, the halves layout needs even
+        ({"rotary_pct": 0.2}, "rotary_pct"),
+        ({"hidden_size": 66}, "hidden_size"),  # 16 * 0.2 -> 3 rotary dims: odd, the halves layout needs even
     ],
 )
 def test_an_unrepresentable_config_is_refused_naming_the_field(change: dict, field: str) -> None:
@@ -171,6 +172,11 @@ def test_an_unrepresentable_config_is_refused_naming_the_field(change: dict, fie
         model_config_from_hf({**PYTHIA, **change})
     message = str(caught.value)
     assert "\n" not in message and f"config.json: {field} = " in message
+
+
+def test_a_config_without_a_required_field_is_refused_naming_it() -> None:
+    with pytest.raises(UnsupportedModelError, match=r"config\.json has no hidden_size"):
+        model_config_from_hf({k: v for k, v in PYTHIA.items() if k != "hidden_size"})
 
 
 def test_missing_or_unknown_weights_are_refused(dataset, tmp_path: Path) -> None:
