@@ -49,6 +49,13 @@ class TrainConfig:
         default_factory=dict
     )  # ModelConfig field overrides, e.g. {tie_embeddings: false}
     seq_len: int = 256
+    # Start from a Hugging Face GPTNeoXForCausalLM folder (local or s3://) instead of random weights: its
+    # config.json replaces preset and model overrides, and the dataset must use its tokenizer (training.hf_init).
+    init_from: str | None = None
+    # Recompute each block in backward instead of keeping its activations: less memory, about a third more compute.
+    activation_checkpointing: bool = False
+    # "document": no token attends across an EOS inside a packed window (positions restart per document).
+    attention: Literal["causal", "document"] = "causal"
     # batch: give grad_accum_steps OR global_batch_size (neither: accumulation 1)
     micro_batch_size: int = 8
     grad_accum_steps: int | None = None
@@ -97,6 +104,17 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {', '.join(PRESETS)}; got {self.preset!r}")
+        _require(
+            self.attention in ("causal", "document"),
+            "attention",
+            "must be causal or document",
+            self.attention,
+        )
+        if self.init_from and self.model:
+            raise ValueError(
+                f"model overrides {sorted(self.model)} cannot change a model loaded from init_from "
+                f"{self.init_from}: its config.json is the architecture; drop the model: section"
+            )
         for name in (
             "seq_len",
             "micro_batch_size",

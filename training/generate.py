@@ -82,6 +82,51 @@ def convert_to_fp32(checkpoint: str | Path, out_path: str | Path) -> Path:
     return out
 
 
+FP32_CONFIG_KEY = "pileworks_model_config"  # safetensors metadata: the ModelConfig as JSON
+TIED_HEAD = "lm_head.weight"  # a tied head is embed.weight: stored once, tied again on load
+
+
+def export_fp32(checkpoint: str | Path, out_path: str | Path) -> Path:
+    """Write a checkpoint's consolidated fp32 weights as one safetensors file, its model config in the
+    metadata; a tied head is stored once (safetensors holds no shared tensors). Every input file is verified
+    and unpickled weights-only; the output holds no pickle at all."""
+    from safetensors.torch import save_file
+
+    tag_dir = resolve_tag_dir(checkpoint)
+    state, record = fp32_state_dict(tag_dir)
+    cfg = ModelConfig(**record["model_config"])
+    if cfg.tie_embeddings:
+        state = {k: v for k, v in state.items() if k != TIED_HEAD}
+    metadata = {
+        "format": "pt",
+        FP32_CONFIG_KEY: json.dumps(record["model_config"], sort_keys=True),
+        "step": str(record["step"]),
+        "dataset_id": str(record.get("dataset_id")),
+    }
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out), metadata=metadata)
+    return out
+
+
+def load_fp32(path: str | Path) -> tuple[dict[str, torch.Tensor], ModelConfig]:
+    """The state dict (tied head restored) and model config of a file :func:`export_fp32` wrote."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    with safe_open(str(path), framework="pt") as fh:
+        metadata = fh.metadata() or {}
+    if FP32_CONFIG_KEY not in metadata:
+        raise CheckpointError(
+            f"{path} has no {FP32_CONFIG_KEY} metadata: not written by pileworks export --to fp32"
+        )
+    cfg = ModelConfig(**json.loads(metadata[FP32_CONFIG_KEY]))
+    state = load_file(str(path))
+    if cfg.tie_embeddings:
+        state[TIED_HEAD] = state["embed.weight"]
+    return state, cfg
+
+
 def _tokenizer(tag_dir: Path, manifest_uri: str | None, s3: S3Options | None) -> Any:
     from tokenizers import Tokenizer
 

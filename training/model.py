@@ -9,10 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,6 +33,9 @@ class ModelConfig:
     tie_embeddings: bool = True
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    # "document": no token attends across an EOS (``eos_id``) inside a packed window; "causal": GPT-NeoX's.
+    attention: Literal["causal", "document"] = "causal"
+    eos_id: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_layer", "n_head", "d_model", "max_seq_len"):
@@ -48,6 +53,10 @@ class ModelConfig:
             raise ValueError(
                 f"model.rotary_pct gives an odd rotary dimension {self.rotary_dim}; pick one giving an even one"
             )
+        if self.attention not in ("causal", "document"):
+            raise ValueError(f"model.attention must be 'causal' or 'document'; got {self.attention!r}")
+        if self.attention == "document" and self.eos_id is None:
+            raise ValueError("model.attention 'document' needs model.eos_id, the id that ends a document")
 
     @property
     def head_dim(self) -> int:
@@ -155,13 +164,22 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.out = nn.Linear(cfg.d_model, cfg.d_model)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``cos``/``sin``: the tables by position (T_max, rotary_dim), or per token (B, 1, T, rotary_dim);
+        ``mask``: (B, 1, T, T) booleans, True where a query may attend (None: plain causal)."""
         b, t, d = x.shape
         h, hd = self.cfg.n_head, self.cfg.head_dim
         q, k, v = self.qkv(x).view(b, t, 3, h, hd).permute(2, 0, 3, 1, 4)  # each (B, H, T, Dh)
-        q = apply_rotary(q, cos[:t], sin[:t], self.cfg.rotary_dim)
-        k = apply_rotary(k, cos[:t], sin[:t], self.cfg.rotary_dim)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if cos.dim() == 2:
+            cos, sin = cos[:t], sin[:t]
+        q = apply_rotary(q, cos, sin, self.cfg.rotary_dim)
+        k = apply_rotary(k, cos, sin, self.cfg.rotary_dim)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.out(y.transpose(1, 2).reshape(b, t, d))
 
 
@@ -184,19 +202,47 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.parallel:
-            return x + self.attn(self.ln_attn(x), cos, sin) + self.mlp(self.ln_mlp(x))
-        x = x + self.attn(self.ln_attn(x), cos, sin)
+            return x + self.attn(self.ln_attn(x), cos, sin, mask) + self.mlp(self.ln_mlp(x))
+        x = x + self.attn(self.ln_attn(x), cos, sin, mask)
         return x + self.mlp(self.ln_mlp(x))
 
 
-class GPT(nn.Module):
-    """``forward(tokens, targets=None)``: logits (B, T, V), or the mean cross-entropy when targets are given."""
+def document_layout(tokens: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Document masking of a packed window: ``(mask, positions)``.
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    ``mask`` (B, 1, T, T): query i may see key j when j <= i and both lie in one document; a token belongs
+    to the document its nearest EOS at or after it ends, so an EOS still sees its own document and the token
+    after it starts afresh. ``positions`` (B, T): each token's offset from its document's first token in the
+    window. Positions restart so that a document inside a window is computed exactly as that document alone
+    (its rotary angles are the ones it would get from position 0); rotary scores depend only on the offset
+    between query and key, so this changes only float rounding, which grows with the absolute position.
+    """
+    is_eos = (tokens == eos_id).to(torch.int64)
+    doc = torch.cumsum(is_eos, dim=1) - is_eos  # EOSes strictly before each token
+    t = tokens.shape[1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
+    mask = ((doc[:, :, None] == doc[:, None, :]) & causal)[:, None]
+    index = torch.arange(t, device=tokens.device).expand_as(tokens)
+    starts = torch.where(doc != torch.nn.functional.pad(doc, (1, 0), value=-1)[:, :-1], index, 0)
+    return mask, index - torch.cummax(starts, dim=1).values
+
+
+class GPT(nn.Module):
+    """``forward(tokens, targets=None)``: logits (B, T, V), or the mean cross-entropy when targets are given.
+
+    ``activation_checkpointing``: keep only each block's input during training's forward and recompute the
+    block in backward (torch's non-reentrant checkpoint): activation memory per layer falls from every
+    intermediate to one (B, T, d) tensor, for about a third more compute. Not part of the config: a checkpoint
+    trained with it is the same model."""
+
+    def __init__(self, cfg: ModelConfig, *, activation_checkpointing: bool = False) -> None:
         super().__init__()
         self.cfg = cfg
+        self.activation_checkpointing = activation_checkpointing
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_final = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
@@ -228,8 +274,18 @@ class GPT(nn.Module):
                 f"sequence of {tokens.shape[1]} tokens exceeds max_seq_len {self.cfg.max_seq_len}"
             )
         x = self.embed(tokens)
+        cos: torch.Tensor = self.rope_cos  # type: ignore[assignment]  # a registered buffer
+        sin: torch.Tensor = self.rope_sin  # type: ignore[assignment]
+        mask = None
+        if self.cfg.attention == "document" and self.cfg.eos_id is not None:
+            mask, positions = document_layout(tokens, self.cfg.eos_id)
+            cos, sin = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x, self.rope_cos, self.rope_sin)
+            if recompute:
+                x = checkpoint(block, x, cos, sin, mask, use_reentrant=False)
+            else:
+                x = block(x, cos, sin, mask)
         logits = self.lm_head(self.ln_final(x))
         if targets is None:
             return logits

@@ -40,6 +40,7 @@ from training.engine import (
     init_distributed,
     train_step,
 )
+from training.hf_init import check_dataset_tokenizer, load_hf_model
 from training.metrics import GpuMonitor, MetricsWriter, StepClock, peak_flops
 from training.model import GPT, count_params, flops_per_token, model_config_from_preset
 from training.ranklog import setup_rank_logging
@@ -197,13 +198,36 @@ def fetch_tokenizer(manifest: Manifest, store: ObjectStore) -> dict[str, bytes]:
     return files
 
 
+def build_model(cfg: TrainConfig, manifest: Manifest, store: ObjectStore) -> GPT:
+    """The preset's model with random weights (the same on every rank), or ``init_from``'s, which must share
+    the dataset's tokenizer; with ``attention`` and ``activation_checkpointing`` applied."""
+    tk = manifest.tokenizer
+    init = None
+    if cfg.init_from:
+        init = load_hf_model(cfg.init_from, cfg.s3)
+        check_dataset_tokenizer(init, cfg.init_from, tk, store.get_bytes(tk.key))
+        if cfg.seq_len > init.config.max_seq_len:
+            raise ValueError(
+                f"seq_len {cfg.seq_len} exceeds init_from's max_position_embeddings {init.config.max_seq_len}"
+            )
+        model_cfg = init.config
+    else:
+        model_cfg = model_config_from_preset(
+            cfg.preset, vocab_size=tk.vocab_size, max_seq_len=cfg.seq_len, overrides=cfg.model
+        )
+    if cfg.attention == "document":
+        model_cfg = dataclasses.replace(model_cfg, attention="document", eos_id=tk.eos_id)
+    seed_everything(cfg.seed)  # identical initial weights on every rank
+    model = GPT(model_cfg, activation_checkpointing=cfg.activation_checkpointing)
+    if init is not None:
+        model.load_state_dict(init.state, strict=True)
+    return model
+
+
 def build_run(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> Run:
     manifest, store = load_manifest(args.manifest, cfg.s3)
-    model_cfg = model_config_from_preset(
-        cfg.preset, vocab_size=manifest.tokenizer.vocab_size, max_seq_len=cfg.seq_len, overrides=cfg.model
-    )
-    seed_everything(cfg.seed)  # identical initial weights on every rank
-    model = GPT(model_cfg)
+    model = build_model(cfg, manifest, store)
+    model_cfg = model.cfg
     engine, ds_config = build_engine(model, cfg, info)
     grad_accum = int(ds_config["gradient_accumulation_steps"])
     train_ds, sampler, loader, valid_loader = build_data(cfg, manifest, store, info)
@@ -212,7 +236,7 @@ def build_run(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> Run
     logger.info(
         "model %s: %.2fM parameters; %d train samples of %d tokens, %d steps per epoch; batch %d x %d "
         "accum x %d ranks",
-        cfg.preset,
+        cfg.init_from or cfg.preset,
         model.num_params() / 1e6,
         len(train_ds),
         cfg.seq_len,

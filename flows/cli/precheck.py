@@ -102,6 +102,11 @@ def check_train(manifest_uri: str, config_path: str | None, overrides: dict[str,
     )
 
     cfg = resolved_train_config(config_path, overrides)
-    if manifest_uri.startswith("s3://"):
-        load_manifest(manifest_uri, _fast(cfg.s3))
+    manifest, store = load_manifest(manifest_uri, _fast(cfg.s3))
+    if cfg.init_from:  # the model's config and tokenizer against the dataset's, before any rank starts
+        from training.hf_init import check_dataset_tokenizer, load_hf_model
+
+        model = load_hf_model(cfg.init_from, _fast(cfg.s3), weights=False)
+        tokenizer = manifest.tokenizer
+        check_dataset_tokenizer(model, cfg.init_from, tokenizer, store.get_bytes(tokenizer.key))
     return cfg

@@ -7,7 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from flows.cli.build import add_build_arguments, corpus_and_train_overrides, print_summary
-from flows.cli.train import add_train_arguments, training_lines, training_next_commands
+from flows.cli.train import (
+    add_init_from_argument,
+    add_train_arguments,
+    training_lines,
+    training_next_commands,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "override a config field: dedup.near.threshold=0.7 (corpus) or train.lr=1e-3 (training); repeatable",
     )
     add_train_arguments(r, config_flag="--train-config")
+    add_init_from_argument(r)  # also builds the corpus with that model's tokenizer
     # --train-set KEY=VALUE predates --set train.KEY=VALUE: still accepted, not advertised.
     r.add_argument("--train-set", action="append", default=[], metavar="KEY=VALUE", help=argparse.SUPPRESS)
     r.add_argument("--prompt", default="Debian is", help="prompt for the sample printed at the end")
@@ -30,9 +36,22 @@ def precheck_run(args: argparse.Namespace) -> None:
     from flows.cli.precheck import check_build
     from flows.train.flow import resolved_train_config
 
-    corpus_overrides, train_overrides = corpus_and_train_overrides(args)
+    corpus_overrides, train_overrides = run_overrides(args)
     check_build(args.config, args.inputs, args.output, args.name, corpus_overrides)
     resolved_train_config(args.train_config, train_overrides)
+
+
+def run_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Corpus and training overrides; ``--init-from`` builds with the model's tokenizer (its EOS and pad tokens)
+    and trains from its weights. An explicit ``--set tokenize.*`` still wins."""
+    corpus, train = corpus_and_train_overrides(args)
+    if not args.init_from:
+        return corpus, train
+    from pipeline.corpus_config import load_corpus_config
+    from training.hf_init import tokenize_overrides
+
+    s3 = load_corpus_config(args.config, overrides=corpus).s3
+    return tokenize_overrides(args.init_from, s3) | corpus, {**train, "init_from": args.init_from}
 
 
 def run_prepare_and_train(args: argparse.Namespace) -> int:
@@ -41,7 +60,7 @@ def run_prepare_and_train(args: argparse.Namespace) -> int:
     from flows.train.flow import prepare_and_train
     from flows.ui.progress import display
 
-    corpus_overrides, train_overrides = corpus_and_train_overrides(args)
+    corpus_overrides, train_overrides = run_overrides(args)
     with prefect_api():  # one API for the flow and every worker of its build
         state = prepare_and_train(
             corpus_config=args.config,

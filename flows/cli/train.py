@@ -17,6 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--manifest", required=True, help="manifest URI, dataset folder or datasets/<name> (follows latest)"
     )
     add_train_arguments(t)
+    add_init_from_argument(t)
     add_set_argument(t, "override a TrainConfig field, e.g. lr=1e-3 (repeatable)", "--train-set")
     t.add_argument(
         "--allow-dataset-change", action="store_true", help="resume a checkpoint made on another dataset"
@@ -40,6 +41,16 @@ def add_train_arguments(p: argparse.ArgumentParser, config_flag: str = "--config
     p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts after a rank failure")
 
 
+def add_init_from_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--init-from",
+        default=None,
+        metavar="FOLDER",
+        help="start from a Hugging Face GPTNeoXForCausalLM folder (local or s3://, e.g. a Pythia model you "
+        "downloaded) instead of random weights: sets init_from",
+    )
+
+
 def precheck_train(args: argparse.Namespace) -> None:
     from flows.cli.precheck import check_train
 
@@ -48,7 +59,10 @@ def precheck_train(args: argparse.Namespace) -> None:
 
 def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """``--set`` values, then the S3 flags (which win) as ``s3.<field>`` overrides of the train config."""
-    return parse_overrides(args.set) | dotted_s3_overrides(args)
+    overrides = parse_overrides(args.set) | dotted_s3_overrides(args)
+    if getattr(args, "init_from", None):
+        overrides["init_from"] = args.init_from
+    return overrides
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -74,6 +74,11 @@ def resolved_train_config(config_path: str | None, overrides: dict[str, Any] | N
     return load_train_config(config_path or DEFAULT_TRAIN_CONFIG, overrides)
 
 
+def model_label(cfg: TrainConfig) -> str:
+    """The preset, or the folder name of the model training starts from (``pythia-160m``)."""
+    return cfg.init_from.rstrip("/").rsplit("/", 1)[-1] if cfg.init_from else cfg.preset
+
+
 @task(name="deepspeed-job", task_run_name="deepspeed job: {nproc} ranks", cache_policy=NO_CACHE)
 def run_training_job(
     manifest_uri: str,
@@ -134,7 +139,7 @@ def train_run_name() -> str:
 
     p = flow_run.parameters or {}
     try:
-        preset = resolved_train_config(p.get("config_path"), p.get("overrides")).preset
+        preset = model_label(resolved_train_config(p.get("config_path"), p.get("overrides")))
     except (ValueError, OSError):  # the flow itself reports a bad config, with its message
         preset = "model"
     return f"train {preset} on {run_names.dataset_label(str(p.get('manifest_uri', '?')))}"
@@ -146,7 +151,7 @@ def prepare_run_name() -> str:
 
     p = flow_run.parameters or {}
     try:
-        preset = resolved_train_config(p.get("train_config"), p.get("train_overrides")).preset
+        preset = model_label(resolved_train_config(p.get("train_config"), p.get("train_overrides")))
     except (ValueError, OSError):
         preset = "model"
     return f"build and train {preset}"
@@ -224,7 +229,7 @@ def prepare_and_train(
     )
     run_names.rename_flow_run(
         f"build {summary['name']} {summary['dataset_id'][:8]} and train "
-        f"{resolved_train_config(train_config, overrides).preset}"
+        f"{model_label(resolved_train_config(train_config, overrides))}"
     )
     return {"corpus": summary, "training": result}
 

@@ -3,6 +3,7 @@
 One command on a CUDA machine::
 
     .venv/bin/python tests/bench/bench_gpu.py [--micro-batch 16] [--steps 40] [--no-compile] [--json out.json]
+        [--activation-checkpointing]
 
 It writes a random-token dataset in the published shard format (pipeline.shards' ShardWriter + a manifest),
 then trains one rank with the same pieces ``training.train`` uses (DeepSpeed engine, ShardDataset, the
@@ -57,7 +58,8 @@ def measure(args: argparse.Namespace, work: Path, compile_model: bool) -> dict[s
     info = init_distributed(cfg.pg_timeout_s)
     model_cfg = model_config_from_preset(cfg.preset, vocab_size=VOCAB, max_seq_len=cfg.seq_len)
     torch.manual_seed(0)
-    engine, _ = build_engine(GPT(model_cfg), cfg, info)
+    model = GPT(model_cfg, activation_checkpointing=args.activation_checkpointing)
+    engine, _ = build_engine(model, cfg, info)
     _, _, loader, _ = build_data(cfg, manifest, store, info)
     fpt = flops_per_token(model_cfg, cfg.seq_len)
     peak = peak_flops(torch.cuda.get_device_name()) if on_gpu else None
@@ -99,6 +101,7 @@ def measure(args: argparse.Namespace, work: Path, compile_model: bool) -> dict[s
         "peak_flops": peak,
         "gpu_mem_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None,
         "final_loss": loss,
+        "checkpointing": args.activation_checkpointing,
     }
 
 
@@ -118,6 +121,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-compile", action="store_true", help="eager mode (default: torch.compile)")
     parser.add_argument("--allow-cpu", action="store_true", help="smoke-run the tiny preset on CPU")
     parser.add_argument("--json", default=None, help="also write the figures here")
+    parser.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="recompute each block in backward (less memory)",
+    )
     return parser.parse_args(argv)
 
 
@@ -154,7 +162,7 @@ def report(r: dict) -> None:
     print(
         f"\n== bench_gpu: {r['preset']} ({r['params'] / 1e6:.1f}M params) on {r['device']}, bf16, "
         f"seq_len {r['seq_len']}, micro batch {r['micro_batch']}, ZeRO {r['zero_stage']}, "
-        f"{'compiled' if r['compiled'] else 'eager'}"
+        f"{'compiled' if r['compiled'] else 'eager'}{', activation checkpointing' if r['checkpointing'] else ''}"
     )
     print(f"tokens/s        {r['tokens_per_s']:,.0f}")
     print(f"MFU             {mfu}   (target >= 45% on H100/H200)")

@@ -125,3 +125,14 @@ def test_lr_schedule_warmup_then_cosine() -> None:
     assert all(a >= b for a, b in itertools.pairwise(decay))
     assert lr_multiplier(60, **kw) == pytest.approx(0.55)  # halfway: the mean of peak and floor
     assert lr_multiplier(500, **kw) == pytest.approx(0.1)  # past the end: stays at the floor
+
+
+def test_init_from_attention_and_checkpointing_fields() -> None:
+    from training.config import TrainConfig
+
+    cfg = TrainConfig(init_from="models/pythia-160m", attention="document", activation_checkpointing=True)
+    assert cfg.to_dict()["init_from"] == "models/pythia-160m" and cfg.to_dict()["attention"] == "document"
+    with pytest.raises(ValueError, match="attention must be causal or document"):
+        TrainConfig(attention="sliding")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"model overrides \['d_model'\] cannot change a model loaded from"):
+        TrainConfig(init_from="models/pythia-160m", model={"d_model": 64})

@@ -160,3 +160,98 @@ def test_flops_per_token_is_about_six_times_params() -> None:
     # the attention term (12 L d T) adds about 12% at 2k context for this shape
     assert 1.0 < flops / six_n < 1.4
     assert flops_per_token(cfg, 4096) > flops
+
+
+def documents(lengths: list[int], eos: int, vocab: int, seed: int = 0) -> list[torch.Tensor]:
+    """Documents of random non-EOS tokens, each ending in EOS (the last one cut short, as a window cuts it)."""
+    g = torch.Generator().manual_seed(seed)
+    docs = [torch.cat([torch.randint(1, vocab, (n,), generator=g), torch.tensor([eos])]) for n in lengths]
+    docs[-1] = docs[-1][:-1]
+    return docs
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_document_attention_equals_running_each_document_alone(parallel: bool) -> None:
+    torch.manual_seed(5)
+    cfg = small(max_seq_len=128, init_std=0.3, rotary_pct=0.5, parallel_residual=parallel)
+    docs = documents([20, 1, 45, 0, 30], eos=0, vocab=cfg.vocab_size)
+    window = torch.cat(docs)[None]
+    masked = GPT(replace(cfg, attention="document", eos_id=0)).eval()
+    causal = GPT(cfg).eval()
+    causal.load_state_dict(masked.state_dict())
+    with torch.no_grad():
+        packed, start = masked(window), 0
+        assert packed.abs().max() > 2.0
+        for doc in docs:
+            alone = causal(doc[None])  # the plain causal model on the document by itself
+            assert (packed[0, start : start + len(doc)] - alone[0]).abs().max().item() <= 1e-5
+            start += len(doc)
+        # the causal model lets later documents see earlier ones: the mask is what changes them
+        assert (causal(window)[0, 30:] - packed[0, 30:]).abs().max() > 1e-2
+
+
+def test_document_layout_masks_across_eos_and_restarts_positions() -> None:
+    from training.model import document_layout
+
+    mask, positions = document_layout(torch.tensor([[5, 0, 3, 4, 0, 0, 7]]), eos_id=0)
+    assert positions.tolist() == [[0, 1, 0, 1, 2, 0, 0]]
+    seen = mask[0, 0].int().tolist()
+    assert seen[1] == [1, 1, 0, 0, 0, 0, 0]  # the EOS sees its own document
+    assert seen[4] == [0, 0, 1, 1, 1, 0, 0]
+    assert seen[5] == [0, 0, 0, 0, 0, 1, 0]  # an empty document: the EOS alone
+    assert seen[6] == [0, 0, 0, 0, 0, 0, 1]
+
+
+def test_document_attention_needs_the_eos_id() -> None:
+    with pytest.raises(ValueError, match=r"model\.eos_id"):
+        small(attention="document")
+    with pytest.raises(ValueError, match=r"model\.attention"):
+        small(attention="sliding")
+
+
+def train_losses(
+    checkpointing: bool, attention: str = "causal"
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    torch.manual_seed(11)
+    cfg = small(max_seq_len=64, attention=attention, eos_id=0 if attention == "document" else None)
+    model = GPT(cfg, activation_checkpointing=checkpointing).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    data = torch.randint(0, cfg.vocab_size, (4, 8, 33), generator=torch.Generator().manual_seed(2))
+    losses = []
+    for step in range(4):
+        tokens = data[step]
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, model.state_dict()
+
+
+@pytest.mark.parametrize("attention", ["causal", "document"])
+def test_activation_checkpointing_trains_to_the_same_losses_and_weights(attention: str) -> None:
+    plain, plain_state = train_losses(False, attention)
+    recomputed, recomputed_state = train_losses(True, attention)
+    assert recomputed == plain  # bit for bit: the recomputed forward is the same arithmetic
+    assert all(torch.equal(plain_state[k], recomputed_state[k]) for k in plain_state)
+
+
+def test_activation_checkpointing_keeps_fewer_tensors_for_backward() -> None:
+    """The saved-tensor hooks count what autograd keeps: with checkpointing only each block's inputs."""
+    cfg = small(n_layer=4, max_seq_len=64)
+    tokens = torch.randint(0, cfg.vocab_size, (2, 64))
+
+    def saved_elements(checkpointing: bool) -> int:
+        model = GPT(cfg, activation_checkpointing=checkpointing).train()
+        total = 0
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            nonlocal total
+            total += t.numel()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(tokens, tokens).backward()
+        return total
+
+    assert saved_elements(True) < saved_elements(False) / 2
