@@ -479,7 +479,7 @@ def run_training(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> 
     run = build_run(args, cfg, info)
     allowed = parse_allowed(args.allow_change, allow_dataset_change=args.allow_dataset_change)
     resumed_from = resume(run, allowed)
-    stop_at = min(cfg.max_steps, args.stop_at_step or cfg.max_steps)
+    stop_at = cfg.max_steps if args.stop_at_step is None else min(cfg.max_steps, args.stop_at_step)
     run.metrics.log(
         "start",
         world_size=info.world_size,
@@ -491,7 +491,13 @@ def run_training(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> 
         config=cfg.to_dict(),
     )
     t0 = time.perf_counter()
-    if run.progress.step >= stop_at:
+    if stop_at == 0 and resumed_from is None:
+        # Step 0 saved as is: a run from released weights exports them unchanged (the round trip's check).
+        uploads: list[threading.Thread] = []
+        checkpoint(run, uploads)
+        for thread in uploads:
+            thread.join()
+    elif run.progress.step >= stop_at:
         logger.info("already at step %d (stop at %d): nothing to train", run.progress.step, stop_at)
     else:
         train_loop(run, stop_at)

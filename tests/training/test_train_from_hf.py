@@ -86,3 +86,19 @@ def test_training_from_a_released_model_resumes_exactly_and_exports_transformers
         ours = model(ids[:, :-1], ids[:, 1:]).item()
     assert abs(theirs - ours) <= 1e-5 * max(1.0, abs(ours)), (theirs, ours)
     assert json.loads((out / "config.json").read_text())["vocab_size"] == model.cfg.vocab_size
+
+
+def test_zero_steps_from_a_released_model_exports_its_weights_unchanged(
+    setting: tuple[str, Path], tmp_path: Path
+) -> None:
+    uri, folder = setting
+    run(uri, folder, tmp_path / "zero", stop_at_step=0)
+    assert losses(tmp_path / "zero") == {}  # no step trained
+    from training.export_hf import export_hf
+
+    out = export_hf(tmp_path / "zero" / "checkpoints" / tag_for_step(0), tmp_path / "hf")
+    original = safetensors_torch.load_file(folder / "model.safetensors")
+    exported = safetensors_torch.load_file(out / "model.safetensors")
+    assert exported.keys() == original.keys()
+    for name, tensor in original.items():
+        assert torch.equal(exported[name], tensor), name  # bit for bit, through the trainer and DeepSpeed
