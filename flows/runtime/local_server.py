@@ -370,6 +370,8 @@ def stop_when_idle(home: Path, port: int, poll_s: float = IDLE_POLL_S) -> None:
     """In the server's process: stop it (SIGTERM, which uvicorn handles as a clean shutdown) once no client has
     been connected to its API for the recorded ``idle_stop_s`` (re-read at every poll: ``pileworks server
     start`` sets it to 0 on a running server to keep it up)."""
+    while not healthy(f"http://127.0.0.1:{port}/api", timeout_s=2.0):  # idle counts once it can be used
+        time.sleep(1.0)
     last, limit = time.monotonic(), 0.0
     while True:
         time.sleep(min(poll_s, limit / 4) if limit else poll_s)  # a short limit (tests) is met closely
