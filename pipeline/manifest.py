@@ -378,13 +378,18 @@ def commit_manifest(root_store: ObjectStore, name: str, manifest: Manifest) -> s
             manifest.dataset_id,
             root_store.uri_of(manifest_key),
         )
+    point_latest(root_store, name, manifest.dataset_id)
+    return root_store.uri_of(manifest_key)
+
+
+def point_latest(root_store: ObjectStore, name: str, dataset_id: str) -> None:
+    """Point ``datasets/<name>/latest.json`` at a published dataset (the newest build of ``name``)."""
     pointer = {
-        "dataset_id": manifest.dataset_id,
-        "manifest": f"{manifest.dataset_id}/{MANIFEST_KEY}",
+        "dataset_id": dataset_id,
+        "manifest": f"{dataset_id}/{MANIFEST_KEY}",
         "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     root_store.put_bytes(join_key("datasets", name, LATEST_KEY), json.dumps(pointer, indent=1).encode())
-    return root_store.uri_of(manifest_key)
 
 
 # ---------------------------------------------------------------- load

@@ -16,6 +16,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
+from flows.build import unchanged
 from flows.build.context import BuildContext, build_context
 from flows.build.decontam import run_decontam
 from flows.build.passes import Passes
@@ -45,17 +46,22 @@ from flows.build.tasks import (
 )
 from flows.runtime.heartbeat import with_heartbeat
 from flows.runtime.profile import BuildProfile
-from flows.runtime.runners import make_task_runner, use_cores, worker_count
+from flows.runtime.runners import (
+    fit_workers,
+    make_task_runner,
+    start_workers_soon,
+    use_cores,
+    worker_count,
+    workers_started,
+)
 from flows.ui import build_artifacts, run_names
 from flows.ui.progress import RunProgress, stage_progress
 from pipeline import unitcache
-from pipeline.clean.stage import missing_kernels
 from pipeline.corpus_config import CorpusConfig, load_corpus_config
 from pipeline.errors import StageFailed
-from pipeline.manifest import MANIFEST_KEY, dataset_prefix
+from pipeline.manifest import MANIFEST_KEY, dataset_prefix, point_latest
 from pipeline.shards import ShardInfo
-from pipeline.storage import open_store
-from pipeline.storage.s3 import abort_recorded_uploads
+from pipeline.storage import ObjectStore, open_store
 from pipeline.storage.uploads import UploadJournal
 from pipeline.units import StageStats
 
@@ -260,10 +266,15 @@ def build_corpus(
         planned = plan_inputs(cfg.to_dict())
     n, store = len(planned["plans"]), open_store(cfg.output, cfg.s3)
     # Uploads still recorded belong to earlier runs that died: abort them now rather than after an hour.
-    abort_recorded_uploads(UploadJournal(store), cfg.s3)
+    abort_stale_uploads(store, cfg)
     work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
+    record = unchanged.published_record(store, work, cfg)
+    if record is not None:  # published before from the same inputs and config: no worker starts
+        return nothing_changed(cfg, store, record, work, build_profile, started)
     ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n).to_json()
-    workers = worker_count()
+    # no more workers than the widest pass has task chunks; they start while the flow prepares its first pass
+    workers = fit_workers(len(chunks(list(range(n)), parts_per_task(n, worker_count()))))
+    start_workers_soon()
     use_cores(workers)  # tokenizer training, in this process between passes, uses the workers' cores
     run = Passes(ctx, n, parts_per_task(n, workers), parts_per_task(n, workers, per_worker=1), build_profile)
     get_run_logger().info(
@@ -275,6 +286,8 @@ def build_corpus(
         workers,
         store.uri_of(work),
     )
+    from pipeline.clean.stage import missing_kernels  # the clean rules load only for a build with work
+
     if missing := missing_kernels():
         get_run_logger().warning(
             "compiled kernels not built: %s; clean takes its numpy paths (same output, about "
@@ -303,11 +316,57 @@ def build_corpus(
     if cfg.dedup.near.enabled:
         stage_progress.stage("saving the dedup index")
         summary["dedup_index_uri"] = save_dedup_index(run, summary["dataset_id"])
-    summary["profile"] = run.profile.to_json() | {"parts": n, "parts_per_task": run.size, "workers": workers}
+    summary["profile"] = run.profile.to_json() | {
+        "parts": n,
+        "parts_per_task": run.size,
+        "workers": workers,
+        "workers_started": workers_started(),
+    }
     build_artifacts.publish_build_artifacts(summary, cfg)
+    unchanged.record_published(store, work, cfg, summary)
     run_names.rename_flow_run(f"build {cfg.name} {summary['dataset_id'][:8]}")
     get_run_logger().info(
         "published %s (dataset %s) in %.1f s", manifest_uri, summary["dataset_id"], summary["seconds"]
+    )
+    return summary
+
+
+def abort_stale_uploads(store: ObjectStore, cfg: CorpusConfig) -> None:
+    """Abort the multipart uploads that earlier runs recorded and never completed (S3 only: boto3 loads
+    only when there is one)."""
+    journal = UploadJournal(store)
+    if journal.records():
+        from pipeline.storage.s3 import abort_recorded_uploads
+
+        abort_recorded_uploads(journal, cfg.s3)
+
+
+def nothing_changed(
+    cfg: CorpusConfig,
+    store: ObjectStore,
+    record: dict[str, Any],
+    work: str,
+    build_profile: BuildProfile,
+    started: float,
+) -> dict[str, Any]:
+    """The summary of a build whose dataset is already published from the same inputs and config: the
+    dataset becomes ``latest`` again, the run page says nothing changed and links it; no task is submitted."""
+    run_id = _flow_run_id()
+    summary = unchanged.unchanged_summary(record, run_id, work.split("/")[-1], time.perf_counter() - started)
+    point_latest(store, cfg.name, summary["dataset_id"])
+    summary["profile"] = build_profile.to_json() | {
+        "parts": summary["profile"]["parts"],
+        "parts_per_task": 0,
+        "workers": 0,
+        "workers_started": workers_started(),
+    }
+    build_artifacts.publish_unchanged_artifacts(summary, cfg)
+    run_names.rename_flow_run(f"build {cfg.name} {summary['dataset_id'][:8]} (unchanged)")
+    get_run_logger().info(
+        "nothing changed: dataset %s is published at %s (by flow run %s)",
+        summary["dataset_id"],
+        summary["manifest_uri"],
+        summary["nothing_changed"]["published_by"],
     )
     return summary
 

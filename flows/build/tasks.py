@@ -23,11 +23,6 @@ from flows.runtime import profile
 from flows.runtime.runners import release_free_memory
 from flows.ui import run_names
 from pipeline import publish, tokenize, unitcache
-from pipeline.clean import boilerplate
-from pipeline.clean import stage as clean
-from pipeline.clean.c4 import load_bad_words
-from pipeline.clean.normalize import normalizer
-from pipeline.clean.url import load_url_rules
 from pipeline.corpus_config import config_from_dict
 from pipeline.dedup import candidates, clusters, exact, near, signatures
 from pipeline.ingest import config as ingest_config
@@ -94,6 +89,9 @@ def ingest_chunk_task(
 ) -> list[dict[str, Any]]:
     """Ingest each part (its text normalised as the clean config says, once for the count and clean), then count
     its lines for the corpus-wide boilerplate set."""
+    from pipeline.clean import boilerplate  # the clean rules (ftfy, kernels: 0.3 CPU-s) load where they run
+    from pipeline.clean.normalize import normalizer
+
     c = build_context(ctx)
     store, cfg, out = c.store(), c.cfg, []
     ing, bp = c.folder("ingest"), c.folder("boilerplate")
@@ -143,6 +141,10 @@ def clean_chunk_task(
     ctx: dict[str, Any], indices: list[int], upstream: list[str], boilerplate_key: str
 ) -> list[dict[str, Any]]:
     """Clean each part (boilerplate lines out, quality filters), then hash its documents for exact dedup."""
+    from pipeline.clean import stage as clean
+    from pipeline.clean.c4 import load_bad_words
+    from pipeline.clean.url import load_url_rules
+
     c = build_context(ctx)
     store, cfg, out = c.store(), c.cfg, []
     bp = boilerplate_key if cfg.clean.boilerplate.enabled else None
@@ -336,6 +338,8 @@ def tokenize_chunk_task(
 @task(name="boilerplate-merge", task_run_name="boilerplate: merge", cache_policy=NO_CACHE)
 def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, docs: list[int]) -> str:
     """Merge the parts' line counts (``docs``: each part's document count, from the count units' results)."""
+    from pipeline.clean import boilerplate
+
     with stage_errors("boilerplate-merge"), profile.measure("boilerplate-merge"):
         c = build_context(ctx)
         key = c.folder("boilerplate/lines.npy")

@@ -100,8 +100,9 @@ def build_next_commands(summary: dict[str, Any]) -> list[str]:
 def finish_build(summary: dict[str, Any], as_json: bool) -> None:
     from flows.cli.report import finish
 
+    said = "nothing changed: dataset" if summary.get("nothing_changed") else "published dataset"
     lines = [
-        f"published dataset {summary['name']} {summary['dataset_id']} "
+        f"{said} {summary['name']} {summary['dataset_id']} "
         f"({summary['docs_out']} documents, {sum(summary['tokens'].values()):,} tokens)",
         f"  manifest  {summary['manifest_uri']}",
     ]

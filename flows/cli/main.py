@@ -116,9 +116,21 @@ def run_command(args: argparse.Namespace) -> int:
         return int(args.func(args) or 0)
     display.stage("connecting to Prefect")
     start = args.command not in STARTS_NO_SERVER
-    with using_api(resolve_api(start=start, on_wait=logging.getLogger("pileworks").info)) as api:
+    api = resolve_api(start=start, on_wait=logging.getLogger("pileworks").info)
+    if api.source == "started local server":  # said once, by the command that started it
+        logging.getLogger("pileworks").info(
+            "a local Prefect server now runs in the background at %s; %s", api.ui_url, started_server_note()
+        )
+    with using_api(api) as api:
         args.api = api
         return int(args.func(args) or 0)
+
+
+def started_server_note() -> str:
+    from flows.cli.server import stops
+    from flows.runtime.local_server import idle_stop_s
+
+    return stops(idle_stop_s())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "server",
         help="start, stop or show the local Prefect server (the UI) that flow commands use",
         description="Flow commands start a local Prefect server in the background on first use (SQLite under "
-        "PREFECT_HOME) and reuse it, so runs persist and the UI is one URL away. PREFECT_API_URL, when set, "
-        "wins over it.",
+        "PREFECT_HOME) and reuse it, so runs persist and the UI is one URL away; such a server stops itself after "
+        "PILEWORKS_SERVER_IDLE_MINUTES (default 30) without API use. `server start` keeps it up until `server "
+        "stop`. PREFECT_API_URL, when set, wins over it.",
     )
     p.add_argument("action", choices=("start", "stop", "status"), help="what to do with the server")
     p.add_argument("--json", action="store_true", help="print the server's state as one JSON object")
@@ -25,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from flows.runtime.local_server import configured_api_url, server_status, start_server, stop_server
 
     if args.action == "start":
-        state = start_server(on_wait=logging.getLogger("pileworks").info)
+        state = start_server(on_wait=logging.getLogger("pileworks").info, idle_s=0)  # up until `server stop`
         out = {"running": True, "ui_url": state.url, "api_url": state.api_url, "pid": state.pid}
         line = (
             f"Prefect server running: UI {state.url} (pid {state.pid}); stop it with `pileworks server stop`"
@@ -41,8 +42,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         found, ok = server_status()
         out = {"running": ok, "ui_url": found.url if found else None, "pid": found.pid if found else None}
+        out["idle_stop_s"] = found.idle_stop_s if found else None
         line = (
-            f"Prefect server running: UI {found.url} (pid {found.pid})"
+            f"Prefect server running: UI {found.url} (pid {found.pid}); {stops(found.idle_stop_s)}"
             if found and ok
             else "no local Prefect server runs; flow commands start one (or `pileworks server start`)"
         )
@@ -52,3 +54,13 @@ def run(args: argparse.Namespace) -> int:
         line += f"\nnote: PREFECT_API_URL={configured} is set, so flow commands use that server instead"
     print(json.dumps(out) if args.json else line)
     return 0
+
+
+def stops(idle_stop_s: float) -> str:
+    """How the server ends, as the commands say it."""
+    if not idle_stop_s:
+        return "it runs until `pileworks server stop`"
+    return (
+        f"it stops itself after {idle_stop_s / 60:g} min without use "
+        "(`pileworks server stop` now, `pileworks server start` keeps it up)"
+    )

@@ -6,6 +6,10 @@ first line, and the runs vanish with it. Instead the first flow command starts `
 ``<PREFECT_HOME>/pileworks-server.json``; later commands find it there and start in about a second, runs persist,
 and the UI stays one URL away. ``pileworks server start|stop|status`` manages it by hand.
 
+A server a command started stops itself once nothing has used its API for ``PILEWORKS_SERVER_IDLE_MINUTES``
+(default 30; 0 never): it idles at a few percent of a core and ~300 MB otherwise. ``pileworks server start``
+keeps it up until ``pileworks server stop``.
+
 A ``PREFECT_API_URL`` from the environment, a Prefect profile or a test harness always wins; when it does not
 answer, :func:`resolve_api` fails at once with one line, before any flow starts.
 """
@@ -13,6 +17,7 @@ answer, :func:`resolve_api` fails at once with one line, before any flow starts.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -20,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -33,6 +39,9 @@ LOG_FILE = "pileworks-server.log"
 PREFERRED_PORT = 4200
 STARTUP_TIMEOUT_S = 180.0  # a fresh SQLite database migrates first: 20-70 s on a loaded 2-core machine
 HEALTH_TIMEOUT_S = 3.0
+IDLE_ENV = "PILEWORKS_SERVER_IDLE_MINUTES"  # a started server stops after this long without API use
+DEFAULT_IDLE_MINUTES = 30.0
+IDLE_POLL_S = 10.0  # how often the server looks for API connections (a flow's heartbeat comes every 10 s)
 
 
 # Prefect's server polls its background-task queue (docket) every 250 ms and runs most housekeeping services
@@ -64,6 +73,7 @@ class ServerState:
     port: int
     home: str
     started_at: float
+    idle_stop_s: float = 0.0  # stops itself after this long without API use; 0: runs until stopped
 
     @property
     def url(self) -> str:
@@ -155,18 +165,41 @@ def server_status(home: Path | None = None) -> tuple[ServerState | None, bool]:
     return state, healthy(state.api_url)
 
 
+def idle_stop_s() -> float:
+    """How long a server a command starts waits without API use before it stops (``PILEWORKS_SERVER_IDLE_MINUTES``,
+    default 30; 0 never)."""
+    text = os.environ.get(IDLE_ENV, "").strip()
+    try:
+        minutes = float(text) if text else DEFAULT_IDLE_MINUTES
+    except ValueError:
+        raise PrefectApiUnavailable(
+            f"{IDLE_ENV}={text!r} is not a number of minutes (0: never stop)"
+        ) from None
+    if minutes < 0:
+        raise PrefectApiUnavailable(f"{IDLE_ENV}={text!r} must be >= 0 minutes (0: never stop)")
+    return minutes * 60.0
+
+
 def start_server(
-    home: Path | None = None, on_wait: Callable[[str], None] | None = None, port: int = PREFERRED_PORT
+    home: Path | None = None,
+    on_wait: Callable[[str], None] | None = None,
+    port: int = PREFERRED_PORT,
+    idle_s: float | None = None,
 ) -> ServerState:
     """Start the local server detached (its own session, so it outlives this command); reuse a running one.
 
-    ``port`` is tried first (4200, Prefect's usual), else any free port."""
+    ``port`` is tried first (4200, Prefect's usual), else any free port. ``idle_s``: stop after that long
+    without API use (None: :func:`idle_stop_s`; 0: run until stopped, which a running server then does too)."""
     home = home or prefect_home()
+    idle = idle_stop_s() if idle_s is None else idle_s
     with _locked(home):
         state, ok = server_status(home)
         if state is not None:
             if not ok:
                 _wait_healthy(state, on_wait)  # another command started it a moment ago
+            if idle == 0 and state.idle_stop_s:  # `pileworks server start`: keep it up from now on
+                state = dataclasses.replace(state, idle_stop_s=0.0)
+                (home / STATE_FILE).write_text(json.dumps(asdict(state)))
             return state
         port = _free_port(port)
         env = QUIET_SERVER_SETTINGS | {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
@@ -197,7 +230,7 @@ def start_server(
                 start_new_session=True,
                 cwd=home,
             )
-        state = ServerState(pid=proc.pid, port=port, home=str(home), started_at=time.time())
+        state = ServerState(pid=proc.pid, port=port, home=str(home), started_at=time.time(), idle_stop_s=idle)
         (home / STATE_FILE).write_text(json.dumps(asdict(state)))
         try:
             _wait_healthy(state, on_wait, proc)
@@ -318,8 +351,44 @@ def serve(argv: list[str]) -> None:
     interval (250 ms): neither Prefect nor docket offers a setting for it, and we do not replace their code."""
     from prefect.cli import app
 
+    if "--port" in argv and os.environ.get("PREFECT_HOME"):
+        watch = (Path(os.environ["PREFECT_HOME"]), int(argv[argv.index("--port") + 1]))
+        threading.Thread(target=stop_when_idle, args=watch, name="idle-stop", daemon=True).start()
     sys.argv = ["prefect", *argv]
     app()
+
+
+def api_connections(port: int) -> int:
+    """Open client connections to this process's API on ``port`` (a flow's client, the UI in a browser)."""
+    import psutil
+
+    conns = psutil.Process().net_connections(kind="tcp")
+    return sum(c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port == port for c in conns)
+
+
+def stop_when_idle(home: Path, port: int, poll_s: float = IDLE_POLL_S) -> None:
+    """In the server's process: stop it (SIGTERM, which uvicorn handles as a clean shutdown) once no client has
+    been connected to its API for the recorded ``idle_stop_s`` (re-read at every poll: ``pileworks server
+    start`` sets it to 0 on a running server to keep it up)."""
+    while not healthy(f"http://127.0.0.1:{port}/api", timeout_s=2.0):  # idle counts once it can be used
+        time.sleep(1.0)
+    last, limit = time.monotonic(), 0.0
+    while True:
+        time.sleep(min(poll_s, limit / 4) if limit else poll_s)  # a short limit (tests) is met closely
+        state = read_state(home)
+        limit = state.idle_stop_s if state is not None and state.pid == os.getpid() else 0.0
+        if api_connections(port):
+            last = time.monotonic()
+        elif limit and time.monotonic() - last >= limit:
+            with _locked(home):  # no command decides to reuse it while it goes
+                if api_connections(port):
+                    last = time.monotonic()
+                    continue
+                print(f"no API use for {limit / 60:g} min ({IDLE_ENV}): stopping", flush=True)
+                with contextlib.suppress(FileNotFoundError):
+                    (home / STATE_FILE).unlink()
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
 
 
 if __name__ == "__main__":

@@ -20,8 +20,11 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
+
+from flows.runtime.workers import LocalWorkers
 
 RUNNERS = ("local", "process", "dask", "threads")
 
@@ -44,16 +47,17 @@ def make_task_runner(spec: str = "local", workers: int | None = None) -> Any:
         return _threads_runner(n)
     if spec not in RUNNERS and not spec.startswith(("dask://", "tcp://")):
         raise ValueError(f"--task-runner must be local, threads or dask://host:port; got {spec!r}")
-    try:
-        from prefect_dask import DaskTaskRunner
-    except ImportError as exc:
-        raise ValueError("worker processes need `pip install pileworks[dask]` (dask, distributed)") from exc
+    import importlib.util
+
+    if importlib.util.find_spec("prefect_dask") is None:  # checked without importing Dask (about 0.5 CPU-s)
+        raise ValueError("worker processes need `pip install pileworks[dask]` (dask, distributed)")
     if "://" in spec:
+        from prefect_dask import DaskTaskRunner
+
         return DaskTaskRunner(address="tcp://" + spec.split("://", 1)[1])
-    quiet_dask()
+    # started at the flow's first task, never for a build with nothing to compute (flows/runtime/workers.py)
     one_thread = {"PILEWORKS_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    cluster = {"n_workers": n, "threads_per_worker": 1, "processes": True, "dashboard_address": None}
-    return DaskTaskRunner(cluster_kwargs=cluster | {"env": one_thread})
+    return LocalWorkers(n, env=one_thread, configure=quiet_dask)
 
 
 # Dask's background loops cost about 7% of a core on an idle 2-worker cluster (measured: 1.38 CPU-s per 20 s;
@@ -130,15 +134,43 @@ def prefect_api() -> Iterator[str]:
 
 
 def worker_count() -> int:
-    """Workers of the running flow's task runner (a Dask cluster's live workers, a thread pool's size)."""
-    from prefect.context import FlowRunContext
-    from prefect_dask import DaskTaskRunner
-
-    ctx = FlowRunContext.get()
-    runner = ctx.task_runner if ctx else None
-    if isinstance(runner, DaskTaskRunner):  # the client starts the cluster (the first task would anyway)
+    """Workers of the running flow's task runner (the local workers it will start, without starting them; a
+    Dask scheduler's live workers; a thread pool's size)."""
+    runner = _flow_task_runner()
+    if isinstance(runner, LocalWorkers):
+        return runner.size
+    dask = sys.modules.get("prefect_dask")  # not imported: the runner is none of Dask's
+    if dask is not None and isinstance(runner, dask.DaskTaskRunner):
         return max(1, len(runner.client.scheduler_info(n_workers=-1)["workers"]))
     return max(1, int(getattr(runner, "workers", 1)))
+
+
+def fit_workers(chunks: int) -> int:
+    """Tell the running flow's local workers the task chunks of its widest pass (no more workers start than
+    that); returns the workers it will use. Other task runners keep their size."""
+    runner = _flow_task_runner()
+    return runner.fit(chunks) if isinstance(runner, LocalWorkers) else worker_count()
+
+
+def start_workers_soon() -> None:
+    """Start the running flow's local workers in the background, once it knows it has work for them."""
+    runner = _flow_task_runner()
+    if isinstance(runner, LocalWorkers):
+        runner.start_soon()
+
+
+def workers_started() -> int:
+    """The worker processes the running flow's local task runner started (0 for a build that computed nothing,
+    and for other task runners, which start none of this machine's processes for the flow)."""
+    runner = _flow_task_runner()
+    return runner.started_workers if isinstance(runner, LocalWorkers) else 0
+
+
+def _flow_task_runner() -> Any:
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    return ctx.task_runner if ctx else None
 
 
 def _threads_runner(workers: int) -> Any:

@@ -14,7 +14,6 @@ from pipeline.dedup.audit import cluster_documents
 from pipeline.manifest import Manifest, load_manifest
 from pipeline.sources import mixture_table
 from pipeline.storage import S3Options, open_store
-from pipeline.storage.s3 import S3Store
 from pipeline.units import StageStats
 
 MAX_TABLE_ROWS = 50  # longer shard/input lists stay in the manifest; the artifact says how many more
@@ -188,6 +187,8 @@ def manifest_link(uri: str, s3: S3Options, how: str) -> str:
     if uri.startswith("s3://") and how != "none":
         bucket, _, key = uri.removeprefix("s3://").partition("/")
         if how == "presigned":
+            from pipeline.storage.s3 import S3Store
+
             store = open_store(f"s3://{bucket}", s3=s3)
             assert isinstance(store, S3Store)
             url = store.presigned_url(key, PRESIGNED_EXPIRY_S)
@@ -344,3 +345,34 @@ def publish_build_artifacts(summary: dict[str, Any], cfg: CorpusConfig) -> None:
             key="dedup-audit",
             description="MinHash near-dedup audit",
         )
+
+
+def unchanged_markdown(summary: dict[str, Any], link: str) -> str:
+    """The run page of a rebuild that found its dataset published from the same inputs and config."""
+    by = summary["nothing_changed"].get("published_by")
+    return "\n".join(
+        [
+            f"## Nothing changed: dataset `{summary['name']}` `{summary['dataset_id']}`",
+            "",
+            "Same inputs (sizes, ETags/mtimes), same config and code version as the build that published it"
+            + (f" (flow run `{by}`)" if by else "")
+            + ": no unit was recomputed and no worker started.",
+            "",
+            f"- manifest: {link}",
+            f"- documents: {summary['docs_out']:,}; tokens: "
+            + ", ".join(f"{k} {v:,}" for k, v in summary["tokens"].items()),
+        ]
+    )
+
+
+def publish_unchanged_artifacts(summary: dict[str, Any], cfg: CorpusConfig) -> None:
+    """A rebuild with nothing to do: the stage table of the published build and a note linking its dataset."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    link = manifest_link(summary["manifest_uri"], cfg.s3, cfg.manifest_link)
+    create_markdown_artifact(
+        unchanged_markdown(summary, link),
+        key="nothing-changed",
+        description=f"Nothing changed: dataset {summary['name']}@{summary['dataset_id'][:12]} is published",
+    )
+    create_table_artifact(stage_rows(summary), key="stage-stats", description="Documents and bytes per stage")

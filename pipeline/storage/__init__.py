@@ -20,7 +20,6 @@ from pipeline.storage.base import (
 )
 from pipeline.storage.local import FileStore
 from pipeline.storage.options import S3Options
-from pipeline.storage.s3 import S3Store
 
 
 def open_store(uri: str, s3: S3Options | None) -> ObjectStore:
@@ -35,6 +34,8 @@ def open_store(uri: str, s3: S3Options | None) -> ObjectStore:
             raise ValueError(
                 f"{uri}: opening an s3:// store needs the s3 settings (the config's s3: section)"
             )
+        from pipeline.storage.s3 import S3Store  # boto3 (0.2 CPU-s) loads for s3:// stores only
+
         return S3Store.from_uri(uri, options=s3)
     if "://" in uri and not uri.startswith("file://"):
         raise ValueError(f"unsupported store URI {uri!r}: use a local path, file:// or s3://")

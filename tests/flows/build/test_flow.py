@@ -55,21 +55,69 @@ def test_rebuild_is_incremental(prefect_harness, tiny_corpus: Path, tmp_path: Pa
     parts = cold["reused_units"]["ingest"][1]
     assert parts >= 4 and cold["reused_units"]["ingest"][0] == 0
 
-    same = _build(tiny_corpus, store)
+    with ChildProcesses() as during:
+        same = _build(tiny_corpus, store)
     assert same["dataset_id"] == cold["dataset_id"]
     assert all(reused == total for reused, total in same["reused_units"].values())
+    # Nothing changed: no worker process started (the cold build started its own), one task run (listing the
+    # inputs), and the run is recorded, completed, with an artifact linking the published dataset.
+    assert cold["profile"]["workers_started"] >= 1 and "nothing_changed" not in cold
+    assert same["nothing_changed"] == {"published_by": cold["lineage"]["prefect_flow_run_id"]}
+    assert same["profile"]["workers_started"] == 0 and same["profile"]["task_runs"] == 1
+    assert during.started == set(), during.started
+    assert same["manifest_uri"] == cold["manifest_uri"] and same["shard_table"] == cold["shard_table"]
+    _assert_recorded_unchanged(same)
 
     changed = tiny_corpus / "part-1.jsonl"
     lines = changed.read_text().splitlines()
     changed.write_text("\n".join(lines[:-1]) + "\n")  # one document fewer in one file
     warm = _build(tiny_corpus, store)
-    assert warm["dataset_id"] != cold["dataset_id"]
+    assert warm["dataset_id"] != cold["dataset_id"] and "nothing_changed" not in warm
     reused, total = warm["reused_units"]["ingest"]
     assert total == parts and reused >= total - 2, warm[
         "reused_units"
     ]  # only the changed file's part(s) redone
     assert warm["reused_units"]["signatures"][0] >= total - 2
     assert warm["docs_in"] == cold["docs_in"] - 1
+
+
+class ChildProcesses:
+    """The child processes this process started while the block ran (sampled every 20 ms)."""
+
+    def __enter__(self) -> ChildProcesses:
+        import threading
+
+        import psutil
+
+        self.me, self.started, self.done = psutil.Process(), set(), threading.Event()
+        self.before = {p.pid for p in self.me.children(recursive=True)}
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self.done.wait(0.02):
+            self.started |= {p.pid for p in self.me.children(recursive=True)} - self.before
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def _assert_recorded_unchanged(summary: dict) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    run_id = summary["lineage"]["prefect_flow_run_id"]
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+        )
+    assert run.state is not None and run.state.is_completed()
+    notes = [a for a in artifacts if a.key == "nothing-changed"]
+    assert len(notes) == 1 and summary["dataset_id"] in str(notes[0].data)
+    assert "Nothing changed" in str(notes[0].data)
 
 
 def test_same_inputs_same_dataset_id_in_a_fresh_store(

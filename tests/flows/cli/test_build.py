@@ -17,18 +17,17 @@ def test_cli_build_prints_the_summary(
 
     write_tiny_corpus(tmp_path / "raw")
     sets = [f"--set={k}={v}" for k, v in TINY_OVERRIDES.items() if k != "name"]
-    code = main(
-        [
-            "build",
-            "--input",
-            str(tmp_path / "raw"),
-            "--output",
-            str(tmp_path / "store"),
-            "--name",
-            "tiny",
-            *sets,
-        ]
-    )
+    argv = [
+        "build",
+        "--input",
+        str(tmp_path / "raw"),
+        "--output",
+        str(tmp_path / "store"),
+        "--name",
+        "tiny",
+        *sets,
+    ]
+    code = main(argv)
     out = capsys.readouterr().out
     assert code == 0
     for label in (
@@ -42,3 +41,8 @@ def test_cli_build_prints_the_summary(
     ):
         assert label in out
     assert "ingest" in out and "tokenize" in out
+    manifest = next(line for line in out.splitlines() if line.startswith("  manifest  "))
+
+    assert main(argv) == 0  # again, nothing changed: the same dataset, said so
+    again = capsys.readouterr().out
+    assert "nothing changed: dataset tiny" in again and manifest in again.splitlines()

@@ -154,3 +154,31 @@ def test_ctrl_c_that_a_flow_turns_into_another_error_is_still_an_interrupt(
     assert quiet_while_interrupted == [True] and teardown.isEnabledFor(logging.ERROR)  # and loud again after
     monkeypatch.setattr(janitor, "run", lambda args: 0)
     assert main(["janitor", "--output", str(tmp_path)]) == 0  # and the next command is not "interrupted"
+
+
+@pytest.mark.parametrize("source", ["started local server", "local server"])
+def test_the_command_that_starts_the_local_server_says_so_once_and_how_it_stops(
+    monkeypatch: pytest.MonkeyPatch, source: str
+) -> None:
+    import contextlib
+    import logging
+
+    from flows.cli import build, main
+    from flows.runtime.local_server import Api
+
+    said: list[str] = []
+    api = Api(url="http://127.0.0.1:4321/api", ui_url="http://127.0.0.1:4321", source=source)
+    monkeypatch.setattr(main, "resolve_api", lambda **kw: api)
+    monkeypatch.setattr(main, "using_api", contextlib.nullcontext)
+    monkeypatch.setattr(build, "precheck", lambda args: None)
+    monkeypatch.setattr(build, "run", lambda args: 0)
+    monkeypatch.setattr(logging.getLogger("pileworks"), "info", lambda msg, *a: said.append(msg % a))
+    monkeypatch.setenv("PILEWORKS_SERVER_IDLE_MINUTES", "45")
+    assert main.main(["build", "--json"]) == 0
+    notes = [s for s in said if "runs in the background" in s]
+    if source == "local server":  # found running: said when it was started
+        assert notes == []
+        return
+    assert len(notes) == 1 and "http://127.0.0.1:4321" in notes[0]
+    assert "45 min without use" in notes[0] and "pileworks server stop" in notes[0]
+    assert "pileworks server start" in notes[0]

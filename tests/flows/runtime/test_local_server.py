@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -93,3 +95,23 @@ def test_serve_runs_prefects_cli_and_leaves_dockets_worker_as_it_is(monkeypatch:
     local_server.serve(["server", "start", "--port", "1"])
     assert ran == [["prefect", "server", "start", "--port", "1"]]
     assert Worker.__init__ is init
+
+
+@pytest.mark.slow
+def test_a_started_server_stops_itself_when_idle_unless_started_to_stay(private_home: Path) -> None:
+    import psutil
+
+    state = start_server(private_home, port=free_port(), idle_s=3)
+    assert state.idle_stop_s == 3
+    kept = start_server(private_home, idle_s=0)  # `pileworks server start` on the running server: keep it up
+    assert (kept.pid, kept.idle_stop_s) == (state.pid, 0) and read_state(private_home) == kept
+    time.sleep(15)  # the first look comes after 10 s, then every 0.75 s: 3 s idle would have stopped it
+    assert server_status(private_home) == (kept, True)
+    (private_home / "pileworks-server.json").write_text(json.dumps(asdict(state)))  # idle stop back on
+    server = psutil.Process(state.pid)
+    deadline = time.monotonic() + 60
+    while server.is_running() and server.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, "the idle server kept running"
+    assert read_state(private_home) is None and server_status(private_home) == (None, False)
+    assert "no API use for 0.05 min" in (private_home / "pileworks-server.log").read_text()

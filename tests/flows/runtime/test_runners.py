@@ -126,6 +126,7 @@ def test_n_workers_use_n_cores_one_thread_per_worker_process(monkeypatch: pytest
     from flows.runtime import runners
     from pipeline.tokenize import TokenizeConfig, encoder_threads
 
+    runners.quiet_dask()  # what the local workers apply when they start
     with (
         LocalCluster(**runners.make_task_runner("local", 2).cluster_kwargs) as cluster,
         Client(cluster) as client,

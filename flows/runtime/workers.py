@@ -1,0 +1,113 @@
+"""Worker processes on this machine, started only when a flow first hands them a task.
+
+Prefect enters a flow's task runner before the flow's first line runs. Dask's runner would then start its
+cluster the first time anything asks it for its client; a build that finds its dataset already published
+submits nothing, and must not pay the 2-4 CPU-s of starting and stopping worker processes (nor import Dask).
+:class:`LocalWorkers` holds the cluster's settings and makes Prefect's own ``DaskTaskRunner`` at the first
+``submit``, with at most :attr:`LocalWorkers.size` workers: the cores it may use, fewer when the flow says its
+passes have fewer task chunks (:meth:`LocalWorkers.fit`). Only public interfaces of Prefect and Dask are used.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prefect.task_runners import TaskRunner
+
+
+class LocalWorkers(TaskRunner[Any]):
+    """A ``LocalCluster`` of up to ``workers`` one-thread processes with ``env`` set, started at the first
+    task submitted (:meth:`start_soon` starts it in the background before that)."""
+
+    def __init__(
+        self, workers: int, env: dict[str, str] | None = None, configure: Callable[[], None] | None = None
+    ) -> None:
+        super().__init__()
+        self.workers = workers  # the most it starts: the cores it may use
+        self.env = dict(env or {})
+        self.configure = configure  # run before the cluster starts (Dask's config, which workers inherit)
+        self.limit: int | None = None  # the flow's count of task chunks (:meth:`fit`)
+        self.dask: Any = None  # Prefect's DaskTaskRunner, once started
+        self.started_workers = 0  # the worker processes it started (0: the flow submitted nothing)
+        self.starting: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        """The workers it starts (or started)."""
+        return max(1, min(self.workers, self.limit or self.workers))
+
+    @property
+    def cluster_kwargs(self) -> dict[str, Any]:
+        """The ``LocalCluster`` it starts: :attr:`size` processes of one thread each, no dashboard."""
+        return {
+            "n_workers": self.size,
+            "threads_per_worker": 1,
+            "processes": True,
+            "dashboard_address": None,
+            "env": self.env,
+        }
+
+    def fit(self, chunks: int) -> int:
+        """Start no more workers than ``chunks``, the task chunks of the flow's widest pass (a worker more would
+        only start, idle and stop). No effect once started. Returns :attr:`size`."""
+        if self.dask is None:
+            self.limit = max(1, chunks)
+        return self.size
+
+    def duplicate(self) -> LocalWorkers:
+        return type(self)(self.workers, self.env, self.configure)
+
+    def start_soon(self) -> None:
+        """Start the workers in the background (while the flow still plans); a submit waits for them."""
+        with self.lock:
+            if self.dask is None and self.starting is None:
+                self.starting = threading.Thread(target=self.runner, name="pileworks-workers", daemon=True)
+                self.starting.start()
+
+    def runner(self) -> Any:
+        """Prefect's Dask runner, its cluster started (here, on first use)."""
+        with self.lock:
+            if self.dask is None:
+                from prefect_dask import DaskTaskRunner
+
+                if self.configure is not None:
+                    self.configure()
+                dask = DaskTaskRunner(cluster_kwargs=self.cluster_kwargs)
+                dask.__enter__()
+                try:
+                    dask.client  # noqa: B018 - the client property starts the cluster: now, not at the first task
+                except BaseException:
+                    dask.__exit__(None, None, None)
+                    raise
+                self.dask, self.started_workers = dask, self.size
+            return self.dask
+
+    def submit(
+        self,
+        task: Any,
+        parameters: dict[str, Any],
+        wait_for: Iterable[Any] | None = None,
+        dependencies: dict[str, set[Any]] | None = None,
+    ) -> Any:
+        return self.runner().submit(task, parameters, wait_for, dependencies)
+
+    # Prefect ships the flow's context, this runner in it, with every task to the workers: the copy there holds
+    # the settings only (a lock, a thread and a live cluster do not pickle, nor would mean anything there).
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__ | {"dask": None, "starting": None, "lock": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.Lock()
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        if self.starting is not None:
+            self.starting.join()
+        if self.dask is not None:
+            self.dask.__exit__(exc_type, exc_value, traceback)
+            self.dask = None
+        self.starting = None
+        super().__exit__(exc_type, exc_value, traceback)
