@@ -53,7 +53,11 @@ def make_task_runner(spec: str = "local", workers: int | None = None) -> Any:
     quiet_dask()
     one_thread = {"PILEWORKS_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     cluster = {"n_workers": n, "threads_per_worker": 1, "processes": True, "dashboard_address": None}
-    return DaskTaskRunner(cluster_kwargs=cluster | {"env": one_thread})
+    return DaskTaskRunner(cluster_kwargs=cluster | {"env": one_thread} | IGNORE_CTRL_C)
+
+
+# Worker processes ignore the terminal's Ctrl-C (sent to the whole process group): the flow's process handles it.
+IGNORE_CTRL_C = {"preload": ["flows.runtime.worker_signals"]}
 
 
 # Dask's background loops cost about 7% of a core on an idle 2-worker cluster (measured: 1.38 CPU-s per 20 s;
