@@ -16,7 +16,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.build.context import BuildContext, build_context
+from flows.build.context import BuildContext, build_context, take_build_lease
 from flows.build.decontam import run_decontam
 from flows.build.passes import Passes
 from flows.build.plan import chunks, parts_per_task
@@ -55,8 +55,7 @@ from pipeline.errors import StageFailed
 from pipeline.manifest import MANIFEST_KEY, dataset_prefix
 from pipeline.shards import ShardInfo
 from pipeline.storage import open_store
-from pipeline.storage.s3 import abort_recorded_uploads
-from pipeline.storage.uploads import UploadJournal
+from pipeline.storage.uploads import release_lease
 from pipeline.units import StageStats
 
 __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
@@ -259,10 +258,11 @@ def build_corpus(
     with build_profile.run_pass("plan-inputs"):
         planned = plan_inputs(cfg.to_dict())
     n, store = len(planned["plans"]), open_store(cfg.output, cfg.s3)
-    # Uploads still recorded belong to earlier runs that died: abort them now rather than after an hour.
-    abort_recorded_uploads(UploadJournal(store), cfg.s3)
+    # The uploads and temp files of earlier runs that died go now rather than after an hour; this run's lease
+    # keeps a janitor or another build off its own.
+    lease = take_build_lease(store, cfg.s3)
     work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
-    ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n).to_json()
+    ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n, lease=lease).to_json()
     workers = worker_count()
     use_cores(workers)  # tokenizer training, in this process between passes, uses the workers' cores
     run = Passes(ctx, n, parts_per_task(n, workers), parts_per_task(n, workers, per_worker=1), build_profile)
@@ -309,6 +309,7 @@ def build_corpus(
     get_run_logger().info(
         "published %s (dataset %s) in %.1f s", manifest_uri, summary["dataset_id"], summary["seconds"]
     )
+    release_lease(store, lease)
     return summary
 
 

@@ -8,12 +8,20 @@ Loaded through Dask's public ``preload`` option (``flows/runtime/runners.py``), 
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from typing import Any
+
+
+def _not_a_cancelled_task(record: logging.LogRecord) -> bool:
+    """Drop Dask's warning about a task cancelled while it ran: what the flow's shutdown does after Ctrl-C."""
+    message = record.getMessage()
+    return not (message.startswith("Async instruction for") and "cancelled" in message)
 
 
 def dask_setup(worker: Any) -> None:
     """Called by Dask in the worker process at start-up, on its main thread (the only one that may set it)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.getLogger("distributed.worker.state_machine").addFilter(_not_a_cancelled_task)

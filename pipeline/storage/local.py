@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from pipeline.errors import AlreadyExistsError
-from pipeline.storage.base import TMP_PREFIX, ObjectInfo, ObjectStore, normalize_key, write_local_file
+from pipeline.storage.base import (
+    TMP_PREFIX,
+    ObjectInfo,
+    ObjectStore,
+    normalize_key,
+    tmp_prefix,
+    tmp_writer_dead,
+    write_local_file,
+)
 from pipeline.storage.options import S3Options
 
 
@@ -134,7 +142,7 @@ class FileStore(ObjectStore):
         """Hard-link when possible (immutable unit files are never rewritten in place), else copy."""
         src, dst = self._path(src_key), self._path(dst_key)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}.{os.getpid()}")
+        tmp = dst.with_name(f"{tmp_prefix()}{dst.name}")
         try:
             os.link(src, tmp)
         except OSError:
@@ -145,16 +153,25 @@ class FileStore(ObjectStore):
         with contextlib.suppress(FileNotFoundError):
             self._path(key).unlink()
 
-    def abort_stale_uploads(self, older_than_s: float = 3600.0) -> int:
-        """Remove temp files left by killed writers (the local analogue of dangling multipart uploads)."""
+    def abort_stale_uploads(self, older_than_s: float = 3600.0, keep: frozenset[str] = frozenset()) -> int:
+        """Remove temp files left by killed writers (the local analogue of dangling multipart uploads): those
+        older than ``older_than_s``, and at once those whose writer provably died."""
         cutoff = time.time() - older_than_s
+        return self._remove_temp_files(
+            lambda full: tmp_writer_dead(full.name) or full.stat().st_mtime < cutoff
+        )
+
+    def remove_dead_temp_files(self) -> int:
+        return self._remove_temp_files(lambda full: tmp_writer_dead(full.name))
+
+    def _remove_temp_files(self, stale: Callable[[Path], bool]) -> int:
         removed = 0
         for dirpath, _dirs, filenames in os.walk(self.root):
             for name in filenames:
                 if name.startswith(TMP_PREFIX):
                     full = Path(dirpath) / name
                     with contextlib.suppress(FileNotFoundError):
-                        if full.stat().st_mtime < cutoff:
+                        if stale(full):
                             full.unlink()
                             removed += 1
         return removed
