@@ -4,6 +4,7 @@ on the rerun, with one warning naming the file, and the rerun gives the same dat
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +31,17 @@ DAMAGED: dict[str, Callable[[bytes], bytes]] = {
     "exact/drop/part-00005.npy": lambda _: b"",
     "near/clusters/drop/part-00006.npz": _flip16,
 }
+
+
+def _dead_writers_prefix() -> str:
+    """The temp-file prefix of a process that ran on this host and has exited."""
+    import subprocess
+
+    from pipeline.storage.base import tmp_prefix
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return tmp_prefix().replace(f"-{os.getpid()}@", f"-{gone.pid}@")
 
 
 def _build(tiny_corpus: Path, output: str, s3: S3Options | None = None) -> dict:
@@ -59,6 +71,8 @@ def _damage_and_rebuild(store: ObjectStore, build: Callable[[], dict]) -> None:
     originals = {key: store.get_bytes(key) for key in keys}
     for key, damage in keys.items():
         store.put_bytes(key, damage(originals[key]))
+    leftover = f"work/{work}/clean/{_dead_writers_prefix()}part-00003.parquet"
+    store.put_bytes(leftover, b"half a part")  # a temp file of a killed run (S3: just an odd key, kept)
     handler, logger = _Lines(), logging.getLogger("pipeline.units")
     logger.addHandler(handler)
     try:
@@ -70,6 +84,8 @@ def _damage_and_rebuild(store: ObjectStore, build: Callable[[], dict]) -> None:
     for key in keys:
         assert sum(store.uri_of(key) in line for line in named) == 1, (key, named)
         assert store.get_bytes(key) == originals[key]  # recomputed, bit for bit
+    if store.uri.startswith("file://"):  # the rerun removed the dead run's temp file at its start
+        assert not list(Path(store.uri.removeprefix("file://")).rglob(".pw-tmp-*"))
 
 
 def test_damaged_units_on_disk_are_recomputed_and_named(
