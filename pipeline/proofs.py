@@ -37,7 +37,7 @@ def is_md5_etag(etag: str) -> bool:
 
 def unit_listing(store: ObjectStore, unit: str) -> dict[str, ObjectInfo]:
     """Every object of the unit ``unit`` (``unit.<suffix>`` and ``unit/...``) from one listing, by key."""
-    return {info.key: info for info in store.list(unit) if info.key.startswith((unit + ".", unit + "/"))}
+    return {info.key: info for info in store.list_unit(unit)}
 
 
 def folder_listing(store: ObjectStore, folder: str) -> dict[str, ObjectInfo]:

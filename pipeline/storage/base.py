@@ -156,6 +156,12 @@ class ObjectStore(ABC):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object whose key starts with ``prefix``, sorted by key (paginated on S3)."""
 
+    def list_unit(self, unit: str) -> Iterator[ObjectInfo]:
+        """Every object ``unit.<suffix>`` or ``unit/...`` (a unit's files, ``pipeline/units``): one listing."""
+        for info in self.list(unit):
+            if info.key.startswith((unit + ".", unit + "/")):
+                yield info
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Delete if present (no error when missing)."""

@@ -138,6 +138,21 @@ class FileStore(ObjectStore):
                 key=key, size=st.st_size, etag=f"{st.st_mtime_ns}-{st.st_size}", mtime=st.st_mtime
             )
 
+    def list_unit(self, unit: str) -> Iterator[ObjectInfo]:
+        """The unit's files from its own folder entries, not a walk of the whole folder (which holds every
+        other part too): a rerun checks each unit, and a walk per unit would grow with the square of the parts."""
+        path = self._path(unit)
+        names = (
+            [n for n in os.listdir(path.parent) if n.startswith(path.name + ".")]
+            if path.parent.is_dir()
+            else []
+        )
+        keys = [f"{normalize_key(unit)}{n[len(path.name) :]}" for n in names]
+        keys += [info.key for info in self.list(unit + "/")] if path.is_dir() else []
+        for key in sorted(keys):
+            with contextlib.suppress(FileNotFoundError):
+                yield self.stat(key)
+
     def copy(self, src_key: str, dst_key: str, size: int | None = None) -> None:
         """Hard-link when possible (immutable unit files are never rewritten in place), else copy."""
         src, dst = self._path(src_key), self._path(dst_key)
