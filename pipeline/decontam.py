@@ -35,7 +35,7 @@ from pipeline.ingest.stage import iter_ingest_part, list_inputs, plan_parts
 from pipeline.records import Quarantined, Record, iter_part_batches, write_part
 from pipeline.sources import provenance, tally_document
 from pipeline.storage import ObjectStore, S3Options
-from pipeline.units import StageStats, part_done, part_name, read_part_stats
+from pipeline.units import StageStats, done_part_stats, part_name
 
 # A CJK character is a unit by itself; any other run of letters/digits is a word.
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
@@ -354,8 +354,8 @@ def run_decontam_part(
     store: ObjectStore, in_folder: str, out_folder: str, index: int, index_key: str, cfg: DecontamConfig
 ) -> StageStats:
     """Decontaminate one part against the index at ``index_key`` (skipped when its marker exists)."""
-    if part_done(store, out_folder, index):
-        return read_part_stats(store, out_folder, index)
+    if (done := done_part_stats(store, out_folder, index)) is not None:
+        return done
     eval_index = EvalIndex.from_bytes(store.get_bytes(index_key))
     hasher, matches = UnitHasher(), Counter[str]()
     stats = StageStats(stage="decontam")

@@ -44,3 +44,8 @@ class CheckpointError(PileworksError, RuntimeError):
 
 class TrainingFailed(PileworksError, RuntimeError):
     """The training job exited non-zero (or timed out); the message has the exit code and the last lines."""
+
+
+class UploadAborted(StorageError):
+    """A multipart upload was aborted under its writer (S3's ``NoSuchUpload``): retrying the same call cannot
+    succeed; the writer starts the upload again."""

@@ -287,7 +287,8 @@ def _staged_paths(staged: str | Path | Mapping[str, str | Path], keys: list[str]
     return paths
 
 
-def _expected_hashes(manifest: Manifest) -> dict[str, str]:
+def object_hashes(manifest: Manifest) -> dict[str, str]:
+    """Every object a manifest lists (shards and their indexes, tokenizer files, the card) with its sha256."""
     hashes = {manifest.tokenizer.key: manifest.tokenizer.sha256, **manifest.tokenizer.files}
     if manifest.card:
         hashes[manifest.card["key"]] = manifest.card["sha256"]
@@ -331,7 +332,7 @@ def publish_dataset(
     if manifest.name != name:
         raise ValueError(f"manifest.name {manifest.name!r} != publish name {name!r}")
     manifest.validate()
-    hashes = _expected_hashes(manifest)
+    hashes = object_hashes(manifest)
     paths = _staged_paths(staged, list(hashes))
     for key, path in paths.items():
         if sha256_file(path) != hashes[key]:

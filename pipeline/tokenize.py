@@ -34,8 +34,8 @@ from pipeline.storage import ObjectStore, open_store, sha256_bytes, split_uri
 from pipeline.storage.options import S3Options
 from pipeline.units import (
     StageStats,
+    done_part_stats,
     finish_unit,
-    part_done,
     part_unit,
     read_part_stats,
 )
@@ -360,8 +360,8 @@ def run_tokenize_part(
     store: ObjectStore, in_folder: str, out_folder: str, index: int, tokenizer_key: str, cfg: TokenizeConfig
 ) -> StageStats:
     """Tokenize one docs part into a token part (skipped when its ``.done`` marker exists)."""
-    if part_done(store, out_folder, index):
-        return read_part_stats(store, out_folder, index)
+    if (done := done_part_stats(store, out_folder, index)) is not None:
+        return done
     tok_bytes = store.get_bytes(tokenizer_key)
     stats = StageStats(stage="tokenize", extra={"tokens": 0})
     encoder = known_encoder(tok_bytes, cfg)

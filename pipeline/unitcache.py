@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline import __version__
 from pipeline.storage import ObjectStore
-from pipeline.units import part_done, part_name, part_unit
+from pipeline.units import part_done, part_name, part_unit, unit_stats
 
 log = logging.getLogger(__name__)
 CACHE_PREFIX = "cache/units"
@@ -53,17 +53,17 @@ def restore(store: ObjectStore, stage: str, key: str, folder: str, index: int) -
         return False
     entry = json.loads(store.get_bytes(entry_key))
     src_folder, src_index = entry["folder"], int(entry["index"])
-    src_marker = f"{part_unit(src_folder, src_index)}.done"
-    if not part_done(store, src_folder, src_index):
-        log.warning("unit cache entry %s points at an incomplete unit; recomputing", entry_key)
+    src_unit = part_unit(src_folder, src_index)
+    if unit_stats(store, src_unit) is None:  # incomplete, or damaged (named in a warning): not worth copying
+        log.info("unit cache entry %s points at an unfinished or damaged unit; recomputing", entry_key)
         return False
     src_name, dst_name = part_name(src_index), part_name(index)
+    src_marker = f"{src_unit}.done"
     for src in _unit_files(store, src_folder, src_index):
-        if src == src_marker:
-            continue
-        rel = src[len(src_folder) + 1 :].replace(src_name, dst_name, 1)
-        store.copy(src, f"{folder}/{rel}")
-    store.put_bytes(f"{part_unit(folder, index)}.done", b"")  # the copied stats came first: marker last
+        if src != src_marker:
+            store.copy(src, f"{folder}/{src[len(src_folder) + 1 :].replace(src_name, dst_name, 1)}")
+    # The copied stats came first: marker last. Its record names outputs relative to the unit, so it holds.
+    store.copy(src_marker, f"{part_unit(folder, index)}.done")
     log.info("reused %s unit %s from %s", stage, key[:12], src_folder)
     return True
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,10 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import UnitNotDone
-from pipeline.storage import ObjectStore
+from pipeline.proofs import check_outputs, folder_listing, record_outputs, unit_listing
+from pipeline.storage import ObjectInfo, ObjectStore
+
+log = logging.getLogger(__name__)
 
 SUCCESS = "_SUCCESS"
 KEPT = ""  # the outcome of a tallied document that was not dropped
@@ -168,10 +172,18 @@ def stats_bytes(stats: StageStats) -> bytes:
 
 
 def finish_unit(store: ObjectStore, unit: str, stats: StageStats) -> StageStats:
-    """Stats, then the marker, after the unit's outputs: a unit without its marker is never read and is redone."""
+    """Stats, then the marker, after the unit's outputs: a unit without its marker is never read and is redone.
+    The marker holds the stats too and what proves the outputs' bytes (``pipeline/proofs``), so a rerun
+    reads one object to skip the unit."""
     store.put_bytes(f"{unit}.stats.json", stats_bytes(stats))
-    store.put_bytes(f"{unit}.done", b"")
+    outputs = [i for k, i in unit_listing(store, unit).items() if k not in _own_files(unit)]
+    marker = {"stats": stats.to_json(), "outputs": record_outputs(store, unit, outputs)}
+    store.put_bytes(f"{unit}.done", json.dumps(marker, indent=1).encode())
     return stats
+
+
+def _own_files(unit: str) -> tuple[str, str]:
+    return f"{unit}.done", f"{unit}.stats.json"
 
 
 def unit_done(store: ObjectStore, unit: str) -> bool:
@@ -179,10 +191,40 @@ def unit_done(store: ObjectStore, unit: str) -> bool:
 
 
 def unit_stats(store: ObjectStore, unit: str) -> StageStats | None:
-    """The stored stats of a finished unit (a rerun returns these and skips the work), else None."""
-    if not unit_done(store, unit):
+    """The stored stats of a finished unit whose outputs are intact (a rerun returns these and skips the
+    work), else None: a unit whose outputs no longer match its marker loses the marker, with one warning
+    naming the file, and is recomputed. One listing and one read, as many round trips as a HEAD and a read."""
+    listing = unit_listing(store, unit)
+    marker = listing.get(f"{unit}.done")
+    if marker is None:
         return None
-    return read_unit_stats(store, unit)
+    if marker.size == 0:  # a marker written before markers recorded their outputs: nothing to check
+        return read_unit_stats(store, unit)
+    data = json.loads(store.get_bytes(marker.key))
+    if not _intact(store, unit, data, listing):
+        return None
+    return StageStats.from_json(data["stats"])
+
+
+def _intact(store: ObjectStore, base: str, data: dict[str, Any], listing: dict[str, ObjectInfo]) -> bool:
+    """Whether the outputs recorded in ``data`` (a marker) match ``listing``; a damaged unit loses its marker
+    (``base``'s ``.done``, or ``base/_SUCCESS`` for a folder) with one warning line naming the file."""
+    marker_key = f"{base}.done" if f"{base}.done" in listing else f"{base}/{SUCCESS}"
+    check = check_outputs(store, base, data.get("outputs", {}), listing)
+    if check.damaged is not None:
+        log.warning(
+            "%s %s: recomputing its unit (its marker %s no longer matches)",
+            store.uri_of(check.damaged),
+            check.reason,
+            marker_key,
+        )
+        store.delete(marker_key)
+        return False
+    if (
+        check.refreshed is not None
+    ):  # copied or touched, same bytes: record the new tags, checked free next time
+        store.put_bytes(marker_key, json.dumps({**data, "outputs": check.refreshed}, indent=1).encode())
+    return True
 
 
 def read_unit_stats(store: ObjectStore, unit: str) -> StageStats:
@@ -206,6 +248,11 @@ def done_stats_or_fail(store: ObjectStore, unit: str, step: str = "the previous 
 
 def part_done(store: ObjectStore, folder: str, index: int) -> bool:
     return unit_done(store, part_unit(folder, index))
+
+
+def done_part_stats(store: ObjectStore, folder: str, index: int) -> StageStats | None:
+    """:func:`unit_stats` of part ``index`` of ``folder``: its stats when it is done and intact, else None."""
+    return unit_stats(store, part_unit(folder, index))
 
 
 def read_part_stats(store: ObjectStore, folder: str, index: int) -> StageStats:
@@ -239,17 +286,29 @@ def stage_succeeded(store: ObjectStore, folder: str) -> bool:
 def finish_folder(
     store: ObjectStore, folder: str, stats: StageStats, stats_name: str = "stats.json"
 ) -> StageStats:
-    """A global step's end: ``folder/<stats_name>``, then ``folder/_SUCCESS``, after its outputs."""
+    """A global step's end: ``folder/<stats_name>``, then ``folder/_SUCCESS``, after its outputs. ``_SUCCESS``
+    records the outputs under ``folder`` as a unit's marker does (``pipeline/proofs``)."""
     store.put_bytes(f"{folder}/{stats_name}", stats_bytes(stats))
-    store.put_bytes(f"{folder}/{SUCCESS}", b"")
+    own = (f"{folder}/{stats_name}", f"{folder}/{SUCCESS}")
+    outputs = [i for k, i in folder_listing(store, folder).items() if k not in own]
+    marker = {"stats": stats.to_json(), "outputs": record_outputs(store, folder, outputs)}
+    store.put_bytes(f"{folder}/{SUCCESS}", json.dumps(marker, indent=1).encode())
     return stats
 
 
 def folder_stats(store: ObjectStore, folder: str, stats_name: str = "stats.json") -> StageStats | None:
-    """The stats of a finished global step (see :func:`finish_folder`), else None."""
-    if not stage_succeeded(store, folder):
+    """The stats of a finished global step (see :func:`finish_folder`) whose outputs are intact, else None (a
+    damaged output is named in one warning and the step reruns)."""
+    listing = folder_listing(store, folder)
+    marker = listing.get(f"{folder}/{SUCCESS}")
+    if marker is None:
         return None
-    return StageStats.from_json(json.loads(store.get_bytes(f"{folder}/{stats_name}")))
+    data = json.loads(store.get_bytes(marker.key)) if marker.size else {}
+    if "outputs" not in data:  # written before _SUCCESS recorded its outputs
+        return StageStats.from_json(json.loads(store.get_bytes(f"{folder}/{stats_name}")))
+    if not _intact(store, folder, data, listing):
+        return None
+    return StageStats.from_json(data["stats"])
 
 
 def require_success(store: ObjectStore, folder: str, step: str) -> None:

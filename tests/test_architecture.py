@@ -60,7 +60,7 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         "a rebuild that finds its dataset published"
     ),
     (
-        "flows/build/flow.py",
+        "flows/build/context.py",
         "pipeline.storage.s3",
     ): "optional dependency: boto3, for recorded S3 uploads only",
     ("flows/ui/build_artifacts.py", "pipeline.storage.s3"): "optional dependency: boto3, for S3 links only",

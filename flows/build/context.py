@@ -8,17 +8,23 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from flows.runtime import profile
+from flows.runtime.heartbeat import beat_also, current_flow_run_id
 from pipeline import unitcache
 from pipeline.corpus_config import CorpusConfig, config_from_dict
 from pipeline.errors import StageFailed
 from pipeline.storage import ObjectStore, open_store
+from pipeline.storage.options import S3Options
 from pipeline.storage.retry import is_permanent
-from pipeline.storage.uploads import UploadJournal
+from pipeline.storage.uploads import UploadJournal, hold_lease
+
+log = logging.getLogger(__name__)
 
 
 def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
@@ -41,6 +47,7 @@ class BuildContext:
     work: str
     config: dict[str, Any]
     parts: int = 0  # how many parts the build has (task run names say "parts 1-8/12")
+    lease: str = ""  # the build's run id, which its upload records carry (take_build_lease)
 
     @property
     def cfg(self) -> CorpusConfig:
@@ -48,7 +55,7 @@ class BuildContext:
 
     def store(self) -> ObjectStore:
         store = open_store(self.store_uri, self.cfg.s3)
-        store.uploads = UploadJournal(store)  # multipart uploads recorded in work/uploads until they end
+        store.uploads = UploadJournal(store, run=self.lease)  # multipart uploads recorded until they end
         return store
 
     def folder(self, name: str) -> str:
@@ -94,3 +101,26 @@ def run_unit(store: ObjectStore, stage: str, key: str, folder: str, index: int, 
             stats = run(store)
             unitcache.record(store, stage, key, folder, index)
     return {"stats": stats.to_json(), "key": key, "reused": reused, "profile": records}
+
+
+# ---------------------------------------------------------------- the build's lease on its store
+
+
+def take_build_lease(store: ObjectStore, s3: S3Options | None) -> str:
+    """Hold this build's lease on ``store`` (refreshed by the flow's heartbeat), then clear what dead runs
+    left: their temp files and the uploads they recorded (a live build's are left alone, whatever their age).
+    Returns the run id the build's upload records carry."""
+    run = current_flow_run_id() or uuid.uuid4().hex
+    hold_lease(store, run)
+    beat_also(functools.partial(hold_lease, store, run))
+    removed = store.remove_dead_temp_files()
+    aborted = 0
+    if s3 is not None:  # boto3 loads only for an S3 store
+        from pipeline.storage.s3 import abort_recorded_uploads
+
+        aborted = abort_recorded_uploads(UploadJournal(store), s3)
+    if removed or aborted:
+        log.info(
+            "removed %d temp file(s) and %d upload(s) of dead runs under %s", removed, aborted, store.uri
+        )
+    return run

@@ -17,7 +17,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.build import unchanged
-from flows.build.context import BuildContext, build_context
+from flows.build.context import BuildContext, build_context, take_build_lease
 from flows.build.decontam import run_decontam
 from flows.build.passes import Passes
 from flows.build.plan import chunks, parts_per_task
@@ -62,7 +62,7 @@ from pipeline.errors import StageFailed
 from pipeline.manifest import MANIFEST_KEY, dataset_prefix, point_latest
 from pipeline.shards import ShardInfo
 from pipeline.storage import ObjectStore, open_store
-from pipeline.storage.uploads import UploadJournal
+from pipeline.storage.uploads import release_lease
 from pipeline.units import StageStats
 
 __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
@@ -265,13 +265,15 @@ def build_corpus(
     with build_profile.run_pass("plan-inputs"):
         planned = plan_inputs(cfg.to_dict())
     n, store = len(planned["plans"]), open_store(cfg.output, cfg.s3)
-    # Uploads still recorded belong to earlier runs that died: abort them now rather than after an hour.
-    abort_stale_uploads(store, cfg)
+    # The uploads and temp files of earlier runs that died go now rather than after an hour; this run's lease
+    # keeps a janitor or another build off its own.
+    lease = take_build_lease(store, cfg.s3)
     work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
     record = unchanged.published_record(store, work, cfg)
     if record is not None:  # published before from the same inputs and config: no worker starts
+        release_lease(store, lease)
         return nothing_changed(cfg, store, record, work, build_profile, started)
-    ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n).to_json()
+    ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n, lease=lease).to_json()
     # no more workers than the widest pass has task chunks; they start while the flow prepares its first pass
     workers = fit_workers(len(chunks(list(range(n)), parts_per_task(n, worker_count()))))
     start_workers_soon()
@@ -328,17 +330,8 @@ def build_corpus(
     get_run_logger().info(
         "published %s (dataset %s) in %.1f s", manifest_uri, summary["dataset_id"], summary["seconds"]
     )
+    release_lease(store, lease)
     return summary
-
-
-def abort_stale_uploads(store: ObjectStore, cfg: CorpusConfig) -> None:
-    """Abort the multipart uploads that earlier runs recorded and never completed (S3 only: boto3 loads
-    only when there is one)."""
-    journal = UploadJournal(store)
-    if journal.records():
-        from pipeline.storage.s3 import abort_recorded_uploads
-
-        abort_recorded_uploads(journal, cfg.s3)
 
 
 def nothing_changed(

@@ -1,4 +1,7 @@
-"""``pileworks janitor``: abort multipart uploads (S3) or temp files (local) left behind by killed processes."""
+"""``pileworks janitor``: abort multipart uploads (S3) or temp files (local) left behind by killed processes.
+
+A running build's uploads are never touched (its lease says it is alive); a dead run's go at once, and so do
+the temp files of a writer on this host that no longer runs; the rest go by age (``--older-than``)."""
 
 from __future__ import annotations
 
@@ -20,14 +23,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeline.storage import open_store
     from pipeline.storage.s3 import abort_recorded_uploads
-    from pipeline.storage.uploads import UploadJournal
+    from pipeline.storage.uploads import UploadJournal, live_upload_ids
 
     s3 = resolve_s3(args)
     store = open_store(args.output, s3)
-    recorded = abort_recorded_uploads(UploadJournal(store), s3)
-    n = store.abort_stale_uploads(older_than_s=args.older_than)
+    journal = UploadJournal(store)
+    recorded = abort_recorded_uploads(journal, s3)  # runs whose lease expired or whose process died
+    live = frozenset(live_upload_ids(journal))  # a running build's: never aborted, however old
+    n = store.abort_stale_uploads(older_than_s=args.older_than, keep=live)
     print(
-        f"{store.uri}: aborted {recorded} upload(s) recorded by earlier runs, "
-        f"{n} other upload(s) older than {args.older_than:.0f} s"
+        f"{store.uri}: aborted {recorded} upload(s) recorded by runs that are gone, "
+        f"{n} other upload(s) or temp file(s) of dead or {args.older_than:.0f} s old writers; "
+        f"kept {len(live)} upload(s) of live builds"
     )
     return 0

@@ -123,6 +123,7 @@ class _Beater(threading.Thread):
         super().__init__(name=f"pileworks-heartbeat-{flow_run_id[:8]}", daemon=True)
         self.flow_run_id = flow_run_id
         self.interval_s = interval_s
+        self.also: list[Callable[[], None]] = []  # called on every beat (a build's upload lease: beat_also)
         self.stopped = threading.Event()
         self.failures = 0
         # Prefect's settings (API URL, PREFECT_HOME) live in context variables, which a new thread does not inherit.
@@ -155,6 +156,13 @@ class _Beater(threading.Thread):
         from uuid import UUID
 
         beat = current_beat(self.flow_run_id, self.interval_s)
+        for refresh in list(self.also):
+            try:
+                refresh()
+            except Exception as exc:  # the store is briefly unreachable: the next beat tries again
+                logger.warning(
+                    "heartbeat: could not refresh %s (%s)", getattr(refresh, "__name__", refresh), exc
+                )
         try:
             if client is None:
                 raise ConnectionError("no Prefect client")
@@ -188,12 +196,27 @@ def heartbeat(flow_run_id: str | None, interval_s: float = DEFAULT_INTERVAL_S) -
         raise ValueError(f"heartbeat interval_s must be > 0, got {interval_s}")
     beater = _Beater(str(flow_run_id), interval_s)
     beater.start()
+    token = _BEATER.set(beater)
     try:
         yield
     finally:
+        _BEATER.reset(token)
         beater.stopped.set()
         beater.join(timeout=max(5.0, interval_s))
         remove_file_beat(str(flow_run_id))
+
+
+_BEATER: contextvars.ContextVar[_Beater | None] = contextvars.ContextVar("pileworks_beater", default=None)
+
+
+def beat_also(refresh: Callable[[], None]) -> bool:
+    """Call ``refresh`` on every beat of the heartbeat this code runs under (a lease that must outlive no
+    dead process); False when there is none (the caller keeps what ``refresh`` renews alive some other way)."""
+    beater = _BEATER.get()
+    if beater is None:
+        return False
+    beater.also.append(refresh)
+    return True
 
 
 def current_flow_run_id() -> str | None:

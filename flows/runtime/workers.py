@@ -48,6 +48,8 @@ class LocalWorkers(TaskRunner[Any]):
             "processes": True,
             "dashboard_address": None,
             "env": self.env,
+            # the terminal's Ctrl-C reaches the whole process group: the flow's process handles it, workers ignore it
+            "preload": ["flows.runtime.worker_signals"],
         }
 
     def fit(self, chunks: int) -> int:

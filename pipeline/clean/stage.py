@@ -32,7 +32,7 @@ from pipeline.langid import LangIdConfig, identify_batch, language_verdict
 from pipeline.records import Record, iter_part_batches, web_fields, write_part
 from pipeline.sources import SOURCE_NAME, SourceConfig, provenance, tally_document
 from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, part_done, read_part_stats
+from pipeline.units import StageStats, done_part_stats
 
 
 def missing_kernels() -> list[str]:
@@ -231,8 +231,8 @@ def run_clean_part(
     """Clean one part (each document with its source's overrides); a rerun returns the stored stats. A part
     that ingest wrote normalised (its stats say ``normalized_parts``; a build's ingest normalises with the same
     ``cfg``, and the unit keys chain so) is not normalised again."""
-    if part_done(store, out_folder, index):
-        return read_part_stats(store, out_folder, index)
+    if (done := done_part_stats(store, out_folder, index)) is not None:
+        return done
     normalized = input_normalized(store, in_folder, index)
     boilerplate = load_boilerplate(store, boilerplate_key) if boilerplate_key else frozenset()
     bad_words = load_bad_words(cfg.c4.bad_words_file, store.s3) if cfg.c4.enabled else None

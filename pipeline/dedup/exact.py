@@ -26,15 +26,14 @@ from pipeline.sources import tally_document
 from pipeline.storage import ObjectStore
 from pipeline.units import (
     StageStats,
+    done_part_stats,
     finish_folder,
     finish_unit,
     folder_stats,
     get_npy,
-    part_done,
     part_name,
     part_unit,
     put_npy,
-    read_part_stats,
     require_done,
     require_success,
     unit_stats,
@@ -123,8 +122,8 @@ def run_exact_filter_part(
     store: ObjectStore, in_folder: str, out_folder: str, index: int, drop_folder: str
 ) -> StageStats:
     """Copy one part without its exact duplicates; a rerun of a done part reads its stats."""
-    if part_done(store, out_folder, index):
-        return read_part_stats(store, out_folder, index)
+    if (done := done_part_stats(store, out_folder, index)) is not None:
+        return done
     drop = set(load_drop_positions(store, drop_folder, index).tolist())
     stats = StageStats(stage="exact_dedup")
     kept: list[Record] = []

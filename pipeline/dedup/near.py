@@ -35,12 +35,11 @@ from pipeline.sources import tally_document
 from pipeline.storage import ObjectStore
 from pipeline.units import (
     StageStats,
+    done_part_stats,
     folder_key,
     get_npz,
     mark_stage_success,
-    part_done,
     part_name,
-    read_part_stats,
     require_success,
 )
 
@@ -49,8 +48,8 @@ def run_near_filter_part(
     store: ObjectStore, in_folder: str, out_folder: str, index: int, clusters_folder: str
 ) -> StageStats:
     """Copy one docs part without its near-duplicates (the drop list of the clusters step)."""
-    if part_done(store, out_folder, index):
-        return read_part_stats(store, out_folder, index)
+    if (done := done_part_stats(store, out_folder, index)) is not None:
+        return done
     require_success(store, clusters_folder, "run_clusters")
     drop = get_npz(store, f"{clusters_folder}/drop/{part_name(index)}.npz")
     kept, row = [], 0
@@ -114,13 +113,14 @@ def run_near_dedup(
 def _pass_through(store: ObjectStore, in_folder: str, out_folder: str, num_parts: int) -> StageStats:
     total = StageStats(stage="near_dedup")
     for i in range(num_parts):
-        if not part_done(store, out_folder, i):
+        part_stats = done_part_stats(store, out_folder, i)
+        if part_stats is None:
             records = [r for batch in iter_part_batches(store, in_folder, i) for r in batch]
             n, nbytes = len(records), text_bytes(records)
             part_stats = StageStats(
                 stage="near_dedup", docs_in=n, docs_out=n, bytes_in=nbytes, bytes_out=nbytes
             )
             write_part(store, out_folder, i, records, part_stats)
-        total.merge(read_part_stats(store, out_folder, i))
+        total.merge(part_stats)
     mark_stage_success(store, out_folder, num_parts)
     return total

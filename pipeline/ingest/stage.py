@@ -36,7 +36,7 @@ from pipeline.ingest.encoding import is_line_safe
 from pipeline.records import PartWriter, Quarantined, Record
 from pipeline.sources import DEFAULT_SOURCE, SourceConfig
 from pipeline.storage import ObjectStore, S3Options, StorageError, normalize_key, open_store, split_uri
-from pipeline.units import UNKNOWN_LANGUAGE, StageStats, part_done, read_part_stats, snippet
+from pipeline.units import UNKNOWN_LANGUAGE, StageStats, done_part_stats, snippet
 
 log = logging.getLogger(__name__)
 # A text transform applied to every document as it is read: (text, counters) -> text. A build passes the clean
@@ -415,8 +415,8 @@ def run_ingest_part(
     """The unit of work: ingest one plan into ``out_folder/part-<index>``, streaming (bounded memory however
     large the compressed input); a completed part is not redone. With ``normalize`` every document's text is
     written normalised, and the repairs are counted in ``stats.extra`` (``normalized_parts`` is 1)."""
-    if part_done(store, out_folder, plan.index):
-        return read_part_stats(store, out_folder, plan.index)
+    if (done := done_part_stats(store, out_folder, plan.index)) is not None:
+        return done
     stats = StageStats(stage="ingest")
     quarantined: list[Quarantined] = []
     with PartWriter(store, out_folder, plan.index) as writer:

@@ -8,6 +8,7 @@ import errno
 import hashlib
 import os
 import posixpath
+import socket
 import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
@@ -18,11 +19,27 @@ from typing import Any, BinaryIO, TypeVar
 
 from pipeline.errors import StorageError
 from pipeline.storage.options import S3Options
-from pipeline.storage.uploads import NO_JOURNAL, UploadJournal
+from pipeline.storage.uploads import NO_JOURNAL, UploadJournal, pid_alive
 
 T = TypeVar("T")
 R = TypeVar("R")
 TMP_PREFIX = ".pw-tmp-"  # temp files of an unfinished write (the janitor removes stale ones)
+
+
+def tmp_prefix() -> str:
+    """This process's temp-file prefix, ``.pw-tmp-<pid>@<host>~``: whoever finds the file later can tell
+    whether its writer still runs (:func:`tmp_writer_dead`)."""
+    return f"{TMP_PREFIX}{os.getpid()}@{socket.gethostname()}~"
+
+
+def tmp_writer_dead(name: str) -> bool:
+    """Whether the temp file ``name`` was left by a process of this host that no longer runs (provably dead).
+    A name from another host, or from before names carried their writer, is not: the age rule applies."""
+    owner, sep, _ = name.removeprefix(TMP_PREFIX).partition("~")
+    pid, at, host = owner.partition("@")
+    if not (sep and at and pid.isdigit()) or host != socket.gethostname():
+        return False
+    return not pid_alive(int(pid))
 
 
 def write_local_file(
@@ -32,7 +49,7 @@ def write_local_file(
     fsynced, then ``publish(tmp, dest)`` puts it in place (``os.replace``; a create-only store links it);
     on any failure the temp file is removed, and a full disk or quota is one line naming ``dest``."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=dest.parent)
+    fd, tmp = tempfile.mkstemp(prefix=tmp_prefix(), dir=dest.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             writer(f)
@@ -139,6 +156,12 @@ class ObjectStore(ABC):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object whose key starts with ``prefix``, sorted by key (paginated on S3)."""
 
+    def list_unit(self, unit: str) -> Iterator[ObjectInfo]:
+        """Every object ``unit.<suffix>`` or ``unit/...`` (a unit's files, ``pipeline/units``): one listing."""
+        for info in self.list(unit):
+            if info.key.startswith((unit + ".", unit + "/")):
+                yield info
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Delete if present (no error when missing)."""
@@ -172,8 +195,13 @@ class ObjectStore(ABC):
     def uri_of(self, key: str) -> str:
         return self.uri.rstrip("/") + "/" + normalize_key(key)
 
-    def abort_stale_uploads(self, older_than_s: float = 3600.0) -> int:
-        """Abort multipart uploads left behind by killed processes; returns how many. Local: temp files."""
+    def abort_stale_uploads(self, older_than_s: float = 3600.0, keep: frozenset[str] = frozenset()) -> int:
+        """Abort multipart uploads left behind by killed processes, except the upload ids in ``keep`` (a live
+        build's); returns how many. Local: temp files (those of dead writers at once)."""
+        return 0
+
+    def remove_dead_temp_files(self) -> int:
+        """Remove the temp files of writers that provably died (a rerun's start); returns how many."""
         return 0
 
     def verify_sha256(self, key: str, expected: str) -> None:

@@ -11,7 +11,15 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from pipeline.errors import AlreadyExistsError
-from pipeline.storage.base import TMP_PREFIX, ObjectInfo, ObjectStore, normalize_key, write_local_file
+from pipeline.storage.base import (
+    TMP_PREFIX,
+    ObjectInfo,
+    ObjectStore,
+    normalize_key,
+    tmp_prefix,
+    tmp_writer_dead,
+    write_local_file,
+)
 from pipeline.storage.options import S3Options
 
 
@@ -130,11 +138,26 @@ class FileStore(ObjectStore):
                 key=key, size=st.st_size, etag=f"{st.st_mtime_ns}-{st.st_size}", mtime=st.st_mtime
             )
 
+    def list_unit(self, unit: str) -> Iterator[ObjectInfo]:
+        """The unit's files from its own folder entries, not a walk of the whole folder (which holds every
+        other part too): a rerun checks each unit, and a walk per unit would grow with the square of the parts."""
+        path = self._path(unit)
+        names = (
+            [n for n in os.listdir(path.parent) if n.startswith(path.name + ".")]
+            if path.parent.is_dir()
+            else []
+        )
+        keys = [f"{normalize_key(unit)}{n[len(path.name) :]}" for n in names]
+        keys += [info.key for info in self.list(unit + "/")] if path.is_dir() else []
+        for key in sorted(keys):
+            with contextlib.suppress(FileNotFoundError):
+                yield self.stat(key)
+
     def copy(self, src_key: str, dst_key: str, size: int | None = None) -> None:
         """Hard-link when possible (immutable unit files are never rewritten in place), else copy."""
         src, dst = self._path(src_key), self._path(dst_key)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}.{os.getpid()}")
+        tmp = dst.with_name(f"{tmp_prefix()}{dst.name}")
         try:
             os.link(src, tmp)
         except OSError:
@@ -145,16 +168,25 @@ class FileStore(ObjectStore):
         with contextlib.suppress(FileNotFoundError):
             self._path(key).unlink()
 
-    def abort_stale_uploads(self, older_than_s: float = 3600.0) -> int:
-        """Remove temp files left by killed writers (the local analogue of dangling multipart uploads)."""
+    def abort_stale_uploads(self, older_than_s: float = 3600.0, keep: frozenset[str] = frozenset()) -> int:
+        """Remove temp files left by killed writers (the local analogue of dangling multipart uploads): those
+        older than ``older_than_s``, and at once those whose writer provably died."""
         cutoff = time.time() - older_than_s
+        return self._remove_temp_files(
+            lambda full: tmp_writer_dead(full.name) or full.stat().st_mtime < cutoff
+        )
+
+    def remove_dead_temp_files(self) -> int:
+        return self._remove_temp_files(lambda full: tmp_writer_dead(full.name))
+
+    def _remove_temp_files(self, stale: Callable[[Path], bool]) -> int:
         removed = 0
         for dirpath, _dirs, filenames in os.walk(self.root):
             for name in filenames:
                 if name.startswith(TMP_PREFIX):
                     full = Path(dirpath) / name
                     with contextlib.suppress(FileNotFoundError):
-                        if full.stat().st_mtime < cutoff:
+                        if stale(full):
                             full.unlink()
                             removed += 1
         return removed

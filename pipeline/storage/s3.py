@@ -24,7 +24,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from pipeline.errors import AlreadyExistsError, StorageError
+from pipeline.errors import AlreadyExistsError, StorageError, UploadAborted
 from pipeline.storage.base import (
     ObjectInfo,
     ObjectStore,
@@ -34,12 +34,13 @@ from pipeline.storage.base import (
 )
 from pipeline.storage.options import S3Options
 from pipeline.storage.retry import STATS, PermanentStorageError, backoff_s, call_with_retries
-from pipeline.storage.uploads import UploadJournal
+from pipeline.storage.uploads import UploadJournal, run_alive
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
+UPLOAD_RESTARTS = 2  # times a multipart upload aborted under its writer starts again
 _PRECONDITION = {"412", "PreconditionFailed", "ConditionalRequestConflict"}
 # Errors raised while reading a response body; botocore does not retry these, so readers resume themselves.
 _STREAM_ERRORS = (
@@ -222,6 +223,8 @@ class S3Store(ObjectStore):
                     f"S3 {op} {uri} failed: bucket {self.bucket!r} does not exist at "
                     f"{self.options.endpoint_url or 'AWS'}; create it or fix the URI / s3.endpoint_url"
                 ) from None
+            if code == "NoSuchUpload":
+                raise UploadAborted(f"S3 {op} {uri}: its multipart upload was aborted meanwhile") from None
             if code in _NOT_FOUND or _status(e) == 404:
                 raise FileNotFoundError(f"{uri} does not exist ({op})") from None
             if code in {
@@ -285,7 +288,22 @@ class S3Store(ObjectStore):
 
     def _multipart(self, key: str, send_parts: Callable[[str], list[dict]]) -> None:
         """A multipart upload of ``key`` whose parts ``send_parts(upload_id)`` sends: recorded in the upload
-        journal while it runs, completed, or aborted on any failure (a dangling upload is billed storage)."""
+        journal while it runs, completed, or aborted on any failure (a dangling upload is billed storage). An
+        upload aborted under us (``NoSuchUpload``: a janitor or another build took it for a dead run's) cannot
+        be resumed: it starts again, a few times at most."""
+        for attempt in range(1, UPLOAD_RESTARTS + 2):
+            try:
+                self._multipart_once(key, send_parts)
+                return
+            except UploadAborted:
+                if attempt > UPLOAD_RESTARTS:
+                    raise
+                log.warning(
+                    "multipart upload of %s was aborted by another process; starting it again",
+                    self.uri_of(key),
+                )
+
+    def _multipart_once(self, key: str, send_parts: Callable[[str], list[dict]]) -> None:
         k = self._key(key)
         upload_id = self._call(
             "create_multipart_upload",
@@ -302,6 +320,9 @@ class S3Store(ObjectStore):
                     Bucket=self.bucket, Key=k, UploadId=upload_id, MultipartUpload={"Parts": parts}
                 ),
             )
+        except UploadAborted:
+            self.uploads.finished(self.bucket, k, upload_id)  # gone already: nothing to abort
+            raise
         except BaseException:  # KeyboardInterrupt too
             self._abort_upload(key, upload_id)
             raise
@@ -405,13 +426,8 @@ class S3Store(ObjectStore):
                 None,
                 lambda: self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id),
             )
-        except StorageError as e:
-            cause = e.__cause__
-            if isinstance(cause, botocore.exceptions.ClientError) and _error_code(cause) == "NoSuchUpload":
-                return False  # completed or aborted meanwhile: fine
-            raise
-        except FileNotFoundError:
-            return False
+        except (UploadAborted, FileNotFoundError):
+            return False  # completed or aborted meanwhile: fine
         return True
 
     def list_uploads(self) -> list[dict[str, Any]]:
@@ -424,17 +440,18 @@ class S3Store(ObjectStore):
 
         return self._call("list_multipart_uploads", None, fetch)
 
-    def abort_stale_uploads(self, older_than_s: float = 3600.0) -> int:
+    def abort_stale_uploads(self, older_than_s: float = 3600.0, keep: frozenset[str] = frozenset()) -> int:
         """Abort multipart uploads under the prefix initiated more than ``older_than_s`` ago (the janitor).
 
-        Keep ``older_than_s`` above the longest upload you run: a live upload older than it is aborted too.
+        Keep ``older_than_s`` above the longest upload you run: a live upload older than it is aborted too,
+        unless its id is in ``keep`` (a live build's, from its journal and lease: ``live_upload_ids``).
         (moto reports every upload as initiated on 2010-11-10, so there any age up to ~16 years matches.)
-        Uploads recorded in a work folder's journal are aborted at once by :func:`abort_recorded_uploads`.
+        Uploads recorded by runs that are gone are aborted at once by :func:`abort_recorded_uploads`.
         """
         cutoff = time.time() - older_than_s
         aborted = 0
         for upload in self.list_uploads():
-            if upload["Initiated"].timestamp() < cutoff:
+            if upload["Initiated"].timestamp() < cutoff and upload["UploadId"] not in keep:
                 aborted += self.abort_upload(upload["Key"], upload["UploadId"])
         if aborted:
             log.info("aborted %d stale multipart uploads under %s", aborted, self.uri)
@@ -588,13 +605,20 @@ class _S3RawReader(io.RawIOBase):
 
 
 def abort_recorded_uploads(journal: UploadJournal, s3: S3Options) -> int:
-    """Abort every multipart upload still recorded in ``journal`` (their runs ended without completing them)."""
-    aborted = 0
+    """Abort every multipart upload still recorded in ``journal`` whose run is gone (its lease expired or its
+    process died, see ``pipeline.storage.uploads``); a live build's uploads are left alone."""
+    if journal.store is None:
+        return 0
+    aborted, live = 0, {}
     for record_key, record in journal.records():
+        run = str(record.get("run", ""))
+        if run not in live:
+            live[run] = run_alive(journal.store, run)
+        if live[run]:
+            continue
         store = S3Store(record["bucket"], options=s3)
         aborted += store.abort_upload(record["key"], record["upload_id"])
-        assert journal.store is not None
         journal.store.delete(record_key)
     if aborted:
-        log.info("aborted %d multipart upload(s) recorded by earlier runs", aborted)
+        log.info("aborted %d multipart upload(s) recorded by runs that are gone", aborted)
     return aborted

@@ -11,6 +11,8 @@ import os
 import pickle
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +31,7 @@ from pipeline.storage import (
     open_store,
     sha256_file,
 )
-from pipeline.storage.base import TMP_PREFIX
+from pipeline.storage.base import TMP_PREFIX, tmp_prefix
 from pipeline.storage.s3 import RedactSecretsFilter, S3Store, _S3RawReader, client_for
 
 MiB = 1 << 20
@@ -268,6 +270,31 @@ def test_janitor_aborts_dangling_uploads(store: ObjectStore, tmp_path) -> None:
         assert store.abort_stale_uploads(older_than_s=3600) == 1
         assert not old.exists() and fresh.exists()
     assert store.abort_stale_uploads(older_than_s=3600) == 0
+
+
+def _killed_writer_temp_file(root) -> str:
+    """A process killed mid-write (``os._exit`` inside the writer) leaves its temp file; returns its name."""
+    code = (
+        "import os, pathlib; from pipeline.storage.base import write_local_file; "
+        f"write_local_file(pathlib.Path({str(root)!r}) / 'w' / 'part.parquet', lambda f: os._exit(9))"
+    )
+    subprocess.run([sys.executable, "-c", code], env=os.environ | {"PYTHONPATH": os.getcwd()})
+    (left,) = [p.name for p in (root / "w").iterdir()]
+    return left
+
+
+def test_temp_files_of_dead_writers_go_at_once_and_live_ones_stay(tmp_path) -> None:
+    store = FileStore(tmp_path / "store")
+    dead = _killed_writer_temp_file(store.root)
+    assert dead.startswith(TMP_PREFIX) and "@" in dead  # .pw-tmp-<pid>@<host>~...: its writer is known
+    mine = store.root / "w" / f"{tmp_prefix()}in-flight"  # this process: alive
+    mine.write_bytes(b"in flight")
+    assert store.remove_dead_temp_files() == 1  # a rerun's start-up: no age to wait for
+    assert [p.name for p in (store.root / "w").iterdir()] == [mine.name]
+    dead = _killed_writer_temp_file(store.root.parent / "other")  # the janitor, at its default age
+    janitor_store = FileStore(store.root.parent / "other")
+    assert janitor_store.abort_stale_uploads(older_than_s=3600) == 1
+    assert not (janitor_store.root / "w" / dead).exists()
 
 
 # -- S3 only ---------------------------------------------------------------------------------------

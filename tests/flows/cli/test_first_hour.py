@@ -158,3 +158,37 @@ def test_ctrl_c_during_a_build_is_one_line_and_exit_130(server_home: Path, tmp_p
     assert proc.returncode == 130, err[-4000:]
     assert err.strip().splitlines()[-1].startswith("pileworks build: interrupted; rerun the same command")
     assert "KeyboardInterrupt" not in err and "Traceback" not in err
+
+
+def test_ctrl_c_to_the_whole_process_group_is_one_line_and_exit_130(
+    server_home: Path, tmp_path: Path
+) -> None:
+    """A terminal's Ctrl-C reaches every process of its foreground group, the Dask worker processes too: they
+    ignore it (the command shuts them down), so stderr holds the one line, not their tracebacks."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    write_tiny_corpus(tmp_path / "raw", files=3)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "build", *corpus_args(tmp_path / "raw", tmp_path / "store")],
+        env=cli_env(server_home),
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    deadline = time.monotonic() + 120
+    work = tmp_path / "store" / "work"
+    while time.monotonic() < deadline and not any(work.glob("*/clean/part-*.done")) and proc.poll() is None:
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-4000:]
+    # Off a terminal the build's INFO log goes to stderr too; besides it, one line: no worker's traceback.
+    lines = [line for line in err.strip().splitlines() if not re.match(r"^\S+ \S+ INFO ", line)]
+    assert len(lines) == 1, err[-4000:]
+    assert lines[0].startswith("pileworks build: interrupted; rerun the same command"), lines
