@@ -28,6 +28,7 @@ from flows.cli import (
     export,
     inspect,
     janitor,
+    quality,
     reap,
     run,
     sample,
@@ -43,7 +44,22 @@ from pipeline import __version__
 from pipeline.errors import ConfigError, PileworksError
 
 # Every command, in the order ``pileworks --help`` lists them.
-COMMANDS = (build, doctor, evaluate, export, inspect, janitor, reap, run, sample, serve, server, trace, train)
+COMMANDS = (
+    build,
+    doctor,
+    evaluate,
+    export,
+    inspect,
+    janitor,
+    quality,
+    reap,
+    run,
+    sample,
+    serve,
+    server,
+    trace,
+    train,
+)
 
 EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 INTERRUPTED = threading.Event()  # set by Ctrl-C (SIGINT) during a command
