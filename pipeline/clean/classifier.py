@@ -4,9 +4,9 @@ The model is any fastText supervised ``.bin`` (one trained with ``pileworks qual
 such as DCLM's), read from a local path, ``file://`` or ``s3://``; ``label`` names the class whose probability
 is the document's ``quality_score`` (kept in its meta and published in every shard's ``docs.parquet``).
 
-A document is scored on the text clean publishes (normalised, boilerplate lines out, redacted), flattened to
-one line as fastText's ``predict`` requires: every run of whitespace (newlines included) becomes one space
-(:func:`flatten`). ``pileworks quality train`` normalises its examples with the same clean config and flattens
+A document is scored on the text clean publishes (normalised, boilerplate lines out, redacted): its first
+``max_chars`` characters (1,000 by default; null: all), flattened to one line as fastText's ``predict``
+requires: every run of whitespace (newlines included) becomes one space (:func:`flatten`). ``pileworks quality train`` normalises its examples with the same clean config and flattens
 them the same way, so the model sees in use what it saw in training.
 
 Either ``min_score`` (a document under it is dropped in clean, reason ``classifier_low``) or ``keep_fraction``
@@ -36,9 +36,10 @@ from pipeline.storage import S3Options, read_object
 FIELD = "clean.classifier.model"
 
 
-def flatten(text: str) -> str:
-    """One line for fastText: every run of whitespace (newlines, tabs, Unicode spaces) becomes one space."""
-    return " ".join(text.split())
+def flatten(text: str, max_chars: int | None = None) -> str:
+    """One line for fastText: the first ``max_chars`` characters (None: all), every run of whitespace in them
+    (newlines, tabs, Unicode spaces) made one space."""
+    return " ".join((text if max_chars is None else text[:max_chars]).split())
 
 
 class QualityModel:
@@ -52,13 +53,15 @@ class QualityModel:
             raise ValueError(f"{where}: the model has no label {label!r} (its labels: {', '.join(labels)})")
         self.label, self.labels = label, labels
 
-    def score(self, texts: Sequence[str]) -> list[float]:
-        """The probability of the label for each text (flattened to one line first)."""
+    def score(self, texts: Sequence[str], max_chars: int | None = None) -> list[float]:
+        """The probability of the label for each text (its first ``max_chars`` characters, flattened)."""
         # The binding's per-line predict (what fastText's Python ``predict`` calls for one string) returns plain
         # (probability, label) pairs: under numpy 2, fasttext-wheel's ``predict`` fails on one string
         # (``np.array(copy=False)``) and returns wrong probabilities for a list (an array built for numpy 1).
         predict = self.model.f.predict
-        return [_label_prob(predict(flatten(t) + "\n", -1, 0.0, "replace"), self.label) for t in texts]
+        return [
+            _label_prob(predict(flatten(t, max_chars) + "\n", -1, 0.0, "replace"), self.label) for t in texts
+        ]
 
 
 def _label_prob(pairs: Sequence[tuple[float, str]], label: str) -> float:

@@ -3,7 +3,8 @@
 Positives (``hq``: a reference set, e.g. the user's documentation or a curated subset) against negatives
 (``lq``: e.g. a random sample of the corpus, ``negative_sample``). Every text is normalised as clean normalises
 it (``normalize_text`` with the corpus's clean config) and flattened to one line as clean flattens it before
-scoring (:func:`pipeline.clean.classifier.flatten`), so the model is trained on what it will score. A
+scoring (:func:`pipeline.clean.classifier.flatten`, the first ``max_chars`` characters as ``clean.classifier.max_chars``
+scores), so the model is trained on what it will score. A
 deterministic held-out split (by a hash of the text) measures precision, recall (at score 0.5) and ROC AUC; the
 metrics are saved beside the model (``<model>.metrics.json``).
 """
@@ -42,6 +43,8 @@ class ClassifierTrainConfig:
     bucket: int = 65_536  # hashed n-gram rows: the model is about bucket x dim x 4 bytes (16 MiB)
     holdout_fraction: float = 0.1
     negative_sample: int | None = None  # draw this many negatives (deterministically) from the inputs given
+    # train on what clean.classifier.max_chars scores: each text's first characters
+    max_chars: int | None = 1000
     seed: int = 0
     clean: CleanConfig = field(default_factory=CleanConfig)  # the normalisation clean applies
 
@@ -59,14 +62,17 @@ class ClassifierTrainConfig:
             raise ValueError(f"lr must be in (0, 10], got {self.lr}")
         if not 0.0 <= self.holdout_fraction < 1.0:
             raise ValueError(f"holdout_fraction must be in [0, 1), got {self.holdout_fraction}")
+        if self.max_chars is not None and self.max_chars < 1:
+            raise ValueError(f"max_chars must be >= 1 or None, got {self.max_chars}")
         if self.negative_sample is not None and self.negative_sample < 1:
             raise ValueError(f"negative_sample must be >= 1, got {self.negative_sample}")
 
 
-def prepare(texts: Sequence[str], clean: CleanConfig) -> list[str]:
-    """Normalised as clean does, flattened to one line; blank texts left out."""
+def prepare(texts: Sequence[str], clean: CleanConfig, max_chars: int | None = None) -> list[str]:
+    """Normalised as clean does, cut to ``max_chars`` and flattened to one line as scoring does; blank texts
+    left out."""
     counts: Counter[str] = Counter()
-    return [line for t in texts if (line := flatten(normalize_text(t, clean, counts)))]
+    return [line for t in texts if (line := flatten(normalize_text(t, clean, counts), max_chars))]
 
 
 def _rank_key(text: str, seed: int) -> bytes:
@@ -120,7 +126,7 @@ def train_classifier(
 ) -> dict[str, Any]:
     """Train on ``positive`` vs ``negative`` texts, write the model to ``out`` and its metrics beside it
     (``<out>.metrics.json``); returns the metrics."""
-    pos, neg = prepare(positive, cfg.clean), prepare(negative, cfg.clean)
+    pos, neg = prepare(positive, cfg.clean, cfg.max_chars), prepare(negative, cfg.clean, cfg.max_chars)
     if cfg.negative_sample is not None:
         neg = sample_texts(neg, cfg.negative_sample, cfg.seed)
     for name, texts in (("positive", pos), ("negative", neg)):

@@ -143,7 +143,8 @@ def _classify(
     scores: list[float | None] = [None] * len(texts)
     by_source: dict[str, list[float]] = {}
     low = cfg.classifier.min_score if cfg.classifier else None
-    for i, score in zip(todo, model.score([texts[i] for i in todo]), strict=True):
+    cut = cfg.classifier.max_chars if cfg.classifier else None
+    for i, score in zip(todo, model.score([texts[i] for i in todo], cut), strict=True):
         scores[i] = score
         by_source.setdefault(provenance(records[i].meta)[0], []).append(score)
         if low is not None and score < low:

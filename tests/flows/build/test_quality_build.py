@@ -77,7 +77,7 @@ def test_keep_fraction_build_publishes_scores_and_keeps_each_sources_share(
     for part in (store / "work").rglob("clean/part-*.parquet"):
         texts |= dict(zip(*pq.read_table(part, columns=["id", "text"]).to_pydict().values(), strict=True))
     scorer = load_classifier(ClassifierConfig(model=str(model), keep_fraction=0.5), None)
-    assert [r["quality_score"] for r in rows] == scorer.score([texts[r["doc_id"]] for r in rows])
+    assert [r["quality_score"] for r in rows] == scorer.score([texts[r["doc_id"]] for r in rows], 1000)
     assert json.loads(rows[0]["meta"])["quality_score"] == rows[0]["quality_score"]
     # another model: another dataset id (its sha256 is in the config the id hashes)
     other = tmp_path / "other.bin"
