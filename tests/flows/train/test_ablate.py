@@ -31,12 +31,9 @@ def test_ablation_reports_every_variant_with_seeds_and_marks_a_failed_one(
 
     corpus = tmp_path / "corpus"
     write_tiny_corpus(corpus)
-    held_out = tmp_path / "held_out"
-    write_tiny_corpus(held_out, files=1, docs_per_file=4, seed=99)
+    held_out = write_tiny_corpus(tmp_path / "held_out", files=1, docs_per_file=4, seed=99)
     eval_file = tmp_path / "eval.jsonl"
-    eval_file.write_text((held_out / "f0.jsonl").read_text() if (held_out / "f0.jsonl").exists() else "")
-    if not eval_file.read_text():  # the tiny corpus names its files itself: take whichever it wrote
-        eval_file.write_text(next(held_out.glob("*.jsonl")).read_text())
+    eval_file.write_text(Path(held_out[0]).read_text())  # {"text": ...} lines the corpus does not hold
     result = ablate(
         eval_data=str(eval_file),
         tokens=256,  # 4 steps of 2 x 32 tokens
