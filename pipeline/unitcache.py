@@ -118,7 +118,9 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
         if (
             clean.get("classifier") is not None
         ):  # only when set: the keys of builds without one stay as they were
-            keyed["classifier"] = clean["classifier"]  # its model keyed by the sha256 pinned at the start
+            # its model keyed by the sha256 pinned at the start; keep_fraction is the filter step's, so variants
+            # keeping 50% and 30% share the scored parts
+            keyed["classifier"] = _without(clean["classifier"], "keep_fraction")
         return keyed
     if stage == "classifier-filter":  # the cut per source itself is keyed by its content hash
         return {"keep_fraction": clean["classifier"]["keep_fraction"]}

@@ -184,3 +184,12 @@ def test_the_classifier_stays_out_of_keys_and_ids_unless_set(tmp_path: Path, mod
         return unitcache.unit_key("clean", unitcache.unit_config("clean", data))
 
     assert key(a) != key(c)  # a new model redoes clean (and changes the config, so the dataset id)
+    half = load_corpus_config(
+        overrides={"clean.classifier.model": str(model_path), "clean.classifier.keep_fraction": 0.5}
+    ).to_dict()
+    third = json.loads(json.dumps(half))
+    third["clean"]["classifier"]["keep_fraction"] = 0.3
+    assert unitcache.unit_config("clean", half) == unitcache.unit_config("clean", third)  # scores shared
+    assert unitcache.unit_config("classifier-filter", half) != unitcache.unit_config(
+        "classifier-filter", third
+    )
