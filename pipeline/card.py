@@ -14,6 +14,9 @@ give the same bytes. It holds:
 - ``examples`` per rule: the first three removed documents by id (id, source, source name, language, the
   start of the text); a dropped document's id is its record id (``<object URI>#<position>``), as ``pileworks
   trace`` prints the documents a step trained on, and quarantined records have the same form.
+- ``quality_score_histogram`` (a build with ``clean.classifier`` only): per source, the documents clean scored
+  in bins of 0.1 over [0, 1]; ``classifier_low`` drops are clean's rows (``min_score``) or the ``classifier``
+  stage's (``keep_fraction``).
 - ``pii`` (every ``pii.*`` counter of every stage), ``c4_lines_removed`` (``c4.lines_removed.<reason>``) and
   the ``mixture`` (``pileworks inspect mixture``'s table).
 
@@ -30,6 +33,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pipeline.clean.scores import histograms
 from pipeline.manifest import Manifest
 from pipeline.sources import mixture_table
 from pipeline.storage import ObjectStore, sha256_bytes
@@ -37,7 +41,7 @@ from pipeline.units import KEPT, StageStats
 
 CARD_KEY = "card.json"
 CARD_VERSION = 1
-STAGES = ("ingest", "clean", "exact_dedup", "near_dedup", "decontam", "tokenize")
+STAGES = ("ingest", "clean", "classifier", "exact_dedup", "near_dedup", "decontam", "tokenize")
 TRIMMED = "trimmed_text"
 # Clean's rules in the order the stage applies them (patterns; a reason not listed comes after the listed ones,
 # by name). The rules of a stage are exclusive, so the order only decides what "enters" each rule.
@@ -181,7 +185,20 @@ def _estimate(ratios: Mapping[Group | str, float], group: Group, nbytes: int) ->
 def build_card(
     name: str, dataset_id: str, stats: Mapping[str, Mapping[str, Any]], mixture: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """The data card (JSON-ready, deterministic) from a manifest's per-stage stats and mixture."""
+    """The data card (JSON-ready, deterministic) from a manifest's per-stage stats and mixture; a build with a
+    quality classifier adds ``quality_score_histogram`` (per source, counts in bins of 0.1 over [0, 1])."""
+    card = _card(name, dataset_id, stats, mixture)
+    clean = stats.get("clean")
+    if clean and (
+        hist := histograms(clean.get("extra", {}))
+    ):  # absent otherwise: other cards stay as they were
+        card["quality_score_histogram"] = hist
+    return card
+
+
+def _card(
+    name: str, dataset_id: str, stats: Mapping[str, Mapping[str, Any]], mixture: Mapping[str, Any]
+) -> dict[str, Any]:
     stages = {k: StageStats.from_json(dict(v)) for k, v in stats.items() if k in STAGES}
     flows = group_flows(stages)
     tok = stages.get("tokenize")

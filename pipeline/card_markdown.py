@@ -79,8 +79,20 @@ def render_card(card: Mapping[str, Any]) -> str:
         if counters:
             lines += ["", f"## {title}", "", "| stage | counter | value |", "|---|---|---:|"]
             lines += [f"| {st} | {k} | {_n(v)} |" for st, found in counters.items() for k, v in found.items()]
+    lines += _histogram(card.get("quality_score_histogram") or {})
     lines += _mixture(card.get("mixture", {}))
     return "\n".join(lines) + "\n"
+
+
+def _histogram(hist: Mapping[str, list[int]]) -> list[str]:
+    """The quality classifier's scores per source: one row per source, a column per bin of 0.1."""
+    if not hist:
+        return []
+    bins = len(next(iter(hist.values())))
+    heads = [f"{b / bins:.1f}-{(b + 1) / bins:.1f}" for b in range(bins)]
+    lines = ["", "## Quality scores (documents per score bin)", "", f"| source | {' | '.join(heads)} |"]
+    lines.append("|---|" + "---:|" * bins)
+    return lines + [f"| {_cell(src)} | {' | '.join(_n(c) for c in counts)} |" for src, counts in hist.items()]
 
 
 def _examples(examples: Mapping[str, list[dict[str, str]]]) -> list[str]:

@@ -81,7 +81,12 @@ class CorpusConfig:
         return self.sources or (SourceConfig(inputs=self.resolved_inputs()),)
 
     def to_dict(self) -> dict[str, Any]:
-        return config_to_dict(self)
+        data = config_to_dict(self)
+        if (
+            self.clean.classifier is None
+        ):  # off: out of the dict, so the ids of builds without one stay as they were
+            del data["clean"]["classifier"]
+        return data
 
     def fingerprint(self) -> str:
         """Hash of everything that changes the output (the store location does not)."""

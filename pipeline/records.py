@@ -48,6 +48,8 @@ QUARANTINE_SAMPLE_BYTES = 4096
 # A web document's URL and crawl date in its meta (WARC/WET records, or the ``ingest.url_field`` of a
 # jsonl/parquet record): the URL rules of clean read them, and each shard's docs.parquet publishes them.
 URL, WARC_DATE = "url", "warc_date"
+# A document's score from the quality classifier of clean (``clean.classifier``), published in docs.parquet.
+QUALITY_SCORE = "quality_score"
 
 
 @dataclass(slots=True)
@@ -82,6 +84,13 @@ def web_fields(meta_json: str) -> tuple[str, str]:
         return "", ""
     url, date = meta.get(URL, ""), meta.get(WARC_DATE, "")
     return (url if isinstance(url, str) else "", date if isinstance(date, str) else "")
+
+
+def quality_score(meta_json: str) -> float | None:
+    """The ``quality_score`` in a document's meta JSON (None: not scored)."""
+    meta = json.loads(meta_json) if meta_json else {}
+    value = meta.get(QUALITY_SCORE) if isinstance(meta, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def text_bytes(records: Iterable[Record]) -> int:

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 import xxhash
 from numpy.typing import DTypeLike
 
-from pipeline.records import web_fields
+from pipeline.records import QUALITY_SCORE, quality_score, web_fields
 from pipeline.storage import sha256_file
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -69,6 +69,9 @@ DOCS_SCHEMA = pa.schema(
     ]
 )
 WEB_COLUMNS = ("url", "warc_date")
+# A build with a quality classifier adds each document's score (clean.classifier), after the columns above;
+# the shards of other builds keep the schema above, byte for byte.
+SCORE_FIELD = pa.field(QUALITY_SCORE, pa.float64(), nullable=True)
 PROVENANCE_COLUMNS = ("source_name", "language", "meta")
 SPLITS = ("train", "valid")
 
@@ -367,6 +370,10 @@ class ShardWriter:
             web = [web_fields(meta) for meta in prov["meta"][first:last]]
             shard.rows["url"].extend(w[0] for w in web)
             shard.rows["warc_date"].extend(w[1] for w in web)
+            scores = [quality_score(meta) for meta in prov["meta"][first:last]]
+            if QUALITY_SCORE in shard.rows or any(s is not None for s in scores):
+                before = len(shard.rows["doc_id"]) - len(scores)
+                shard.rows.setdefault(QUALITY_SCORE, [None] * before).extend(scores)
             shard.sizes.extend(sizes.tolist())
             shard.filled += end - pos
             pos = end
@@ -391,7 +398,8 @@ class ShardWriter:
         self._current = None
         key, idx_key, docs_key = shard_keys(self.split, shard.index)
         write_idx(self.out_dir / idx_key, shard.sizes, self.dtype)
-        pq.write_table(pa.table(shard.rows, schema=DOCS_SCHEMA), self.out_dir / docs_key, compression="zstd")
+        schema = DOCS_SCHEMA.append(SCORE_FIELD) if QUALITY_SCORE in shard.rows else DOCS_SCHEMA
+        pq.write_table(pa.table(shard.rows, schema=schema), self.out_dir / docs_key, compression="zstd")
         paths = [self.out_dir / k for k in (key, idx_key, docs_key)]
         sizes = [os.path.getsize(p) for p in paths]
         hashes = [sha256_file(p) for p in paths]

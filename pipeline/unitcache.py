@@ -99,14 +99,14 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
     clean, near, tok = config["clean"], config["dedup"]["near"], config["tokenize"]
     bp = clean["boilerplate"]
     normalise = _without(
-        clean, "boilerplate", "quality", "langid", "c4", "pii", "url"
+        clean, "boilerplate", "quality", "langid", "c4", "pii", "url", "classifier"
     )  # what ingest normalises with
     if stage == "ingest":  # a source's per-source overrides change what its documents become
         return {"ingest": config["ingest"], "sources": config["sources"]} | normalise
     if stage == "boilerplate":  # hashes the long lines of the normalised text
         return {"min_line_chars": bp["min_line_chars"]}
     if stage == "clean":  # the repeated-line set itself is keyed by its content hash
-        return {
+        keyed = {
             "langid": clean["langid"],
             "quality": clean["quality"],
             "c4": clean["c4"],
@@ -115,6 +115,15 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
             "boilerplate": _without(bp, "min_docs", "min_fraction"),
             "sources": config["sources"],
         }
+        if (
+            clean.get("classifier") is not None
+        ):  # only when set: the keys of builds without one stay as they were
+            # its model keyed by the sha256 pinned at the start; keep_fraction is the filter step's, so variants
+            # keeping 50% and 30% share the scored parts
+            keyed["classifier"] = _without(clean["classifier"], "keep_fraction")
+        return keyed
+    if stage == "classifier-filter":  # the cut per source itself is keyed by its content hash
+        return {"keep_fraction": clean["classifier"]["keep_fraction"]}
     if stage == "signatures":
         return _only(near, "num_perm", "seed", "ngram", "shingle", "hash", "scheme")
     if stage == "decontam":  # the eval-set index itself is keyed by its content hash

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -24,6 +25,8 @@ from flows.build.plan import chunks, parts_per_task
 from flows.build.tasks import (
     bands_task,
     boilerplate_merge_task,
+    classifier_cuts_task,
+    classifier_filter_chunk_task,
     clean_chunk_task,
     clusters_task,
     commit_task,
@@ -71,6 +74,16 @@ __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
 # ---------------------------------------------------------------- the flow
 
 
+def pin_model(cfg: CorpusConfig) -> CorpusConfig:
+    """``cfg`` with its quality classifier's sha256 (loaded and its label checked): part of the unit keys and the
+    dataset id, and what every worker checks the model it reads against."""
+    if cfg.clean.classifier is None:
+        return cfg
+    from pipeline.clean.classifier import pin_classifier  # fastText loads only for a build that scores
+
+    return replace(cfg, clean=replace(cfg.clean, classifier=pin_classifier(cfg.clean.classifier, cfg.s3)))
+
+
 def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]], plans: list[dict[str, Any]]) -> str:
     """Work folder key: the config fingerprint, every input's fingerprint (size, etag/mtime) and the part plan."""
     h = hashlib.sha256(cfg.fingerprint().encode())
@@ -106,7 +119,26 @@ def ingest_and_clean(
     )
     run.note_reuse("clean")
     stats["clean"] = run.merged("clean")
+    if cfg.clean.classifier is not None and cfg.clean.classifier.keep_fraction is not None:
+        run.mark_done(c.folder("scored"), "clean")
+        keep_best_scored(run, stats)
     run.mark_done(c.folder("clean"), "clean")
+
+
+def keep_best_scored(run: Passes, stats: dict[str, StageStats]) -> None:
+    """``keep_fraction``: the cut of each source over every part's scores, then the filter of every part."""
+    cuts_key = run.once("classifier-cuts", classifier_cuts_task, run.ctx, run.n)
+    run.fan_out(
+        "classifier+hash",
+        classifier_filter_chunk_task,
+        run.index_chunks(),
+        run.keyed("clean"),
+        cuts_key=cuts_key,
+    )
+    run.note_reuse("classifier")
+    stats["classifier"] = run.merged("classifier")
+    # the steps after clean read the filtered parts: their unit keys chain from the filter's
+    run.units["clean"] = run.units["classifier"]
 
 
 def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> tuple[str, str]:
@@ -260,6 +292,7 @@ def build_corpus(
     """Build and publish a dataset; returns the summary (manifest URI, dataset id, per-stage stats)."""
     started = time.perf_counter()
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
+    cfg = pin_model(cfg)  # a bad model file or label fails here, before any work
     build_profile = BuildProfile()
     stage_progress.stage("listing inputs")
     with build_profile.run_pass("plan-inputs"):

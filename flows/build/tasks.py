@@ -140,13 +140,17 @@ def ingest_chunk_task(
 def clean_chunk_task(
     ctx: dict[str, Any], indices: list[int], upstream: list[str], boilerplate_key: str
 ) -> list[dict[str, Any]]:
-    """Clean each part (boilerplate lines out, quality filters), then hash its documents for exact dedup."""
+    """Clean each part (boilerplate lines out, quality filters), then hash its documents for exact dedup. With a
+    classifier's ``keep_fraction``, clean writes the scored parts and :func:`classifier_filter_chunk_task` the
+    filtered parts, then the hashes."""
     from pipeline.clean import stage as clean
     from pipeline.clean.c4 import load_bad_words
     from pipeline.clean.url import load_url_rules
 
     c = build_context(ctx)
     store, cfg, out = c.store(), c.cfg, []
+    ranked = cfg.clean.classifier is not None and cfg.clean.classifier.keep_fraction is not None
+    clean_folder = c.folder("scored" if ranked else "clean")
     bp = boilerplate_key if cfg.clean.boilerplate.enabled else None
     bp_hash = unitcache.content_hash(store, boilerplate_key)
     bad_words = load_bad_words(cfg.clean.c4.bad_words_file, cfg.s3) if cfg.clean.c4.enabled else None
@@ -159,12 +163,12 @@ def clean_chunk_task(
                 store,
                 "clean",
                 key,
-                c.folder("clean"),
+                clean_folder,
                 index,
                 partial(
                     clean.run_clean_part,
                     in_folder=c.folder("ingest"),
-                    out_folder=c.folder("clean"),
+                    out_folder=clean_folder,
                     index=index,
                     cfg=cfg.clean,
                     boilerplate_key=bp,
@@ -172,20 +176,68 @@ def clean_chunk_task(
                 ),
             )
         }
+        if cfg.dedup.exact.enabled and not ranked:
+            units["exact-hash"] = _exact_hash_unit(c, store, key, index)
+        out.append(units)
+    return out
+
+
+def _exact_hash_unit(c: BuildContext, store: ObjectStore, upstream: str, index: int) -> dict[str, Any]:
+    return run_unit(
+        store,
+        "exact-hash",
+        _unit_key(c, "exact-hash", upstream),
+        c.folder("exact/hash"),
+        index,
+        partial(
+            exact.run_exact_hash_part,
+            in_folder=c.folder("clean"),
+            hash_folder=c.folder("exact/hash"),
+            index=index,
+        ),
+    )
+
+
+@task(name="classifier-cuts", task_run_name="classifier: cut per source", cache_policy=NO_CACHE)
+def classifier_cuts_task(ctx: dict[str, Any], num_parts: int) -> str:
+    """The global step of ``keep_fraction``: each source's cut over the scores of every scored part."""
+    from pipeline.clean.scores import write_cuts
+
+    c = build_context(ctx)
+    keep = c.cfg.clean.classifier.keep_fraction if c.cfg.clean.classifier else None
+    if keep is None:
+        raise ValueError("classifier-cuts runs only for clean.classifier.keep_fraction")
+    with stage_errors("classifier-cuts"), profile.measure("classifier-cuts"):
+        return write_cuts(c.store(), c.folder("scored"), num_parts, keep, c.folder("classifier/cuts.json"))
+
+
+@task(
+    name="classifier-filter",
+    task_run_name=run_names.parts("classifier filter + exact hash"),
+    cache_policy=NO_CACHE,
+)
+def classifier_filter_chunk_task(
+    ctx: dict[str, Any], indices: list[int], upstream: list[str], cuts_key: str
+) -> list[dict[str, Any]]:
+    """Keep each scored part's documents above their source's cut (``classifier_low`` for the others), then hash
+    them for exact dedup."""
+    from pipeline.clean.scores import run_classifier_filter_part
+
+    c = build_context(ctx)
+    store, cfg, out = c.store(), c.cfg, []
+    cuts_hash = unitcache.content_hash(store, cuts_key)
+    for index, up in zip(indices, upstream, strict=True):
+        key = _unit_key(c, "classifier-filter", up, cuts_hash)
+        run = partial(
+            run_classifier_filter_part,
+            in_folder=c.folder("scored"),
+            out_folder=c.folder("clean"),
+            index=index,
+            cuts_key=cuts_key,
+        )
+        units = {"classifier": run_unit(store, "classifier", key, c.folder("clean"), index, run)}
         if cfg.dedup.exact.enabled:
-            units["exact-hash"] = run_unit(
-                store,
-                "exact-hash",
-                _unit_key(c, "exact-hash", key),
-                c.folder("exact/hash"),
-                index,
-                partial(
-                    exact.run_exact_hash_part,
-                    in_folder=c.folder("clean"),
-                    hash_folder=c.folder("exact/hash"),
-                    index=index,
-                ),
-            )
+            units["exact-hash"] = _exact_hash_unit(c, store, key, index)
         out.append(units)
     return out
 

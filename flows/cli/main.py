@@ -22,12 +22,14 @@ import threading
 import traceback
 
 from flows.cli import (
+    ablate,
     build,
     doctor,
     evaluate,
     export,
     inspect,
     janitor,
+    quality,
     reap,
     run,
     sample,
@@ -45,12 +47,14 @@ from pipeline.errors import ConfigError, PileworksError
 
 # Every command, in the order ``pileworks --help`` lists them.
 COMMANDS = (
+    ablate,
     build,
     doctor,
     evaluate,
     export,
     inspect,
     janitor,
+    quality,
     reap,
     run,
     sample,
@@ -81,7 +85,7 @@ def _on_sigint(signum: int, frame: object) -> None:
 
 
 # Commands that run flows or talk to the Prefect API: they get the configured API or the local background server.
-PREFECT_COMMANDS = {"build", "evaluate", "run", "train", "serve", "reap"}
+PREFECT_COMMANDS = {"ablate", "build", "evaluate", "run", "train", "serve", "reap"}
 STARTS_NO_SERVER = {"reap"}  # reaping a server nobody started would start one only to find nothing
 
 # Besides our own failures (pipeline.errors), bad input the standard library reports: the message says it all.

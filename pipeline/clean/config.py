@@ -201,6 +201,50 @@ class PiiConfig:
                 raise ValueError(f"PiiConfig.{name} must be a one-line string, got {value!r}")
 
 
+LABEL_PREFIX = "__label__"  # fastText's default label prefix
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassifierConfig:
+    """``model``: a fastText supervised ``.bin`` (local path, ``file://`` or ``s3://``); ``label``: the class
+    whose probability is the score (``hq`` or ``__label__hq``); exactly one of ``min_score`` and
+    ``keep_fraction``; ``sha256``: the model's hash (set when a build starts; give it to insist on one model)."""
+
+    model: str
+    label: str = "hq"
+    min_score: float | None = None
+    keep_fraction: float | None = None
+    # score the first max_chars characters (null: the whole document): fastText's cost grows with the text; a
+    # prefix of 1,000 (FineWeb-Edu's classifier reads 512 tokens, ~2,000) keeps it a small share of clean's CPU
+    max_chars: int | None = 1000
+    sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        m = self.model
+        if not isinstance(m, str) or not m.strip() or ("://" in m and not m.startswith(("s3://", "file://"))):
+            raise ValueError(f"clean.classifier.model: {m!r} must be a local path, file:// or s3:// URI")
+        if not isinstance(self.label, str) or not self.label or any(c.isspace() for c in self.label):
+            raise ValueError(f"clean.classifier.label: {self.label!r} must be one label without spaces")
+        if (self.min_score is None) == (self.keep_fraction is None):
+            raise ValueError("clean.classifier: give exactly one of min_score and keep_fraction")
+        if self.min_score is not None and not 0.0 <= self.min_score <= 1.0:
+            raise ValueError(f"clean.classifier.min_score must be in [0, 1], got {self.min_score}")
+        if self.keep_fraction is not None and not 0.0 < self.keep_fraction <= 1.0:
+            raise ValueError(f"clean.classifier.keep_fraction must be in (0, 1], got {self.keep_fraction}")
+        if self.max_chars is not None and (isinstance(self.max_chars, bool) or self.max_chars < 1):
+            raise ValueError(f"clean.classifier.max_chars must be >= 1 or null, got {self.max_chars!r}")
+        if self.sha256 is not None and (len(self.sha256) != 64 or not _is_hex(self.sha256)):
+            raise ValueError(f"clean.classifier.sha256 must be 64 hex digits, got {self.sha256!r}")
+
+    @property
+    def fasttext_label(self) -> str:
+        return self.label if self.label.startswith(LABEL_PREFIX) else LABEL_PREFIX + self.label
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text.lower())
+
+
 @dataclass(frozen=True, kw_only=True)
 class CleanConfig:
     normalization: Literal["NFC", "NFKC"] = "NFC"
@@ -214,6 +258,8 @@ class CleanConfig:
     langid: LangIdConfig = field(default_factory=LangIdConfig)
     pii: PiiConfig = field(default_factory=PiiConfig)
     url: UrlConfig = field(default_factory=UrlConfig)  # blocklists and banned words (``url.py``)
+    # a fastText quality classifier (``classifier.py``); None: off, and out of the config's dict and keys
+    classifier: ClassifierConfig | None = None
 
     def __post_init__(self) -> None:
         if self.normalization not in NORMALIZATIONS:
@@ -232,3 +278,5 @@ class CleanConfig:
             raise ValueError("CleanConfig.pii must be a PiiConfig")
         if not isinstance(self.url, UrlConfig):
             raise ValueError("CleanConfig.url must be a UrlConfig")
+        if self.classifier is not None and not isinstance(self.classifier, ClassifierConfig):
+            raise ValueError("CleanConfig.classifier must be a ClassifierConfig or null")

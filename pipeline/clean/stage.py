@@ -3,7 +3,9 @@
 meta; a language outside ``langid.allow`` or a score under ``langid.min_score`` drops it), drop the documents
 that fail a quality rule (``quality.py``; before langid, C4's rules when enabled: ``c4.py``; the stop-word
 rule, ``stopwords.py``, once the language is known), redact the kept ones' email and public IP addresses
-(``pii.py``; web inputs only by default), count every drop, repair and replacement. Each document is cleaned
+(``pii.py``; web inputs only by default), score them with a fastText quality classifier when one is configured
+(``classifier.py``: ``quality_score`` in the meta, a drop under ``min_score``), count every drop, repair and
+replacement. Each document is cleaned
 with its source's overrides (``pipeline.sources``: language filter, quality thresholds).
 
 A build normalises once: its ingest writes each part normalised (``run_ingest_part(normalize=normalizer(cfg))``,
@@ -22,14 +24,16 @@ from pipeline import langid
 from pipeline.clean import normalize, wordscan
 from pipeline.clean.boilerplate import input_normalized, load_boilerplate
 from pipeline.clean.c4 import BadWords, apply_c4, load_bad_words
+from pipeline.clean.classifier import QualityModel, load_classifier
 from pipeline.clean.config import CleanConfig, QualityConfig
 from pipeline.clean.normalize import normalize_text, normalize_whitespace, remove_boilerplate
 from pipeline.clean.pii import redact_document
 from pipeline.clean.quality import check_quality_batch
+from pipeline.clean.scores import DROP_REASON, add_histogram
 from pipeline.clean.stopwords import stop_word_reason
 from pipeline.clean.url import UrlRules, load_url_rules
 from pipeline.langid import LangIdConfig, identify_batch, language_verdict
-from pipeline.records import Record, iter_part_batches, web_fields, write_part
+from pipeline.records import QUALITY_SCORE, Record, iter_part_batches, web_fields, write_part
 from pipeline.sources import SOURCE_NAME, SourceConfig, provenance, tally_document
 from pipeline.storage import ObjectStore
 from pipeline.units import StageStats, done_part_stats
@@ -105,15 +109,52 @@ def _stop_word_reasons(
     ]
 
 
-def _with_language(meta: str, found: tuple[str, float] | None, counts: Counter[str]) -> str:
-    """``meta`` with the language set; counts the kept document under its source name."""
+def _with_language(
+    meta: str, found: tuple[str, float] | None, counts: Counter[str], score: float | None = None
+) -> str:
+    """``meta`` with the language (and the quality score) set; counts the kept document under its source."""
     data = json.loads(meta) if meta else {}
     if isinstance(data, dict) and SOURCE_NAME in data:
         counts[f"source.{data[SOURCE_NAME]}"] += 1
-    if found is None or not isinstance(data, dict):
+    if (found is None and score is None) or not isinstance(data, dict):
         return meta
-    data["language"], data["language_score"] = found
+    if found is not None:
+        data["language"], data["language_score"] = found
+    if score is not None:
+        data[QUALITY_SCORE] = score
     return json.dumps(data, ensure_ascii=False)
+
+
+def _classify(
+    records: list[Record],
+    texts: list[str],
+    reasons: list[str | None],
+    cfg: CleanConfig,
+    model: QualityModel,
+    counts: Counter[str],
+) -> tuple[list[str], list[str | None], list[float | None], dict[str, int]]:
+    """Redact the documents the rules keep, score the redacted text (what is published), drop those under
+    ``min_score``; the texts, reasons, scores and the histogram counts of the scores per source."""
+    todo = [i for i, r in enumerate(reasons) if r is None]
+    texts, reasons, found = list(texts), list(reasons), {}
+    for i in todo:  # redaction counts only for the documents kept in the end
+        found[i] = Counter[str]()
+        texts[i] = redact_document(texts[i], records[i].source, records[i].meta, cfg.pii, found[i])
+    scores: list[float | None] = [None] * len(texts)
+    by_source: dict[str, list[float]] = {}
+    low = cfg.classifier.min_score if cfg.classifier else None
+    cut = cfg.classifier.max_chars if cfg.classifier else None
+    for i, score in zip(todo, model.score([texts[i] for i in todo], cut), strict=True):
+        scores[i] = score
+        by_source.setdefault(provenance(records[i].meta)[0], []).append(score)
+        if low is not None and score < low:
+            reasons[i] = DROP_REASON
+        else:
+            counts.update(found[i])
+    hist: dict[str, int] = {}
+    for source, values in by_source.items():
+        add_histogram(hist, source, values)
+    return texts, reasons, scores, hist
 
 
 def clean_batch(
@@ -123,12 +164,14 @@ def clean_batch(
     normalized: bool = False,
     bad_words: BadWords | None = None,
     url_rules: UrlRules | None = None,
+    classifier: QualityModel | None = None,
 ) -> tuple[list[Record], StageStats]:
     """Clean a batch; every dropped document is counted by reason, every repair in ``stats.extra``.
     ``normalized``: the texts are already normalised with ``cfg`` (a build's ingest does it), so steps 0-4 are
     skipped. ``bad_words``: C4's list when loaded already (else read from ``cfg.c4.bad_words_file``);
-    ``url_rules``: the URL rules when loaded already (else read from ``cfg.url``)."""
-    kept, stats = _clean_indexed(records, cfg, boilerplate, normalized, bad_words, url_rules)
+    ``url_rules``: the URL rules when loaded already (else read from ``cfg.url``); ``classifier``: the model of
+    ``cfg.classifier`` when loaded already."""
+    kept, stats = _clean_indexed(records, cfg, boilerplate, normalized, bad_words, url_rules, classifier)
     return [r for _, r in kept], stats
 
 
@@ -140,12 +183,13 @@ def clean_batch_by_source(
     normalized: bool = False,
     bad_words: BadWords | None = None,
     url_rules: UrlRules | None = None,
+    classifier: QualityModel | None = None,
 ) -> tuple[list[Record], StageStats]:
     """:func:`clean_batch` with the config of each document's source entry (``per_source[entry]``, from
     :func:`source_clean_configs`), in the batch's order."""
     if len(set(per_source)) <= 1:
         only = per_source[0] if per_source else cfg
-        return clean_batch(records, only, boilerplate, normalized, bad_words, url_rules)
+        return clean_batch(records, only, boilerplate, normalized, bad_words, url_rules, classifier)
     groups: dict[int, list[int]] = {}
     for i, rec in enumerate(records):
         entry = provenance(rec.meta)[1]
@@ -155,7 +199,9 @@ def clean_batch_by_source(
     for entry, members in groups.items():
         group_cfg = per_source[entry] if entry >= 0 else cfg
         group = [records[i] for i in members]
-        out, group_stats = _clean_indexed(group, group_cfg, boilerplate, normalized, bad_words, url_rules)
+        out, group_stats = _clean_indexed(
+            group, group_cfg, boilerplate, normalized, bad_words, url_rules, classifier
+        )
         kept += [(members[j], r) for j, r in out]
         stats.merge(group_stats)
     return [r for _, r in sorted(kept, key=lambda x: x[0])], stats
@@ -173,6 +219,7 @@ def _clean_indexed(
     normalized: bool = False,
     bad_words: BadWords | None = None,
     url_rules: UrlRules | None = None,
+    classifier: QualityModel | None = None,
 ) -> tuple[list[tuple[int, Record]], StageStats]:
     stats = StageStats(stage="clean", docs_in=len(records))
     counts: Counter[str] = Counter()
@@ -195,8 +242,16 @@ def _clean_indexed(
     if not _langid_drops(cfg.langid):  # it only annotates: identify the documents that are kept, no others
         langs = _languages(texts, cfg.langid, [r is None for r in reasons])
     reasons = _stop_word_reasons(texts, langs, reasons, cfg.quality)
+    scores: list[float | None] = [None] * len(records)
+    hist: dict[str, int] = {}
+    cleaned = texts  # chars_removed counts clean's removals, not the redactions
+    if cfg.classifier is not None:
+        model = classifier or load_classifier(cfg.classifier, None)
+        texts, reasons, scores, hist = _classify(records, texts, reasons, cfg, model, counts)
     out: list[tuple[int, Record]] = []
-    for i, (rec, text, lang, reason) in enumerate(zip(records, texts, langs, reasons, strict=True)):
+    for i, (rec, text, lang, reason, score) in enumerate(
+        zip(records, texts, langs, reasons, scores, strict=True)
+    ):
         stats.bytes_in += (nbytes := _utf8_len(rec.text))
         if reason is not None:
             stats.drop(reason)
@@ -204,15 +259,16 @@ def _clean_indexed(
                 stats, reason, rec.id, rec.text, rec.source, rec.meta, nbytes, language=lang and lang[0]
             )
             continue
-        text = redact_document(text, rec.source, rec.meta, cfg.pii, counts)  # kept documents only
-        out.append((i, Record(rec.id, text, rec.source, _with_language(rec.meta, lang, counts))))
+        if cfg.classifier is None:  # else redacted before scoring
+            text = redact_document(text, rec.source, rec.meta, cfg.pii, counts)  # kept documents only
+        out.append((i, Record(rec.id, text, rec.source, _with_language(rec.meta, lang, counts, score))))
         stats.bytes_out += (kept_bytes := _utf8_len(text))
         tally_document(stats, None, rec.id, text, rec.source, rec.meta, nbytes, kept_bytes, lang and lang[0])
         if lang is not None:
             counts[f"language.{lang[0]}"] += 1
     stats.docs_out = len(out)
-    chars_removed = sum(map(len, (r.text for r in records))) - sum(map(len, texts))
-    stats.extra = {"chars_removed": chars_removed, **{k: counts[k] for k in sorted(counts)}}
+    chars_removed = sum(map(len, (r.text for r in records))) - sum(map(len, cleaned))
+    stats.extra = {"chars_removed": chars_removed, **{k: counts[k] for k in sorted(counts)}, **hist}
     repairs = () if normalized else ("mojibake_fixed", "nul_removed")  # else counted by ingest
     for key in (*repairs, "boilerplate_lines_removed", "docs_with_boilerplate"):
         stats.extra.setdefault(key, 0)
@@ -237,12 +293,13 @@ def run_clean_part(
     boilerplate = load_boilerplate(store, boilerplate_key) if boilerplate_key else frozenset()
     bad_words = load_bad_words(cfg.c4.bad_words_file, store.s3) if cfg.c4.enabled else None
     url_rules = load_url_rules(cfg.url, store.s3)
+    classifier = load_classifier(cfg.classifier, store.s3) if cfg.classifier else None
     stats = StageStats(stage="clean")
     per_source = source_clean_configs(cfg, sources)
     kept: list[Record] = []
     for batch in iter_part_batches(store, in_folder, index):
         out, batch_stats = clean_batch_by_source(
-            batch, cfg, boilerplate, per_source, normalized, bad_words, url_rules
+            batch, cfg, boilerplate, per_source, normalized, bad_words, url_rules, classifier
         )
         kept.extend(out)
         stats.merge(batch_stats)

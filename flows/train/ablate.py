@@ -1,0 +1,197 @@
+"""``ablate``: which corpus variant makes the better model? Build each variant, train the same small model on
+each for the same tokens, seed(s) and tokenizer, evaluate each on the user's text, publish one table.
+
+The base config builds first (its tokenizer pinned); every variant is the base with its overrides plus
+``tokenize.tokenizer`` set to the base's published tokenizer, so token ids, and so losses, are comparable, and
+the unit cache reuses every unit a variant shares with the base (ingest, clean, ...). Each variant trains the
+same preset for ``steps_for_tokens`` steps per seed (seed ``s`` of ``--seeds``), in its own output folder, then
+``evaluate`` reads the ``.jsonl`` evaluation texts with the checkpoint's tokenizer. A variant that fails to build
+or to train is marked ``failed: <why>`` in the table and the others still report; what can be known before any
+work (a bad variant spec or config, a missing evaluation file) fails at once, naming it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from flows.build.flow import build_corpus
+from flows.train.ablate_plan import (
+    BASE,
+    Variant,
+    format_table,
+    parse_variants,
+    seed_list,
+    steps_for_tokens,
+    table_rows,
+)
+from flows.train.evaluate import evaluate
+from flows.train.flow import resolved_train_config, train
+from flows.ui.charts import bar_chart, markdown_image
+from pipeline.corpus_config import load_corpus_config
+from pipeline.manifest import load_manifest
+from training.config import TrainConfig
+
+
+def tokens_per_step(cfg: TrainConfig, nproc: int) -> int:
+    """Tokens one optimiser step consumes: the global batch (samples) times ``seq_len``."""
+    batch = cfg.global_batch_size or cfg.micro_batch_size * (cfg.grad_accum_steps or 1) * nproc
+    return batch * cfg.seq_len
+
+
+def check_inputs(
+    base_config: str | None, base_overrides: dict[str, Any], variants: list[Variant], eval_data: str
+) -> None:
+    """Everything knowable before any work: every variant's config loads, the evaluation file exists."""
+    if not eval_data.endswith(".jsonl") or not Path(eval_data).is_file():
+        raise ValueError(f"--eval {eval_data}: a .jsonl file of {{'text': ...}} lines is needed")
+    for v in [Variant(BASE), *variants]:
+        try:
+            load_corpus_config(base_config, overrides=base_overrides | v.overrides)
+        except ValueError as exc:
+            raise ValueError(f"variant {v.name}: {exc}") from exc
+
+
+def _train_overrides(
+    base: dict[str, Any], cfg: TrainConfig, steps: int, seed: int, out: str
+) -> dict[str, Any]:
+    return base | {
+        "seed": seed,
+        "max_steps": steps,
+        "warmup_steps": min(cfg.warmup_steps, steps - 1),
+        "checkpoint_interval": steps,  # one checkpoint, at the end: what evaluate reads
+        "eval_interval": steps,
+        "log_interval": max(1, min(cfg.log_interval, steps // 4)),
+        "output_dir": out,
+    }
+
+
+def _build(name: str, config: str | None, overrides: dict[str, Any], **where: Any) -> dict[str, Any]:
+    summary = build_corpus(config_path=config, overrides=overrides, **where)
+    return {
+        "variant": name,
+        "manifest_uri": summary["manifest_uri"],
+        "docs": summary["docs_out"],
+        "tokens": summary["tokens"].get("train", 0),
+        "losses": [],
+        "status": "ok",
+    }
+
+
+def _failed(row: dict[str, Any], stage: str, exc: BaseException) -> dict[str, Any]:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    get_run_logger().warning("variant %s failed to %s: %s", row["variant"], stage, first)
+    return row | {"status": f"failed to {stage}: {first}"}
+
+
+def publish_table(rows: list[dict[str, Any]], tokens: int, steps: int, seeds: list[int]) -> str:
+    """The table artifact and a markdown artifact with the eval loss chart; returns the markdown."""
+    create_table_artifact(
+        rows, key="ablation", description=f"Ablation: {tokens} tokens ({steps} steps) per run"
+    )
+    done = [r for r in rows if r["eval_loss"] is not None]
+    lines = [
+        f"# Ablation: eval loss at {tokens:,} training tokens ({steps} steps), seeds {seeds}",
+        "",
+        "| variant | docs | tokens | seeds | eval loss | ppl | std | delta vs base | status |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        cells = [
+            r["variant"],
+            r["docs"],
+            r["tokens"],
+            r["seeds"],
+            r["eval_loss"],
+            r["eval_ppl"],
+            r["loss_std"],
+            r["delta_vs_base"],
+            r["status"],
+        ]
+        lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
+    if done:
+        svg = bar_chart(
+            [r["variant"] for r in done],
+            {"eval loss": [r["eval_loss"] for r in done]},
+            title="Eval loss per variant (lower is better)",
+            value_label="eval loss",
+            value_format=lambda v: f"{v:.3f}",
+        )
+        lines += ["", markdown_image(svg, "eval loss per variant")]
+    markdown = "\n".join(lines) + "\n"
+    create_markdown_artifact(markdown, key="ablation-chart", description="Ablation: eval loss per variant")
+    return markdown
+
+
+@flow(name="ablate", flow_run_name="ablate {tokens} tokens", persist_result=False)
+def ablate(
+    eval_data: str,
+    tokens: int,
+    variants: list[str],
+    base_config: str | None = None,
+    base_overrides: dict[str, Any] | None = None,
+    inputs: list[str] | None = None,
+    output: str | None = None,
+    seeds: int = 1,
+    first_seed: int = 1234,
+    train_config: str | None = None,
+    train_overrides: dict[str, Any] | None = None,
+    nproc: int = 1,
+    workdir: str = "runs/ablate",
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
+    """Build the base and each variant, train and evaluate each, publish and return the table."""
+    parsed, base_over = parse_variants(variants), dict(base_overrides or {}) | {"pin_tokenizer": True}
+    check_inputs(base_config, base_over, parsed, eval_data)
+    cfg = resolved_train_config(train_config, train_overrides)
+    steps, seed_values = steps_for_tokens(tokens, tokens_per_step(cfg, nproc)), seed_list(seeds, first_seed)
+    run_dir = Path(workdir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    results = build_variants(base_config, base_over, parsed, {"inputs": inputs, "output": output}, cfg)
+    for row in (r for r in results if r["status"] == "ok"):
+        for seed in seed_values:
+            out = str(run_dir / row["variant"] / f"seed-{seed}")
+            over = _train_overrides(dict(train_overrides or {}), cfg, steps, seed, out)
+            try:
+                train(row["manifest_uri"], train_config, nproc, over, timeout_s)
+                row["losses"].append(float(evaluate(f"{out}/checkpoints", eval_data)["loss"]))
+            except Exception as exc:  # one variant's failure is its row's status; the others still report
+                row.update(_failed(row, "train", exc) | {"losses": []})
+                break
+    rows = table_rows(results)
+    markdown = publish_table(rows, tokens, steps, seed_values)
+    get_run_logger().info("ablation:\n%s", format_table(rows))
+    return {
+        "rows": rows,
+        "steps": steps,
+        "tokens_per_step": tokens_per_step(cfg, nproc),
+        "seeds": seed_values,
+        "run_dir": str(run_dir),
+        "markdown": markdown,
+    }
+
+
+def build_variants(
+    config: str | None,
+    base_over: dict[str, Any],
+    variants: list[Variant],
+    where: dict[str, Any],
+    cfg: TrainConfig,
+) -> list[dict[str, Any]]:
+    """The base build, then each variant's with the base's tokenizer; a variant that fails is a failed row (the
+    base's failure ends the run: there is nothing to compare with)."""
+    base = _build(BASE, config, base_over, **where)
+    manifest, _ = load_manifest(base["manifest_uri"], cfg.s3)
+    tokenizer = f"{base['manifest_uri'].rsplit('/', 1)[0]}/{manifest.tokenizer.key}"
+    results = [base]
+    for v in variants:
+        over = base_over | v.overrides | {"tokenize.tokenizer": tokenizer}
+        try:
+            results.append(_build(v.name, config, over, **where))
+        except Exception as exc:  # reported in the table, not raised
+            results.append(_failed({"variant": v.name, "losses": []}, "build", exc))
+    return results
