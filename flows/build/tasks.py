@@ -358,6 +358,33 @@ def exact_resolve_task(
         ).to_json()
 
 
+@task(name="exact-range", task_run_name="exact-dedup: hash range {rng}", cache_policy=NO_CACHE, **IO_RETRIES)
+def exact_range_task(ctx: dict[str, Any], rng: int, ranges: int, checked: bool) -> dict[str, Any]:
+    """The exact duplicates of one range of the hashes, read from every part's hashes (``checked``: as above)."""
+    records: list[dict[str, Any]] = []
+    with stage_errors("exact-resolve"), profile.measure("exact-resolve", records):
+        c = build_context(ctx)
+        counts = exact.resolve_hash_range(
+            c.store(), c.folder("exact/hash"), c.parts, c.folder("exact/drop"), rng, ranges, checked
+        )
+    return {"counts": counts, "profile": records}
+
+
+@task(
+    name="exact-drop-lists",
+    task_run_name=run_names.parts("exact-dedup: drop lists"),
+    cache_policy=NO_CACHE,
+    **IO_RETRIES,
+)
+def exact_drops_task(ctx: dict[str, Any], indices: list[int], ranges: int) -> dict[str, Any]:
+    """The drop lists of a run of parts, from every hash range's rows."""
+    records: list[dict[str, Any]] = []
+    with stage_errors("exact-resolve"), profile.measure("exact-drop-lists", records):
+        c = build_context(ctx)
+        exact.write_drop_lists(c.store(), c.folder("exact/drop"), indices, ranges)
+    return {"profile": records}
+
+
 @task(name="near-plan", task_run_name="near-dedup: plan", cache_policy=NO_CACHE)
 def near_plan_task(ctx: dict[str, Any], num_parts: int, sig_stats: list[dict[str, Any]]) -> dict[str, Any]:
     """The near-dedup plan (``sig_stats``: every part's signature stats, from the signature units' results)."""
