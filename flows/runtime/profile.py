@@ -127,4 +127,6 @@ class BuildProfile:
             "work_cpu_s": round(sum(s["cpu_s"] for s in self.steps.values()), 3),
             "process_peak_rss_mb": {str(k): v for k, v in self.processes.items()},
             "storage": self.storage(),
+            # the flow's own process alone: what a head node would call (the rest is the workers')
+            "flow_storage": counter_delta(self.flow_storage0, STATS.snapshot()),
         }
