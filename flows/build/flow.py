@@ -179,7 +179,9 @@ def tokenize_parts(run: Passes, folder: str, step: str, stats: dict[str, StageSt
     """Train (or load) the tokenizer, then tokenize every part; returns the tokenizer key."""
     c = build_context(run.ctx)
     stage_progress.stage("tokenizer (trained once per dataset name)")
-    tokenizer = run.once("train-tokenizer", tokenizer_task, run.ctx, folder, run.n, [])
+    units = run.units.get(step, [])  # the parts' sizes, so training reads only its sample's parts
+    sizes = [u["stats"]["bytes_out"] for u in units] if len(units) == run.n else None
+    tokenizer = run.once("train-tokenizer", tokenizer_task, run.ctx, folder, run.n, [], sizes)
     tok_key, sample = tokenizer["key"], tokenizer["sample"]
     stats["train_tokenizer"] = StageStats(
         stage="train_tokenizer",

@@ -454,10 +454,12 @@ def clusters_task(
 
 
 @task(name="train-tokenizer", task_run_name="train tokenizer", cache_policy=NO_CACHE)
-def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: list[Any]) -> dict[str, Any]:
+def tokenizer_task(
+    ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: list[Any], sizes: list[int] | None = None
+) -> dict[str, Any]:
     """Train (or load) the tokenizer; returns its key and the sample it was trained on. A trained tokenizer is
     pinned per dataset name and tokenizer config, so a scheduled rebuild keeps its token ids and re-tokenizes
-    only the parts that changed."""
+    only the parts that changed. ``sizes``: every input part's bytes, from the units' results."""
     with stage_errors("train-tokenizer"), profile.measure("train-tokenizer"):
         c = build_context(ctx)
         store, cfg = c.store(), c.cfg
@@ -473,7 +475,7 @@ def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: l
             get_run_logger().info(
                 "reusing the pinned tokenizer of dataset %s (%s)", cfg.name, store.uri_of(pin)
             )
-        sha = tokenize.run_train_tokenizer(store, in_folder, num_parts, key, cfg.tokenize, s3=cfg.s3)
+        sha = tokenize.run_train_tokenizer(store, in_folder, num_parts, key, cfg.tokenize, cfg.s3, sizes)
         release_free_memory()  # the trainer's freed memory back to the system before the shard step
         if cfg.tokenize.tokenizer is None and not store.exists(pin):
             _copy_tokenizer(store, key, pin)
