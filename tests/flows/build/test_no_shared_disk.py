@@ -8,6 +8,7 @@ a worker that opens a path it did not create fails the build (``tests/fixtures/o
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -96,6 +97,7 @@ def test_a_build_on_workers_with_no_shared_disk_publishes_the_local_dataset(
         for p in procs:
             p.wait(timeout=60)
         host.close()
+        shutil.rmtree(folder, ignore_errors=True)
     here = build("threads", inputs, "s3://pw-no-shared-disk/here", proxy.url)
     proxy.close()
     worker_logs = "\n".join(log.read_text(errors="replace") for log in logs.values())

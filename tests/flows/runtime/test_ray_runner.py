@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,10 +48,9 @@ def build(spec: str, workers: int | None, inputs: list[str], output: Path) -> di
     )
 
 
-def start_ray_head(client_port: int) -> subprocess.Popen[bytes]:
+def start_ray_head(client_port: int, temp: str) -> subprocess.Popen[bytes]:
     """``ray start --head --block`` in a session of its own (stopped by its process group, nobody else's Ray),
-    its workers importing this checkout."""
-    temp = tempfile.mkdtemp(prefix="pw-ray-", dir="/tmp")  # Ray's socket paths must stay short
+    its workers importing this checkout, its files in ``temp``."""
     env = os.environ | {"PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [
         str(Path(sys.executable).with_name("ray")),
@@ -85,12 +85,14 @@ def test_a_build_on_a_ray_head_publishes_the_dataset_of_a_local_build(
     inputs = write_tiny_corpus(tmp_path / "raw")
     local = build("local", 2, inputs, tmp_path / "store-local")
     client_port = free_port()
-    head = start_ray_head(client_port)
+    temp = tempfile.mkdtemp(prefix="pw-ray-", dir="/tmp")  # Ray's socket paths must stay short
+    head = start_ray_head(client_port, temp)
     try:
         on_ray = build(f"ray://127.0.0.1:{client_port}", None, inputs, tmp_path / "store-ray")
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         head.wait(timeout=60)
+        shutil.rmtree(temp, ignore_errors=True)
     assert on_ray["dataset_id"] == local["dataset_id"]
     assert on_ray["shard_table"] == local["shard_table"] and on_ray["stages"] == local["stages"]
     assert on_ray["exact_duplicates"] == 1 and on_ray["near_duplicates"] == 1
