@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: setup demo build test test-fast test-slow lint sanitize format clean-store
+.PHONY: setup ray demo build test test-fast test-slow lint sanitize format clean-store
 
 $(STAMP): pyproject.toml $(wildcard pipeline/*.c pipeline/*/*.c pipeline/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml $(wildcard pipeline/*.c pipeline/*/*.c pipeline/*.h)
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+ray: setup  ## the optional Ray runner (prefect-ray, ~240 MB): its test runs in make test once installed
+	$(BIN)/pip install -q -e '.[ray]'
 
 demo: setup  ## prepare the bundled sample corpus and train the tiny model on 2 CPU ranks
 	$(BIN)/pileworks run

@@ -165,17 +165,21 @@ def run_train_tokenizer(
     out_key: str,
     cfg: TokenizeConfig,
     s3: S3Options | None,
+    sizes: list[int] | None = None,
 ) -> str:
     """Global step: put the tokenizer at ``out_key`` (trained on :func:`sample_parts` of the corpus, or copied
     from ``cfg.tokenizer``) and return its sha256; the sample (parts, bytes, documents) is recorded at
-    :func:`sample_record_key`. Skips training when ``out_key`` already exists."""
+    :func:`sample_record_key`. Skips training when ``out_key`` already exists. ``sizes``: every part's bytes
+    when the caller has them (a build's flow, from its units' stats), else each part's stats are read (one call
+    per part on S3)."""
     if store.exists(out_key):
         return sha256_bytes(store.get_bytes(out_key))
     if cfg.tokenizer is not None:
         tok = load_tokenizer(cfg.tokenizer, s3=s3)
         record: dict[str, object] = {"source": cfg.tokenizer}
     else:
-        sizes = store.map(lambda i: read_part_stats(store, in_folder, i).bytes_out, range(num_parts))
+        if sizes is None or len(sizes) != num_parts:
+            sizes = store.map(lambda i: read_part_stats(store, in_folder, i).bytes_out, range(num_parts))
         parts = sample_parts(sizes, cfg.train_sample_bytes)
         seen = {"docs": 0, "bytes": 0}
 

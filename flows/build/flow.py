@@ -32,7 +32,8 @@ from flows.build.tasks import (
     commit_task,
     dedup_index_prefix,
     edges_task,
-    exact_resolve_task,
+    exact_drops_task,
+    exact_range_task,
     index_meta_task,
     ingest_chunk_task,
     manifest_task,
@@ -61,6 +62,7 @@ from flows.ui import build_artifacts, run_names
 from flows.ui.progress import RunProgress, stage_progress
 from pipeline import unitcache
 from pipeline.corpus_config import CorpusConfig, load_corpus_config
+from pipeline.dedup import exact
 from pipeline.errors import StageFailed
 from pipeline.manifest import MANIFEST_KEY, dataset_prefix, point_latest
 from pipeline.shards import ShardInfo
@@ -113,7 +115,7 @@ def ingest_and_clean(
     stats["ingest"] = run.merged("ingest")
     run.mark_done(c.folder("ingest"), "ingest")
     docs = [u["stats"]["docs_in"] for u in run.units.get("boilerplate", [])]
-    bp_key = run.once("boilerplate-merge", boilerplate_merge_task, run.ctx, n, docs)
+    bp_key = run.on_worker("boilerplate-merge", boilerplate_merge_task, run.ctx, n, docs)
     run.fan_out(
         "clean+hash", clean_chunk_task, run.index_chunks(), run.keyed("ingest"), boilerplate_key=bp_key
     )
@@ -145,13 +147,7 @@ def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> t
     """Exact then near dedup; returns the folder of the deduplicated parts and the step whose keys name them."""
     c, n = build_context(run.ctx), run.n
     folder, step = c.folder("clean"), "clean"
-    resolved = (
-        run.once(
-            "exact-resolve", exact_resolve_task, run.ctx, n, [], len(run.units.get("exact-hash", [])) == n
-        )
-        if cfg.dedup.exact.enabled
-        else None
-    )
+    resolved = resolve_exact(run) if cfg.dedup.exact.enabled else None
     if cfg.dedup.exact.enabled or cfg.dedup.near.enabled:
         run.fan_out(
             "filter+signatures",
@@ -168,7 +164,7 @@ def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> t
         return folder, step
     run.note_reuse("signatures")
     sig_stats = [u["stats"] for u in run.units.get("signatures", [])]
-    plan = run.once("near-plan", near_plan_task, run.ctx, n, sig_stats)
+    plan = run.on_worker("near-plan", near_plan_task, run.ctx, n, sig_stats)
     run.fan_out("lsh-bands", bands_task, run.index_chunks(light=True), plan=plan)
     if plan["index_parts"]:
         run.fan_out(
@@ -182,7 +178,7 @@ def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> t
         "lsh-edges", edges_task, run.index_chunks(plan["num_partitions"], light=True), plan=plan, wait=[]
     )
     exact_json = stats["exact_dedup"].to_json() if "exact_dedup" in stats else None
-    clusters = run.once("near-clusters", clusters_task, run.ctx, folder, n, exact_json, sig_stats)
+    clusters = run.on_worker("near-clusters", clusters_task, run.ctx, folder, n, exact_json, sig_stats)
     chunked = run.index_chunks(light=True)
     run.fan_out(
         "near-filter",
@@ -194,7 +190,7 @@ def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> t
     )
     stats["near_dedup"] = run.merged("near dedup", "near_dedup")
     report_key = c.folder("near/clusters/dedup_report.json")
-    report = json.loads(c.store().get_bytes(report_key))
+    report = json.loads(json.dumps(clusters["extra"]["report"]))  # as the clusters step wrote it
     stats["near_dedup"].extra["report"] = {
         k: v for k, v in report.items() if k not in ("sampled_pairs", "largest_clusters")
     }
@@ -203,11 +199,27 @@ def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> t
     return c.folder("dedup"), "near dedup"
 
 
+def resolve_exact(run: Passes) -> dict[str, Any]:
+    """Exact duplicates across the corpus, on the workers: a task per range of the hashes (about one per worker),
+    then the drop lists by runs of parts; the flow adds up the ranges' counts. Returns the resolve's stats."""
+    c = build_context(run.ctx)
+    store, folder = c.store(), c.folder("exact/drop")
+    if (done := exact.resolved(store, folder)) is not None:
+        return done.to_json()
+    checked = len(run.units.get("exact-hash", [])) == run.n  # every hash unit came back: no marker look-ups
+    ranges = len(run.index_chunks(light=True))
+    found = run.spread("exact-resolve", exact_range_task, list(range(ranges)), ranges=ranges, checked=checked)
+    run.spread("exact-drop-lists", exact_drops_task, run.index_chunks(light=True), ranges=ranges)
+    return exact.finish_resolve(store, folder, run.n, [f["counts"] for f in found]).to_json()
+
+
 def tokenize_parts(run: Passes, folder: str, step: str, stats: dict[str, StageStats]) -> str:
     """Train (or load) the tokenizer, then tokenize every part; returns the tokenizer key."""
     c = build_context(run.ctx)
     stage_progress.stage("tokenizer (trained once per dataset name)")
-    tokenizer = run.once("train-tokenizer", tokenizer_task, run.ctx, folder, run.n, [])
+    units = run.units.get(step, [])  # the parts' sizes, so training reads only its sample's parts
+    sizes = [u["stats"]["bytes_out"] for u in units] if len(units) == run.n else None
+    tokenizer = run.once("train-tokenizer", tokenizer_task, run.ctx, folder, run.n, [], sizes)
     tok_key, sample = tokenizer["key"], tokenizer["sample"]
     stats["train_tokenizer"] = StageStats(
         stage="train_tokenizer",
@@ -409,7 +421,7 @@ def save_dedup_index(run: Passes, dataset_id: str) -> str:
         "save-dedup-index", save_index_chunk_task, run.index_chunks(light=True), dataset_id=dataset_id
     )
     docs = sum(k for r in saved for k in r["kept"])
-    return str(run.once("dedup-index-meta", index_meta_task, run.ctx, run.n, dataset_id, docs))
+    return str(run.on_worker("dedup-index-meta", index_meta_task, run.ctx, run.n, dataset_id, docs))
 
 
 def build_stages(cfg: CorpusConfig) -> list[str]:

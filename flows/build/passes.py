@@ -4,13 +4,16 @@ and ``flows/build/decontam.py`` both run their steps through it)."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from prefect import unmapped
+from prefect import task, unmapped
+from prefect.cache_policies import NO_CACHE
 from prefect.futures import as_completed
 
 from flows.build.context import build_context
 from flows.build.plan import chunks, unchunk
+from flows.runtime import profile
 from flows.runtime.profile import BuildProfile
 from flows.ui.progress import stage_progress
 from pipeline.units import StageStats, mark_stage_success
@@ -69,6 +72,19 @@ class Passes:
         with self.profile.run_pass(name):
             return task(*args)
 
+    def on_worker(self, name: str, target: Any, *args: Any) -> Any:
+        """A global step (``target``: a task of ``flows/build/tasks.py``) as one task on a worker, not in the flow's
+        process: what grows with the corpus (every part's counts, hashes, edges, drop lists) is read and written
+        there, and the flow only gets the step's small summary back. Its profile records come back with it."""
+        with self.profile.run_pass(name) as entry:
+            out = global_step_task.with_options(task_run_name=target.task_run_name or target.name).submit(
+                f"{target.fn.__module__}:{target.fn.__name__}", list(args)
+            )
+            done = out.result()
+            self.profile.add_results(entry, [done], task_runs=1)
+            entry["pids"] = sorted({r["pid"] for r in done["profile"]})  # where it ran
+        return done["result"]
+
     def mark_done(self, folder: str, step: str) -> None:
         """``_SUCCESS`` in ``folder``, whose parts ``step``'s units wrote: when every part's unit came back, the
         parts are not looked up again (one call each on S3)."""
@@ -90,3 +106,16 @@ class Passes:
         for step in steps:
             units = self.units[step]
             self.reuse[step] = [sum(bool(u.get("reused")) for u in units), len(units)]
+
+
+@task(name="global-step", cache_policy=NO_CACHE)
+def global_step_task(target: str, args: list[Any]) -> dict[str, Any]:
+    """Run the global step ``module:task`` (by name, so only a string crosses to the worker) in this worker;
+    return its result and the profile records it left in this process (one global step runs at a time)."""
+    module, name = target.split(":")
+    step = getattr(importlib.import_module(module), name)
+    start = len(profile.LOCAL_RECORDS)  # in a thread of the flow's process, earlier records are the flow's
+    result = step.fn(*args)
+    records = profile.LOCAL_RECORDS[start:]
+    del profile.LOCAL_RECORDS[start:]
+    return {"result": result, "profile": records}

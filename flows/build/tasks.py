@@ -414,6 +414,33 @@ def exact_resolve_task(
         ).to_json()
 
 
+@task(name="exact-range", task_run_name="exact-dedup: hash range {rng}", cache_policy=NO_CACHE, **IO_RETRIES)
+def exact_range_task(ctx: dict[str, Any], rng: int, ranges: int, checked: bool) -> dict[str, Any]:
+    """The exact duplicates of one range of the hashes, read from every part's hashes (``checked``: as above)."""
+    records: list[dict[str, Any]] = []
+    with stage_errors("exact-resolve"), profile.measure("exact-resolve", records):
+        c = build_context(ctx)
+        counts = exact.resolve_hash_range(
+            c.store(), c.folder("exact/hash"), c.parts, c.folder("exact/drop"), rng, ranges, checked
+        )
+    return {"counts": counts, "profile": records}
+
+
+@task(
+    name="exact-drop-lists",
+    task_run_name=run_names.parts("exact-dedup: drop lists"),
+    cache_policy=NO_CACHE,
+    **IO_RETRIES,
+)
+def exact_drops_task(ctx: dict[str, Any], indices: list[int], ranges: int) -> dict[str, Any]:
+    """The drop lists of a run of parts, from every hash range's rows."""
+    records: list[dict[str, Any]] = []
+    with stage_errors("exact-resolve"), profile.measure("exact-drop-lists", records):
+        c = build_context(ctx)
+        exact.write_drop_lists(c.store(), c.folder("exact/drop"), indices, ranges)
+    return {"profile": records}
+
+
 @task(name="near-plan", task_run_name="near-dedup: plan", cache_policy=NO_CACHE)
 def near_plan_task(ctx: dict[str, Any], num_parts: int, sig_stats: list[dict[str, Any]]) -> dict[str, Any]:
     """The near-dedup plan (``sig_stats``: every part's signature stats, from the signature units' results)."""
@@ -483,10 +510,12 @@ def clusters_task(
 
 
 @task(name="train-tokenizer", task_run_name="train tokenizer", cache_policy=NO_CACHE)
-def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: list[Any]) -> dict[str, Any]:
+def tokenizer_task(
+    ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: list[Any], sizes: list[int] | None = None
+) -> dict[str, Any]:
     """Train (or load) the tokenizer; returns its key and the sample it was trained on. A trained tokenizer is
     pinned per dataset name and tokenizer config, so a scheduled rebuild keeps its token ids and re-tokenizes
-    only the parts that changed."""
+    only the parts that changed. ``sizes``: every input part's bytes, from the units' results."""
     with stage_errors("train-tokenizer"), profile.measure("train-tokenizer"):
         c = build_context(ctx)
         store, cfg = c.store(), c.cfg
@@ -502,7 +531,7 @@ def tokenizer_task(ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: l
             get_run_logger().info(
                 "reusing the pinned tokenizer of dataset %s (%s)", cfg.name, store.uri_of(pin)
             )
-        sha = tokenize.run_train_tokenizer(store, in_folder, num_parts, key, cfg.tokenize, s3=cfg.s3)
+        sha = tokenize.run_train_tokenizer(store, in_folder, num_parts, key, cfg.tokenize, cfg.s3, sizes)
         release_free_memory()  # the trainer's freed memory back to the system before the shard step
         if cfg.tokenize.tokenizer is None and not store.exists(pin):
             _copy_tokenizer(store, key, pin)

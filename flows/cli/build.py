@@ -28,7 +28,8 @@ def add_build_arguments(
     p.add_argument(
         "--task-runner",
         default="local",
-        help="local (worker processes on this machine) | threads | dask://host:port (a Dask scheduler)",
+        help="local (worker processes on this machine) | threads | dask://host:port (a Dask scheduler) | ray "
+        "(a local Ray) | ray://host:port (a Ray cluster; pip install pileworks[ray])",
     )
     p.add_argument(
         "--workers", type=int, default=None, help="worker processes for local (default: the cores)"

@@ -78,6 +78,9 @@ class BuildProfile:
     worker_storage: dict[str, int] = field(default_factory=dict)
     flow_pid: int = field(default_factory=os.getpid)
     flow_storage0: dict[str, int] = field(default_factory=STATS.snapshot)
+    flow_cpu0: float = field(
+        default_factory=time.process_time
+    )  # after start-up: the flow's own CPU from here
 
     def add_records(self, records: list[dict[str, Any]]) -> None:
         for r in records:
@@ -102,10 +105,13 @@ class BuildProfile:
     def run_pass(self, name: str) -> Iterator[dict[str, Any]]:
         """A pass of the flow: the yielded dict takes ``task_runs``; local records made meanwhile are added."""
         entry: dict[str, Any] = {"name": name, "start": time.time(), "task_runs": 1, "work_cpu_s": 0.0}
+        calls0 = STATS.snapshot().get("attempts", 0)
         try:
             yield entry
         finally:
             entry["end"] = time.time()
+            # S3 calls this process made during the pass (the flow's own, unless tasks run in its threads)
+            entry["flow_s3_calls"] = STATS.snapshot().get("attempts", 0) - calls0
             self.passes.append(entry)
             self._add(entry, drain_local())
 
@@ -127,4 +133,7 @@ class BuildProfile:
             "work_cpu_s": round(sum(s["cpu_s"] for s in self.steps.values()), 3),
             "process_peak_rss_mb": {str(k): v for k, v in self.processes.items()},
             "storage": self.storage(),
+            # the flow's own process alone: what a head node would call (the rest is the workers')
+            "flow_storage": counter_delta(self.flow_storage0, STATS.snapshot()),
+            "flow_cpu_s": round(time.process_time() - self.flow_cpu0, 3),
         }

@@ -7,7 +7,9 @@ with one thread each: the stages are CPU-bound Python, so threads would share on
 passes (tokenizer training) use ``workers`` threads (:func:`use_cores`).
 ``dask://host:port`` (or ``tcp://host:port``) sends the same tasks to an existing Dask scheduler, whose workers
 need pileworks installed and access to the store (``s3://`` across machines). ``threads`` keeps everything in
-the flow's process (debugging).
+the flow's process (debugging). ``ray`` starts a local Ray instance of ``workers`` CPUs, ``ray://host:port`` sends
+the tasks to an existing Ray cluster's client server (KubeRay's head service), both through Prefect's own Ray
+integration (``pip install pileworks[ray]``); the tasks, and so the dataset, are the same.
 
 Every worker reports its task runs to the flow's Prefect API, never to a server of its own:
 :func:`prefect_api` starts one local server when none is configured and puts its URL into the settings that
@@ -45,8 +47,12 @@ def make_task_runner(spec: str = "local", workers: int | None = None) -> Any:
     n = workers or default_workers()
     if spec == "threads":
         return _threads_runner(n)
+    if spec == "ray" or spec.startswith("ray://"):
+        return _ray_runner(spec, n)
     if spec not in RUNNERS and not spec.startswith(("dask://", "tcp://")):
-        raise ValueError(f"--task-runner must be local, threads or dask://host:port; got {spec!r}")
+        raise ValueError(
+            f"--task-runner must be local, threads, dask://host:port, ray or ray://host:port; got {spec!r}"
+        )
     import importlib.util
 
     if importlib.util.find_spec("prefect_dask") is None:  # checked without importing Dask (about 0.5 CPU-s)
@@ -135,10 +141,14 @@ def prefect_api() -> Iterator[str]:
 
 def worker_count() -> int:
     """Workers of the running flow's task runner (the local workers it will start, without starting them; a
-    Dask scheduler's live workers; a thread pool's size)."""
+    Dask scheduler's live workers; a thread pool's size; a Ray cluster's CPUs)."""
     runner = _flow_task_runner()
     if isinstance(runner, LocalWorkers):
         return runner.size
+    if type(runner).__module__.startswith("prefect_ray"):  # its runner has started (connected to) Ray
+        import ray
+
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
     dask = sys.modules.get("prefect_dask")  # not imported: the runner is none of Dask's
     if dask is not None and isinstance(runner, dask.DaskTaskRunner):
         return max(1, len(runner.client.scheduler_info(n_workers=-1)["workers"]))
@@ -184,3 +194,20 @@ def _threads_runner(workers: int) -> Any:
             self.workers = max_workers or 1
 
     return SizedThreadPoolTaskRunner(max_workers=workers)
+
+
+# Ray's workers run one task each at a time: one encoder thread each, as the Dask workers (make_task_runner).
+RAY_WORKER_ENV = {"PILEWORKS_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _ray_runner(spec: str, workers: int) -> Any:
+    """prefect-ray's task runner: a local Ray instance of ``workers`` CPUs (``ray``), or the Ray cluster whose
+    client server is at ``ray://host:port`` (its workers need pileworks installed and the store, as Dask's)."""
+    try:
+        from prefect_ray import RayTaskRunner
+    except ImportError as exc:
+        raise ValueError("--task-runner ray needs `pip install pileworks[ray]` (prefect-ray, ray)") from exc
+    init: dict[str, Any] = {"runtime_env": {"env_vars": RAY_WORKER_ENV}, "log_to_driver": False}
+    if spec == "ray":
+        return RayTaskRunner(init_kwargs=init | {"num_cpus": workers, "include_dashboard": False})
+    return RayTaskRunner(address=spec, init_kwargs=init)

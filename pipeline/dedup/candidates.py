@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.dedup.config import NearDedupConfig
+from pipeline.dedup.graph import spanning_forest
 from pipeline.dedup.lsh import band_keys, candidate_pairs, make_refs, partition_of, plan_partitions
 from pipeline.dedup.minhash import estimated_jaccard
 from pipeline.dedup.signatures import gather_signatures, index_store, load_signatures, open_index
@@ -128,6 +129,8 @@ def run_edges_part(
         )
     ok = est >= cfg.threshold if cfg.verify else np.ones(len(u), dtype=bool)
     put_npz(store, f"{unit}.npz", u=u[ok], v=v[ok], est=est[ok])
+    child, root = spanning_forest(u[ok], v[ok])  # this partition's share of the clustering, done here
+    put_npz(store, f"{unit}.forest.npz", u=child, v=root)
     stats = StageStats(stage="near_edges", docs_in=len(u), docs_out=int(ok.sum()))
     if not ok.all():
         stats.drop("unverified_pair", int((~ok).sum()))

@@ -54,10 +54,14 @@ def doc_info(
 
 
 def _load_edges(store: ObjectStore, work: str, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every partition's spanning forest (its edges, from an edges unit written before forests were), all
+    together with the components of all the verified edges."""
     us, vs = [], []
     for p in range(num_partitions):
-        require_done(store, folder_key(work, f"edges/p-{p:05d}"))
-        data = get_npz(store, folder_key(work, f"edges/p-{p:05d}.npz"))
+        unit = folder_key(work, f"edges/p-{p:05d}")
+        require_done(store, unit)
+        forest = f"{unit}.forest.npz"
+        data = get_npz(store, forest if store.exists(forest) else f"{unit}.npz")
         us.append(data["u"])
         vs.append(data["v"])
     return unique_pairs(np.concatenate(us), np.concatenate(vs))

@@ -13,6 +13,12 @@ Three steps hand off through files (keys relative to the store; ``NNNNN`` is the
    sorted by position; then ``<drop_folder>/resolve.stats.json``; then ``<drop_folder>/_SUCCESS``.
 3. ``run_exact_filter_part`` -> an ordinary docs part in ``out_folder`` (``pipeline.records.write_part``).
 
+Step 2 also runs spread over workers, with the same drop lists: ``resolve_hash_range`` per range of the hashes'
+high 64 bits (every copy of a text has the same hash, so a range holds whole duplicate groups) ->
+``<drop_folder>/ranges/r-RRRRR.npz``; ``write_drop_lists`` per run of parts gathers each part's rows from every
+range; ``finish_resolve`` adds up the ranges' counts into the stats and ``_SUCCESS``. No process holds more than
+one range of the corpus's hashes.
+
 Every unit is skipped on a rerun when its marker exists.
 """
 
@@ -31,9 +37,11 @@ from pipeline.units import (
     finish_unit,
     folder_stats,
     get_npy,
+    get_npz,
     part_name,
     part_unit,
     put_npy,
+    put_npz,
     require_done,
     require_success,
     unit_stats,
@@ -110,6 +118,82 @@ def resolve_exact_duplicates(
     stats.drop(DROP_REASON, len(dup))
     stats.extra = {"duplicate_groups": len(np.unique(kept)), "parts": num_parts}
     return finish_folder(store, out_folder, stats, RESOLVE_STATS)
+
+
+def hash_range(rng: int, ranges: int) -> tuple[np.uint64, np.uint64]:
+    """The inclusive bounds of range ``rng`` of ``ranges`` equal slices of the high 64 bits of a hash."""
+    lo, stop = (rng << 64) // ranges, ((rng + 1) << 64) // ranges
+    return np.uint64(lo), np.uint64(stop - 1)
+
+
+def resolve_hash_range(
+    store: ObjectStore,
+    hash_folder: str,
+    num_parts: int,
+    out_folder: str,
+    rng: int,
+    ranges: int,
+    checked: bool = False,
+) -> dict[str, int]:
+    """The duplicates whose hash falls in range ``rng`` of ``ranges``, as rows (part, position, part and position of
+    the kept copy) sorted by part then position, with each part's bounds in them; returns the range's counts."""
+    lo, hi = hash_range(rng, ranges)
+
+    def in_range(index: int) -> tuple[np.ndarray, np.ndarray]:
+        unit = part_unit(hash_folder, index)
+        if not checked:
+            require_done(store, unit, "run_exact_hash_part")
+        hashes = get_npy(store, f"{unit}.npy")
+        sel = np.flatnonzero((hashes[:, 0] >= lo) & (hashes[:, 0] <= hi)).astype(np.int64)
+        return hashes[sel], sel
+
+    picked = store.map(in_range, range(num_parts))
+    hashes = np.concatenate([h for h, _ in picked]) if picked else np.zeros((0, 2), np.uint64)
+    parts = np.repeat(np.arange(num_parts, dtype=np.int64), [len(s) for _, s in picked])
+    positions = np.concatenate([s for _, s in picked]) if picked else parts
+    dup, kept = find_duplicates(hashes, parts, positions)
+    rows = np.stack([parts[dup], positions[dup], parts[kept], positions[kept]], axis=1)
+    rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
+    bounds = np.searchsorted(rows[:, 0], np.arange(num_parts + 1))
+    put_npz(store, range_key(out_folder, rng), rows=rows, bounds=bounds)
+    return {"docs": len(hashes), "duplicates": len(dup), "groups": len(np.unique(kept))}
+
+
+def range_key(out_folder: str, rng: int) -> str:
+    return f"{out_folder}/ranges/r-{rng:05d}.npz"
+
+
+def write_drop_lists(store: ObjectStore, out_folder: str, indices: list[int], ranges: int) -> int:
+    """The drop lists of parts ``indices`` from every range's rows (as ``resolve_exact_duplicates`` writes them);
+    returns how many rows they hold."""
+    found = store.map(lambda r: get_npz(store, range_key(out_folder, r)), range(ranges))
+
+    def put(index: int) -> int:
+        rows = np.concatenate(
+            [f["rows"][f["bounds"][index] : f["bounds"][index + 1]] for f in found]
+        ).reshape(-1, 4)
+        rows = rows[np.argsort(rows[:, 1], kind="stable")]  # one part's rows, by position
+        put_npy(store, f"{out_folder}/{part_name(index)}.npy", rows[:, 1:].copy())
+        return len(rows)
+
+    return sum(store.map(put, indices))
+
+
+def finish_resolve(
+    store: ObjectStore, out_folder: str, num_parts: int, counts: list[dict[str, int]]
+) -> StageStats:
+    """The stats and ``_SUCCESS`` of a resolve spread over ranges (``counts``: each range's, every drop list
+    written)."""
+    docs, dups = sum(c["docs"] for c in counts), sum(c["duplicates"] for c in counts)
+    stats = StageStats(stage="exact_dedup", docs_in=docs, docs_out=docs - dups)
+    stats.drop(DROP_REASON, dups)
+    stats.extra = {"duplicate_groups": sum(c["groups"] for c in counts), "parts": num_parts}
+    return finish_folder(store, out_folder, stats, RESOLVE_STATS)
+
+
+def resolved(store: ObjectStore, out_folder: str) -> StageStats | None:
+    """The stats of an exact resolve already done in ``out_folder``, else None."""
+    return folder_stats(store, out_folder, RESOLVE_STATS)
 
 
 def load_drop_positions(store: ObjectStore, drop_folder: str, index: int) -> np.ndarray:

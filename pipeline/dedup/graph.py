@@ -39,6 +39,18 @@ def connected_labels(u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return nodes, labels
 
 
+def spanning_forest(u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each node of the edges ``u``-``v`` paired with the smallest node of its component (roots left out): a forest
+    with the components of the edges, in at most one edge per node. Connected components are then computed in
+    two rounds: a forest per bucket partition on the workers, then :func:`connected_labels` over the union of the
+    forests, whose size grows with the duplicated documents, not with the corpus or the candidate pairs. The
+    union has the nodes and the components of the union of the edges, so the same labels."""
+    nodes, labels = connected_labels(u, v)
+    # every node but the roots, and a root alone in its component (a self-pair) as itself, so no node is lost
+    keep = (labels != np.arange(len(nodes))) | (np.bincount(labels, minlength=len(nodes)) == 1)
+    return nodes[keep], nodes[labels[keep]]
+
+
 @dataclass(frozen=True)
 class Clusters:
     """Every clustered document: its ref, cluster number (0 = largest), and whether it is kept."""

@@ -46,7 +46,7 @@ def test_runner_choice_and_sizes() -> None:
     with pytest.raises(ValueError, match="--workers"):
         make_task_runner("local", 0)
     with pytest.raises(ValueError, match="--task-runner"):
-        make_task_runner("ray")
+        make_task_runner("spark")
 
 
 def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_dataset(
@@ -77,6 +77,14 @@ def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_datas
     assert len(worker_pids(one) - {me}) == 1
     assert len(worker_pids(two) - {me}) == 2
     assert worker_pids(ext) - {me} <= external_workers and len(worker_pids(ext) - {me}) >= 1
+    # The global steps that grow with the corpus ran on the workers too, the flow only adding up their summaries;
+    # the exact resolve as a task per range of the hashes (one per worker), its drop lists by runs of parts.
+    for summary in (one, two, ext):
+        on_worker = {p["name"]: p for p in summary["profile"]["passes"] if "pids" in p}
+        assert {"boilerplate-merge", "near-plan", "near-clusters", "dedup-index-meta"} <= set(on_worker)
+        assert all(p["pids"] and me not in p["pids"] for p in on_worker.values()), on_worker
+    runs = [{p["name"]: p["task_runs"] for p in s["profile"]["passes"]} for s in (one, two)]
+    assert [r["exact-resolve"] for r in runs] == [1, 2] and [r["exact-drop-lists"] for r in runs] == [1, 2]
     # Shards are written, then copied under the dataset's prefix, by several tasks (runs of shards) on the
     # workers; the shard tables above show the same bytes (sha256) however many wrote them.
     passes = {p["name"]: p for p in two["profile"]["passes"]}

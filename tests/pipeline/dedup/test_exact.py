@@ -4,6 +4,7 @@ drop lists, stats and file layout are as documented; reruns skip done units."""
 from __future__ import annotations
 
 import io
+import itertools
 from collections import Counter
 
 import numpy as np
@@ -12,10 +13,15 @@ import pytest
 from pipeline.dedup.config import ExactDedupConfig
 from pipeline.dedup.exact import (
     find_duplicates,
+    finish_resolve,
+    hash_range,
     resolve_exact_duplicates,
+    resolve_hash_range,
+    resolved,
     run_exact_filter_part,
     run_exact_hash_part,
     text_hashes,
+    write_drop_lists,
 )
 from pipeline.records import Record, read_part, write_part
 from pipeline.storage import FileStore
@@ -146,3 +152,45 @@ def test_a_checked_resolve_skips_the_markers_with_the_same_answer(store):
     store.delete("exact/hashes/part-00001.done")
     with pytest.raises(RuntimeError, match="part-00001"):
         resolve_exact_duplicates(store, "exact/hashes", len(PARTS), "drops-again")
+
+
+def spread_resolve(store, num_parts: int, ranges: int, out: str) -> StageStats:
+    """The resolve as the flow spreads it: one task per hash range, drop lists by runs of parts, then the stats."""
+    counts = [
+        resolve_hash_range(store, "exact/hashes", num_parts, out, r, ranges, True) for r in range(ranges)
+    ]
+    for chunk in ([i for i in range(num_parts) if i % 2 == 0], [i for i in range(num_parts) if i % 2]):
+        write_drop_lists(store, out, chunk, ranges)
+    return finish_resolve(store, out, num_parts, counts)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_resolve_spread_over_hash_ranges_writes_the_same_drop_lists(tmp_path, seed: int):
+    """Split into 1, 2, 3 or 7 ranges of the hashes, the resolve writes byte for byte the drop lists and stats of
+    the single-process resolve, on random parts full of repeats (and some empty parts)."""
+    rng = np.random.default_rng(seed)
+    store = FileStore(tmp_path)
+    pool = [f"text {k}" for k in range(int(rng.integers(3, 40)))]
+    parts = [
+        [str(rng.choice(pool)) for _ in range(int(rng.integers(0, 30)))]
+        for _ in range(int(rng.integers(1, 9)))
+    ]
+    parts[0] += [pool[0], pool[0]]  # at least one duplicate, whatever the draw
+    write_inputs(store, parts)
+    for index in range(len(parts)):
+        run_exact_hash_part(store, "clean", "exact/hashes", index)
+    whole = resolve_exact_duplicates(store, "exact/hashes", len(parts), "drops-whole", True)
+    expected = [store.get_bytes(f"drops-whole/part-{i:05d}.npy") for i in range(len(parts))]
+    for ranges in (1, 2, 3, 7):
+        stats = spread_resolve(store, len(parts), ranges, f"drops-{ranges}")
+        assert stats.to_json() == whole.to_json()
+        assert [store.get_bytes(f"drops-{ranges}/part-{i:05d}.npy") for i in range(len(parts))] == expected
+        assert resolved(store, f"drops-{ranges}") is not None
+    assert whole.dropped["exact_duplicate"] > 0
+
+
+def test_hash_ranges_cover_every_hash_once():
+    for ranges in (1, 2, 3, 7, 64):
+        bounds = [hash_range(r, ranges) for r in range(ranges)]
+        assert bounds[0][0] == 0 and bounds[-1][1] == np.uint64(2**64 - 1)
+        assert all(int(a[1]) + 1 == int(b[0]) for a, b in itertools.pairwise(bounds))

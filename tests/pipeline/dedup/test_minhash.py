@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from datasketch import MinHash, MinHashLSH
 
-from pipeline.dedup.graph import choose_keepers, connected_labels
+from pipeline.dedup.graph import choose_keepers, connected_labels, spanning_forest
 from pipeline.dedup.lsh import (
     INDEX_FLAG,
     band_keys,
@@ -207,3 +207,24 @@ def test_keep_rule_longest_then_smallest_id_and_index_wins() -> None:
     assert sorted(cl.dropped_refs.tolist()) == [0, 1, 3, 5]
     assert cl.sizes.tolist() == [3, 2, 2]
     assert cl.cluster.tolist()[:3] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_forests_of_any_split_of_the_edges_give_the_same_labels_and_keepers(seed: int) -> None:
+    """Clustering in two rounds (a spanning forest per bucket partition, then the components of their union) gives
+    the nodes, labels and keepers of the components of all the edges at once, however the edges are split."""
+    rng = np.random.default_rng(seed)
+    n, m = 300, int(rng.integers(1, 400))
+    u = rng.integers(0, n, size=m).astype(np.uint64) * np.uint64(7) + np.uint64(3)
+    v = rng.integers(0, n, size=m).astype(np.uint64) * np.uint64(7) + np.uint64(3)
+    nodes, labels = connected_labels(u, v)
+    for splits in (1, 2, 5):
+        which = rng.integers(0, splits, size=m)
+        forests = [spanning_forest(u[which == k], v[which == k]) for k in range(splits)]
+        assert all(len(f[0]) <= int((which == k).sum()) for k, f in enumerate(forests))
+        fu, fv = np.concatenate([f[0] for f in forests]), np.concatenate([f[1] for f in forests])
+        got_nodes, got_labels = connected_labels(fu, fv)
+        assert np.array_equal(got_nodes, nodes) and np.array_equal(got_labels, labels)
+        nbytes, ids = rng.integers(1, 50, size=len(nodes)), np.array([f"d{k:04d}" for k in range(len(nodes))])
+        a, b = choose_keepers(nodes, labels, nbytes, ids), choose_keepers(got_nodes, got_labels, nbytes, ids)
+        assert np.array_equal(a.cluster, b.cluster) and np.array_equal(a.keep, b.keep)

@@ -188,7 +188,7 @@ def test_partitions_do_not_change_the_result(tmp_path: Path) -> None:
         }
         store.put_bytes("work/plan.json", json.dumps(plan).encode())
         run_near_dedup(store, "in", "work", "out", 3, cfg)
-        assert len(list(store.list("work/edges/"))) == 3 * partitions
+        assert len(list(store.list("work/edges/"))) == 4 * partitions  # edges, forest, stats, marker
         results.append((our_clusters(store), out_ids(store, "out", 3)))
     assert results[0] == results[1]
 
@@ -361,3 +361,49 @@ def test_report_warns_on_implausibly_high_removal(tmp_path: Path) -> None:
     assert report["largest_clusters"][0]["kept"] == ["copy/0"]  # the longest copy (edits are shorter tokens)
     with pytest.raises(ValueError, match="cluster 7 does not exist"):
         format_cluster(store, "work", 7)
+
+
+def single_process_clusters(store: FileStore, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
+    """The clusters and keepers as one process computes them from every verified edge at once (before the
+    clustering was split into a forest per partition): per clustered ref, in clusters.parquet's order."""
+    from pipeline.dedup.graph import choose_keepers, connected_labels
+    from pipeline.dedup.lsh import unique_pairs
+
+    edges = [
+        dict(np.load(io.BytesIO(store.get_bytes(f"work/edges/p-{p:05d}.npz")))) for p in range(num_partitions)
+    ]
+    u, v = unique_pairs(np.concatenate([e["u"] for e in edges]), np.concatenate([e["v"] for e in edges]))
+    nodes, labels = connected_labels(u, v)
+    table = pq.read_table(io.BytesIO(store.get_bytes("work/clusters/clusters.parquet")))
+    assert np.array_equal(table.column("ref").to_numpy(), nodes)
+    ids = np.array(table.column("id").to_pylist(), dtype=str)
+    whole = choose_keepers(nodes, labels, table.column("nbytes").to_numpy(), ids)
+    return whole.cluster, whole.keep
+
+
+@pytest.mark.parametrize(
+    ("corpus", "partitions"),
+    [("planted", 1), ("planted", 2), ("mutated-3", 1), ("mutated-3", 4), ("mutated-5", 2), ("mutated-9", 4)],
+)
+def test_clusters_from_partition_forests_equal_the_single_process_clusters(
+    tmp_path: Path, corpus: str, partitions: int
+) -> None:
+    """The test corpora of this module, clustered from each bucket partition's forest (on the workers in a build),
+    give the clusters and keepers of the single-process clustering of all the edges."""
+    parts = planted_corpus()[0] if corpus == "planted" else mutated_corpus(seed=int(corpus.split("-")[1]))
+    store = FileStore(tmp_path)
+    write_corpus(store, parts)
+    cfg = NearDedupConfig() if corpus == "planted" else NearDedupConfig(ngram=3)
+    b, r = cfg.bands()
+    plan = {"bands": b, "rows": r, "num_parts": len(parts), "index_parts": 0, "docs": 0, "index_docs": 0}
+    plan |= {"num_partitions": partitions, "partition_bytes": 0, "memory_budget_mb": 16}
+    store.put_bytes("work/plan.json", json.dumps(plan).encode())
+    run_near_dedup(store, "in", "work", "out", len(parts), cfg)
+    assert all(store.exists(f"work/edges/p-{p:05d}.forest.npz") for p in range(partitions))
+    table = pq.read_table(io.BytesIO(store.get_bytes("work/clusters/clusters.parquet")))
+    cluster, keep = single_process_clusters(store, partitions)
+    assert (
+        table.column("cluster").to_pylist() == cluster.tolist()
+        and table.column("keep").to_pylist() == keep.tolist()
+    )
+    assert (~keep).sum() >= 3  # real clusters, not a vacuous equality
