@@ -20,7 +20,7 @@ from flows.build import unchanged
 from flows.build.context import BuildContext, build_context
 from flows.build.decontam import run_decontam
 from flows.build.passes import Passes
-from flows.build.plan import chunks, parts_per_task
+from flows.build.plan import chunks, min_parts_per_task, parts_per_task
 from flows.build.tasks import (
     bands_task,
     boilerplate_merge_task,
@@ -52,6 +52,7 @@ from flows.runtime.runners import (
     start_workers_soon,
     use_cores,
     worker_count,
+    workers_in_process,
     workers_started,
 )
 from flows.ui import build_artifacts, run_names
@@ -272,11 +273,14 @@ def build_corpus(
     if record is not None:  # published before from the same inputs and config: no worker starts
         return nothing_changed(cfg, store, record, work, build_profile, started)
     ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n).to_json()
-    # no more workers than the widest pass has task chunks; they start while the flow prepares its first pass
-    workers = fit_workers(len(chunks(list(range(n)), parts_per_task(n, worker_count()))))
+    # no more workers than the widest pass has task chunks, each of at least MIN_TASK_BYTES of input (a small
+    # build: one chunk per pass, run in this process); they start while the flow prepares its first pass
+    least = min_parts_per_task([sum(p["weight"] for p in plan["pieces"]) for plan in planned["plans"]])
+    workers = fit_workers(len(chunks(list(range(n)), parts_per_task(n, worker_count(), min_parts=least))))
     start_workers_soon()
     use_cores(workers)  # tokenizer training, in this process between passes, uses the workers' cores
-    run = Passes(ctx, n, parts_per_task(n, workers), parts_per_task(n, workers, per_worker=1), build_profile)
+    size, light = (parts_per_task(n, workers, per_worker=k, min_parts=least) for k in (4, 1))
+    run = Passes(ctx, n, size, light, build_profile)
     get_run_logger().info(
         "build %s: %d input object(s) in %d part(s), %d per task, %d worker(s); work folder %s",
         cfg.name,
@@ -321,6 +325,7 @@ def build_corpus(
         "parts_per_task": run.size,
         "workers": workers,
         "workers_started": workers_started(),
+        "workers_in_process": workers_in_process(),
     }
     build_artifacts.publish_build_artifacts(summary, cfg)
     unchanged.record_published(store, work, cfg, summary)
