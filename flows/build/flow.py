@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from typing import Any
 
@@ -20,7 +21,7 @@ from flows.build import unchanged
 from flows.build.context import BuildContext, build_context
 from flows.build.decontam import run_decontam
 from flows.build.passes import Passes
-from flows.build.plan import chunks, min_parts_per_task, parts_per_task
+from flows.build.plan import MIN_TASK_BYTES, chunks, min_parts_per_task, parts_per_task
 from flows.build.tasks import (
     bands_task,
     boilerplate_merge_task,
@@ -275,7 +276,8 @@ def build_corpus(
     ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n).to_json()
     # no more workers than the widest pass has task chunks, each of at least MIN_TASK_BYTES of input (a small
     # build: one chunk per pass, run in this process); they start while the flow prepares its first pass
-    least = min_parts_per_task([sum(p["weight"] for p in plan["pieces"]) for plan in planned["plans"]])
+    part_bytes = [sum(p["weight"] for p in plan["pieces"]) for plan in planned["plans"]]
+    least = min_parts_per_task(part_bytes, min_task_bytes())
     workers = fit_workers(len(chunks(list(range(n)), parts_per_task(n, worker_count(), min_parts=least))))
     start_workers_soon()
     use_cores(workers)  # tokenizer training, in this process between passes, uses the workers' cores
@@ -334,6 +336,20 @@ def build_corpus(
         "published %s (dataset %s) in %.1f s", manifest_uri, summary["dataset_id"], summary["seconds"]
     )
     return summary
+
+
+MIN_TASK_BYTES_ENV = "PILEWORKS_MIN_TASK_BYTES"
+
+
+def min_task_bytes() -> int:
+    """The least planned input a chunk task gets: ``$PILEWORKS_MIN_TASK_BYTES``, else
+    :data:`~flows.build.plan.MIN_TASK_BYTES` (how the work is dealt to tasks, never what it computes)."""
+    text = os.environ.get(MIN_TASK_BYTES_ENV, "").strip()
+    if not text:
+        return MIN_TASK_BYTES
+    if not text.isdigit():
+        raise ValueError(f"{MIN_TASK_BYTES_ENV} must be a whole number of bytes, got {text!r}")
+    return int(text)
 
 
 def abort_stale_uploads(store: ObjectStore, cfg: CorpusConfig) -> None:

@@ -151,3 +151,17 @@ def test_a_failed_build_names_the_stage_and_a_rerun_resumes(
     assert done_before, "the stages before the failure must have completed their units"
     summary = _build(tiny_corpus, out)
     assert summary["reused_units"]["clean"][0] == summary["reused_units"]["clean"][1]
+
+
+def test_the_least_input_per_task_is_a_runtime_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PILEWORKS_MIN_TASK_BYTES`` deals the same parts to more or fewer tasks (ids do not depend on it)."""
+    from flows.build.flow import min_task_bytes
+    from flows.build.plan import MIN_TASK_BYTES
+
+    monkeypatch.delenv("PILEWORKS_MIN_TASK_BYTES", raising=False)
+    assert min_task_bytes() == MIN_TASK_BYTES
+    monkeypatch.setenv("PILEWORKS_MIN_TASK_BYTES", "1")
+    assert min_task_bytes() == 1
+    monkeypatch.setenv("PILEWORKS_MIN_TASK_BYTES", "8MB")
+    with pytest.raises(ValueError, match="PILEWORKS_MIN_TASK_BYTES"):
+        min_task_bytes()
