@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import replace
 from typing import Any
@@ -21,7 +22,7 @@ from flows.build import unchanged
 from flows.build.context import BuildContext, build_context, take_build_lease
 from flows.build.decontam import run_decontam
 from flows.build.passes import Passes
-from flows.build.plan import chunks, parts_per_task
+from flows.build.plan import MIN_TASK_BYTES, chunks, min_parts_per_task, parts_per_task
 from flows.build.tasks import (
     bands_task,
     boilerplate_merge_task,
@@ -56,6 +57,7 @@ from flows.runtime.runners import (
     start_workers_soon,
     use_cores,
     worker_count,
+    workers_in_process,
     workers_started,
 )
 from flows.ui import build_artifacts, run_names
@@ -319,11 +321,15 @@ def build_corpus(
         release_lease(store, lease)
         return nothing_changed(cfg, store, record, work, build_profile, started)
     ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n, lease=lease).to_json()
-    # no more workers than the widest pass has task chunks; they start while the flow prepares its first pass
-    workers = fit_workers(len(chunks(list(range(n)), parts_per_task(n, worker_count()))))
+    # no more workers than the widest pass has task chunks, each of at least MIN_TASK_BYTES of input (a small
+    # build: one chunk per pass, run in this process); they start while the flow prepares its first pass
+    part_bytes = [sum(p["weight"] for p in plan["pieces"]) for plan in planned["plans"]]
+    least = min_parts_per_task(part_bytes, min_task_bytes())
+    workers = fit_workers(len(chunks(list(range(n)), parts_per_task(n, worker_count(), min_parts=least))))
     start_workers_soon()
     use_cores(workers)  # tokenizer training, in this process between passes, uses the workers' cores
-    run = Passes(ctx, n, parts_per_task(n, workers), parts_per_task(n, workers, per_worker=1), build_profile)
+    size, light = (parts_per_task(n, workers, per_worker=k, min_parts=least) for k in (4, 1))
+    run = Passes(ctx, n, size, light, build_profile)
     get_run_logger().info(
         "build %s: %d input object(s) in %d part(s), %d per task, %d worker(s); work folder %s",
         cfg.name,
@@ -368,6 +374,7 @@ def build_corpus(
         "parts_per_task": run.size,
         "workers": workers,
         "workers_started": workers_started(),
+        "workers_in_process": workers_in_process(),
     }
     build_artifacts.publish_build_artifacts(summary, cfg)
     unchanged.record_published(store, work, cfg, summary)
@@ -377,6 +384,20 @@ def build_corpus(
     )
     release_lease(store, lease)
     return summary
+
+
+MIN_TASK_BYTES_ENV = "PILEWORKS_MIN_TASK_BYTES"
+
+
+def min_task_bytes() -> int:
+    """The least planned input a chunk task gets: ``$PILEWORKS_MIN_TASK_BYTES``, else
+    :data:`~flows.build.plan.MIN_TASK_BYTES` (how the work is dealt to tasks, never what it computes)."""
+    text = os.environ.get(MIN_TASK_BYTES_ENV, "").strip()
+    if not text:
+        return MIN_TASK_BYTES
+    if not text.isdigit():
+        raise ValueError(f"{MIN_TASK_BYTES_ENV} must be a whole number of bytes, got {text!r}")
+    return int(text)
 
 
 def nothing_changed(

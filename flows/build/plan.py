@@ -23,8 +23,26 @@ def unchunk(chunked: list[list[Any]]) -> list[Any]:
     return out
 
 
-def parts_per_task(num_parts: int, workers: int, max_parts: int = 64, per_worker: int = 4) -> int:
+# A task run costs about 0.2 CPU-s in Prefect and Dask whatever it does, and a worker process a few CPU-s to start:
+# a task gets at least this much input, so a small build runs one task per pass on one worker.
+MIN_TASK_BYTES = 8 * 1024 * 1024
+
+
+def parts_per_task(
+    num_parts: int, workers: int, max_parts: int = 64, per_worker: int = 4, min_parts: int = 1
+) -> int:
     """Parts per task: about ``per_worker`` tasks per worker in each pass (four for the heavy passes, so a
-    slow task does not leave the others idle at the end), never more than ``max_parts`` (64 parts of the
-    default 4 MiB: ~256 MiB per task), so a 100 GB build has a few hundred tasks per pass, not one per part."""
-    return max(1, min(max_parts, -(-num_parts // (per_worker * max(1, workers)))))
+    slow task does not leave the others idle at the end), at least ``min_parts`` (:func:`min_parts_per_task`;
+    all the parts when fewer) and never more than ``max_parts`` (64 parts of the default 32 MiB), so a 100 GB
+    build has a few dozen tasks per pass, not one per part."""
+    balanced = -(-num_parts // (per_worker * max(1, workers)))
+    return max(1, min(max_parts, max(min(min_parts, num_parts), balanced)))
+
+
+def min_parts_per_task(part_bytes: list[int], task_bytes: int = MIN_TASK_BYTES) -> int:
+    """The fewest parts per task that give a task about ``task_bytes`` of input, from the parts' planned bytes
+    (all of them in one task when they hold none)."""
+    total = sum(part_bytes)
+    if total <= 0:
+        return max(1, len(part_bytes))
+    return max(1, -(-task_bytes * len(part_bytes) // total))

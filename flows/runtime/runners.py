@@ -1,7 +1,8 @@
 """Task runners: worker processes on this machine (the default), in-process threads, or a Dask scheduler.
 
 ``local`` (default; ``process`` and ``dask`` are the same) starts a Dask ``LocalCluster`` of ``workers`` processes
-with one thread each: the stages are CPU-bound Python, so threads would share one core through the GIL.
+with one thread each: the stages are CPU-bound Python, so threads would share one core through the GIL. A pool
+of one (``--workers 1``, or a build small enough for one task per pass) is a thread of the flow's process.
 ``workers`` is the number of cores the build uses: each worker process also encodes with one thread
 (``PILEWORKS_THREADS=1``, ``RAYON_NUM_THREADS=1``), and the steps that run in the flow's own process between
 passes (tokenizer training) use ``workers`` threads (:func:`use_cores`).
@@ -167,6 +168,12 @@ def start_workers_soon() -> None:
     runner = _flow_task_runner()
     if isinstance(runner, LocalWorkers):
         runner.start_soon()
+
+
+def workers_in_process() -> int:
+    """The running flow's local workers that run as a thread of its own process (1 or 0)."""
+    runner = _flow_task_runner()
+    return runner.in_process if isinstance(runner, LocalWorkers) else 0
 
 
 def workers_started() -> int:

@@ -61,7 +61,8 @@ def test_rebuild_is_incremental(prefect_harness, tiny_corpus: Path, tmp_path: Pa
     assert all(reused == total for reused, total in same["reused_units"].values())
     # Nothing changed: no worker process started (the cold build started its own), one task run (listing the
     # inputs), and the run is recorded, completed, with an artifact linking the published dataset.
-    assert cold["profile"]["workers_started"] >= 1 and "nothing_changed" not in cold
+    started = cold["profile"]["workers_started"] + cold["profile"]["workers_in_process"]
+    assert started >= 1 and "nothing_changed" not in cold
     assert same["nothing_changed"] == {"published_by": cold["lineage"]["prefect_flow_run_id"]}
     assert same["profile"]["workers_started"] == 0 and same["profile"]["task_runs"] == 1
     assert during.started == set(), during.started
@@ -150,3 +151,17 @@ def test_a_failed_build_names_the_stage_and_a_rerun_resumes(
     assert done_before, "the stages before the failure must have completed their units"
     summary = _build(tiny_corpus, out)
     assert summary["reused_units"]["clean"][0] == summary["reused_units"]["clean"][1]
+
+
+def test_the_least_input_per_task_is_a_runtime_knob(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PILEWORKS_MIN_TASK_BYTES`` deals the same parts to more or fewer tasks (ids do not depend on it)."""
+    from flows.build.flow import min_task_bytes
+    from flows.build.plan import MIN_TASK_BYTES
+
+    monkeypatch.delenv("PILEWORKS_MIN_TASK_BYTES", raising=False)
+    assert min_task_bytes() == MIN_TASK_BYTES
+    monkeypatch.setenv("PILEWORKS_MIN_TASK_BYTES", "1")
+    assert min_task_bytes() == 1
+    monkeypatch.setenv("PILEWORKS_MIN_TASK_BYTES", "8MB")
+    with pytest.raises(ValueError, match="PILEWORKS_MIN_TASK_BYTES"):
+        min_task_bytes()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from flows.build.plan import chunks, parts_per_task, unchunk
+from flows.build.plan import MIN_TASK_BYTES, chunks, min_parts_per_task, parts_per_task, unchunk
 
 
 def test_parts_are_dealt_round_robin_and_gathered_back_in_order() -> None:
@@ -35,3 +35,19 @@ def test_parts_per_task_keeps_every_worker_busy_and_bounds_the_task() -> None:
             assert tasks <= slots and (size == 1 or -(-parts // (size - 1)) > slots)
     assert parts_per_task(1000, 2) == 64 and parts_per_task(16, 2) == 2 and parts_per_task(3, 8) == 1
     assert parts_per_task(10, 0) == 3  # no worker count: as if one
+
+
+def test_a_small_build_runs_one_task_per_pass_and_a_large_one_is_unchanged() -> None:
+    """A task gets at least MIN_TASK_BYTES of input (a task run's fixed cost is paid over real work), never more
+    than ``max_parts``; at the default 32 MiB parts the floor is one part, the old sizing."""
+    mib = 1024 * 1024
+    sample = [700_000, 650_000, 720_000]  # the bundled sample: three small parts
+    least = min_parts_per_task(sample)
+    assert least >= len(sample) and parts_per_task(3, 1, min_parts=least) == 3  # one chunk per pass
+    assert len(chunks(list(range(3)), parts_per_task(3, 2, min_parts=least))) == 1  # so one worker, not two
+    assert min_parts_per_task([32 * mib] * 100) == 1
+    assert parts_per_task(100, 2, min_parts=1) == parts_per_task(100, 2) == 13
+    assert min_parts_per_task([4 * mib] * 10) == MIN_TASK_BYTES // (4 * mib)  # 40 MB of 4 MiB parts: 2 a task
+    assert parts_per_task(10, 2, min_parts=2) == 2  # five tasks: both workers busy
+    assert parts_per_task(1000, 2, max_parts=8, min_parts=100) == 8  # the cap still wins
+    assert min_parts_per_task([]) == 1 and min_parts_per_task([0, 0]) == 2  # nothing planned: one task

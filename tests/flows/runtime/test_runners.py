@@ -1,8 +1,8 @@
 """Scale-out must not change the result, and every worker reports to the flow's own Prefect API.
 
-The tiny corpus is built with 1 worker process, with 2, and on an external 2-worker Dask scheduler that the test
-starts on 127.0.0.1 (``dask://host:port``), each into its own store (so no unit is reused): same dataset id,
-shard for shard. Task runs happen in the worker processes and are recorded by the test's one Prefect server.
+The tiny corpus is built with 1 worker (a thread of the flow's process), with 2 worker processes, and on an external
+2-worker Dask scheduler that the test starts on 127.0.0.1 (``dask://host:port``), each into its own store (so no
+unit is reused): same dataset id, shard for shard. Task runs are recorded by the test's one Prefect server.
 """
 
 from __future__ import annotations
@@ -50,10 +50,14 @@ def test_runner_choice_and_sizes() -> None:
 
 
 def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_dataset(
-    prefect_harness: None, tmp_path: Path
+    prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from distributed import LocalCluster
     from prefect import get_client
+
+    monkeypatch.setenv(
+        "PILEWORKS_MIN_TASK_BYTES", "1"
+    )  # the tiny corpus's parts dealt to 2 workers, not one task
 
     inputs = write_tiny_corpus(tmp_path / "raw")
     one = build("local", 1, inputs, tmp_path / "store-1")
@@ -72,9 +76,10 @@ def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_datas
     assert one["exact_duplicates"] == 1 and one["near_duplicates"] == 1
     assert sum(one["tokens"].values()) > 1000 and one["shards"]["train"] >= 2
 
-    # The per-part work ran in worker processes, not in the flow's: 1, then 2 of them, then the external ones.
+    # The per-part work ran in the flow's process with one worker, else in worker processes: 2, then the
+    # external ones.
     me = os.getpid()
-    assert len(worker_pids(one) - {me}) == 1
+    assert worker_pids(one) == {me} and one["profile"]["workers_in_process"] == 1
     assert len(worker_pids(two) - {me}) == 2
     assert worker_pids(ext) - {me} <= external_workers and len(worker_pids(ext) - {me}) >= 1
     # The global steps that grow with the corpus ran on the workers too, the flow only adding up their summaries;
