@@ -17,7 +17,12 @@ from flows.cli.s3_flags import add_s3_arguments, resolve_s3
 
 def register(sub: argparse._SubParsersAction) -> None:
     q = sub.add_parser("quality", help="model-based quality: train a fastText classifier")
-    qsub = q.add_subparsers(dest="quality_command", required=True)
+    qsub = q.add_subparsers(
+        dest="quality_command",
+        metavar="COMMAND",
+        required=True,
+        help="train: a classifier from your examples",
+    )
     t = qsub.add_parser("train", help="train a fastText quality classifier on positive and negative examples")
     t.add_argument("--positive", nargs="+", required=True, help="files/folders of good examples (label hq)")
     t.add_argument("--negative", nargs="+", required=True, help="files/folders of other text (label lq)")
