@@ -309,6 +309,11 @@ def report(
         f"({orch / tree_cpu:.1%}); {tree_cpu / mb:.3f} CPU-s/MB, stages alone {work / mb:.3f} CPU-s/MB "
         f"(whole build / stages = {tree_cpu / work:.2f}x)"
     )
+    if "flow_cpu_s" in prof:  # the head node's own share (issue 31): the flow process after start-up
+        print(
+            f"flow process after start-up: {prof['flow_cpu_s']:.1f} CPU-s, {prof['flow_cpu_s'] / tree_cpu:.2%} of the "
+            f"build's CPU; its own storage calls: {prof.get('flow_storage', {})}"
+        )
     print(f"peak RSS: tree {tree.tree_rss:.0f} MB; per process:")
     for pid, rss in sorted(tree.rss.items(), key=lambda kv: -kv[1])[:8]:
         print(f"  {rss:8.0f} MB  cpu {tree.cpu.get(pid, 0):7.1f} s  {tree.names.get(pid, '')}")
