@@ -45,8 +45,8 @@ def flatten(text: str, max_chars: int | None = None) -> str:
 class QualityModel:
     """A loaded fastText model and the label whose probability is the score."""
 
-    def __init__(self, data: bytes, label: str, where: str) -> None:
-        self.sha256 = hashlib.sha256(data).hexdigest()
+    def __init__(self, data: bytes, label: str, where: str, sha256: str | None = None) -> None:
+        self.sha256 = sha256 or hashlib.sha256(data).hexdigest()
         self.model = _load_fasttext(data, where)
         labels = list(self.model.get_labels())
         if label not in labels:
@@ -89,24 +89,25 @@ def _load_fasttext(data: bytes, where: str) -> Any:
 _MODELS: dict[tuple[str, str], QualityModel] = {}  # (sha256, label): a process loads each model once
 
 
-def _model(data: bytes, label: str, where: str) -> QualityModel:
-    key = (hashlib.sha256(data).hexdigest(), label)
+def _model(data: bytes, sha256: str, label: str, where: str) -> QualityModel:
+    key = (sha256, label)
     if key not in _MODELS:
         if len(_MODELS) >= 4:
             _MODELS.pop(next(iter(_MODELS)))
-        _MODELS[key] = QualityModel(data, label, where)
+        _MODELS[key] = QualityModel(data, label, where, sha256)
     return _MODELS[key]
 
 
 def load_classifier(cfg: ClassifierConfig, s3: S3Options | None) -> QualityModel:
     """The model of ``cfg`` (loaded once per process and content); refuses bytes other than ``cfg.sha256``."""
     data = read_object(cfg.model, s3, FIELD)
-    if cfg.sha256 is not None and (found := hashlib.sha256(data).hexdigest()) != cfg.sha256:
+    found = hashlib.sha256(data).hexdigest()  # once per read: the pin check and the cache key
+    if cfg.sha256 is not None and found != cfg.sha256:
         raise ValueError(
             f"{FIELD}: {cfg.model} changed (sha256 {found[:12]}..., the build pinned {cfg.sha256[:12]}...); "
             "rerun the build to use the new model"
         )
-    return _model(data, cfg.fasttext_label, cfg.model)
+    return _model(data, found, cfg.fasttext_label, cfg.model)
 
 
 def pin_classifier(cfg: ClassifierConfig, s3: S3Options | None) -> ClassifierConfig:
