@@ -51,7 +51,13 @@ def build(spec: str, workers: int | None, inputs: list[str], output: Path) -> di
 def start_ray_head(client_port: int, temp: str) -> subprocess.Popen[bytes]:
     """``ray start --head --block`` in a session of its own (stopped by its process group, nobody else's Ray),
     its workers importing this checkout, its files in ``temp``."""
-    env = os.environ | {"PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    # The head starts a client server per connection and gives it 30 s by default: on a busy 2-core CI machine its
+    # start (a Python process importing Ray) took longer once, so it gets 120 s.
+    env = os.environ | {
+        "PYTHONPATH": str(REPO),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S": "120",
+    }
     cmd = [
         str(Path(sys.executable).with_name("ray")),
         "start",
