@@ -61,14 +61,19 @@ def precheck(args: argparse.Namespace) -> None:
     check_build(args.config, args.inputs, args.output, args.name, corpus_overrides(args))
 
 
-def run(args: argparse.Namespace) -> int:
-    parameters = {
+def flow_parameters(args: argparse.Namespace) -> dict[str, Any]:
+    """The build_corpus flow's parameters from the command line."""
+    return {
         "config_path": args.config,
         "inputs": args.inputs,
         "output": args.output,
         "name": args.name,
         "overrides": corpus_overrides(args),
     }
+
+
+def run(args: argparse.Namespace) -> int:
+    parameters = flow_parameters(args)
     summary = unchanged_without_prefect(args.api, parameters)
     if summary is None:
         summary = run_flow(args, parameters)
