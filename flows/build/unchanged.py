@@ -29,8 +29,8 @@ from flows.runtime.prefect_rest import completed_run
 from flows.runtime.profile import BuildProfile
 from flows.ui import build_artifacts, run_names
 from pipeline.corpus_config import CorpusConfig, load_corpus_config
-from pipeline.manifest import MANIFEST_KEY, dataset_prefix, point_latest
-from pipeline.storage import ObjectStore, open_store, read_object
+from pipeline.manifest import LATEST_KEY, MANIFEST_KEY, dataset_prefix, point_latest
+from pipeline.storage import ObjectStore, join_key, open_store, read_object
 
 RECORD = "published.json"
 
@@ -150,11 +150,13 @@ def find_published(parameters: dict[str, Any], build_profile: BuildProfile) -> P
     )
     if config_files(cfg) is None:  # no record is ever written for it
         return None
+    store = open_store(cfg.output, cfg.s3)
+    if not store.exists(join_key("datasets", cfg.name, LATEST_KEY)):  # nothing of this name published here:
+        return None  # a cold build lists its inputs once, in the flow
     cfg = pin_model(cfg)
     with build_profile.run_pass("plan-inputs") as entry, profile.measure("plan-inputs"):
         entry["task_runs"] = 0  # listed here, not in a task run
         planned = list_and_plan(cfg.to_dict())
-    store = open_store(cfg.output, cfg.s3)
     work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
     record = published_record(store, work, cfg)
     return None if record is None else Published(cfg=cfg, store=store, work=work, record=record)
