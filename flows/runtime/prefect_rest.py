@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -62,7 +61,8 @@ def completed_run(
     api_url: str, flow_name: str, name: str, parameters: dict[str, Any]
 ) -> Iterator[RunRecorder]:
     """A flow run of ``flow_name`` (created if need be) named ``name``, Running for the block and Completed
-    after it. A failure of the API marks it Crashed, of the block Failed (with the error), and is raised."""
+    after it. A failure of the API or an interrupt marks it Crashed, an error of the block Failed (with the
+    error); either is raised."""
     flow = _post(api_url, "/flows/", {"name": flow_name})
     body = {
         "flow_id": flow["id"],
@@ -82,15 +82,17 @@ def completed_run(
     except RestRunFailed as exc:
         _end(api_url, run.id, "CRASHED", f"recorded without the flow engine: {exc}")
         raise
-    except BaseException as exc:
+    except Exception as exc:
         _end(api_url, run.id, "FAILED", f"{type(exc).__name__}: {exc}")
+        raise
+    except BaseException:  # Ctrl-C, exit: as the flow engine marks an interrupted run
+        _end(api_url, run.id, "CRASHED", "interrupted")
         raise
 
 
-def _set_state(api_url: str, run_id: str, type_: str, name: str, force: bool = False) -> None:
-    answer = _post(
-        api_url, f"/flow_runs/{run_id}/set_state", {"state": {"type": type_, "name": name}, "force": force}
-    )
+def _set_state(api_url: str, run_id: str, type_: str, name: str) -> None:
+    """Through Prefect's orchestration rules, as the engine sets it (``force`` only to end a broken run)."""
+    answer = _post(api_url, f"/flow_runs/{run_id}/set_state", {"state": {"type": type_, "name": name}})
     if answer.get("status") != "ACCEPT":
         raise RestRunFailed(f"Prefect did not accept {name} for flow run {run_id}: {answer.get('details')}")
 
