@@ -93,12 +93,17 @@ def unchanged_without_prefect(api: Any, parameters: dict[str, Any]) -> dict[str,
     from flows.build.unchanged import find_published, nothing_changed_line, record_unchanged
     from flows.runtime.prefect_rest import RestRunFailed
     from flows.runtime.profile import BuildProfile
+    from pipeline.errors import StorageError
 
     log = logging.getLogger("pileworks")
     if not rest_api_usable(api.url):
         return None
     started, build_profile = time.perf_counter(), BuildProfile()
-    found = find_published(parameters, build_profile)
+    try:
+        found = find_published(parameters, build_profile)
+    except (StorageError, OSError) as exc:  # the flow retries its listing and reports what failed, in its run
+        log.info("could not look for a published dataset before the flow (%s)", exc)
+        return None
     if found is None:
         return None
     try:
