@@ -98,6 +98,21 @@ def unchanged_summary(
     return summary
 
 
+@dataclass(frozen=True, kw_only=True)
+class Published:
+    """A build whose dataset is published from the same inputs and config: its config, store, work folder and
+    :data:`RECORD`."""
+
+    cfg: CorpusConfig
+    store: ObjectStore
+    work: str
+    record: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        if not self.work.startswith("work/"):
+            raise ValueError(f"work: {self.work!r} is not a work folder (work/<build_key>)")
+
+
 def republished(
     found: Published, build_profile: BuildProfile, started: float, run_id: str | None, workers_started: int
 ) -> dict[str, Any]:
@@ -121,21 +136,6 @@ def nothing_changed_line(summary: dict[str, Any]) -> str:
         f"nothing changed: dataset {summary['dataset_id']} is published at {summary['manifest_uri']} "
         f"(by flow run {summary['nothing_changed']['published_by']})"
     )
-
-
-@dataclass(frozen=True, kw_only=True)
-class Published:
-    """A build whose dataset is published from the same inputs and config: its config, store, work folder and
-    :data:`RECORD`."""
-
-    cfg: CorpusConfig
-    store: ObjectStore
-    work: str
-    record: dict[str, Any]
-
-    def __post_init__(self) -> None:
-        if not self.work.startswith("work/"):
-            raise ValueError(f"work: {self.work!r} is not a work folder (work/<build_key>)")
 
 
 def find_published(parameters: dict[str, Any], build_profile: BuildProfile) -> Published | None:

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from flows.cli.s3_flags import add_s3_arguments, dotted_s3_overrides
+from flows.runtime.local_server import Api
 from pipeline.config import parse_overrides, split_overrides
 
 
@@ -83,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def unchanged_without_prefect(api: Any, parameters: dict[str, Any]) -> dict[str, Any] | None:
+def unchanged_without_prefect(api: Api, parameters: dict[str, Any]) -> dict[str, Any] | None:
     """A rebuild whose dataset is published, found and recorded before Prefect is imported (a fraction of a
     CPU-second instead of about three); None: run the flow (something changed, the config reads files only a
     full build checks, or the API did not take the run: the flow records it, slower but the same)."""
