@@ -114,11 +114,12 @@ def take_build_lease(store: ObjectStore, s3: S3Options | None) -> str:
     hold_lease(store, run)
     beat_also(functools.partial(hold_lease, store, run))
     removed = store.remove_dead_temp_files()
-    aborted = 0
-    if s3 is not None:  # boto3 loads only for an S3 store
+    aborted, journal = 0, UploadJournal(store)
+    # boto3 (0.1-0.2 CPU-s) loads only where a dead run recorded an upload, never for a local build
+    if s3 is not None and journal.records():
         from pipeline.storage.s3 import abort_recorded_uploads
 
-        aborted = abort_recorded_uploads(UploadJournal(store), s3)
+        aborted = abort_recorded_uploads(journal, s3)
     if removed or aborted:
         log.info(
             "removed %d temp file(s) and %d upload(s) of dead runs under %s", removed, aborted, store.uri

@@ -9,11 +9,9 @@ of a failed flow redoes only the units without a marker.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
-from dataclasses import replace
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -21,6 +19,7 @@ from prefect import flow, get_run_logger
 from flows.build import unchanged
 from flows.build.context import BuildContext, build_context, take_build_lease
 from flows.build.decontam import run_decontam
+from flows.build.inputs import build_key, pin_model
 from flows.build.passes import Passes
 from flows.build.plan import MIN_TASK_BYTES, chunks, min_parts_per_task, parts_per_task
 from flows.build.tasks import (
@@ -66,9 +65,9 @@ from pipeline import unitcache
 from pipeline.corpus_config import CorpusConfig, load_corpus_config
 from pipeline.dedup import exact
 from pipeline.errors import StageFailed
-from pipeline.manifest import MANIFEST_KEY, dataset_prefix, point_latest
+from pipeline.manifest import MANIFEST_KEY, dataset_prefix
 from pipeline.shards import ShardInfo
-from pipeline.storage import ObjectStore, open_store
+from pipeline.storage import open_store
 from pipeline.storage.uploads import release_lease
 from pipeline.units import StageStats
 
@@ -76,25 +75,6 @@ __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
 
 
 # ---------------------------------------------------------------- the flow
-
-
-def pin_model(cfg: CorpusConfig) -> CorpusConfig:
-    """``cfg`` with its quality classifier's sha256 (loaded and its label checked): part of the unit keys and the
-    dataset id, and what every worker checks the model it reads against."""
-    if cfg.clean.classifier is None:
-        return cfg
-    from pipeline.clean.classifier import pin_classifier  # fastText loads only for a build that scores
-
-    return replace(cfg, clean=replace(cfg.clean, classifier=pin_classifier(cfg.clean.classifier, cfg.s3)))
-
-
-def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]], plans: list[dict[str, Any]]) -> str:
-    """Work folder key: the config fingerprint, every input's fingerprint (size, etag/mtime) and the part plan."""
-    h = hashlib.sha256(cfg.fingerprint().encode())
-    for i in inputs:
-        h.update(json.dumps([i["uri"], i["size"], i["etag"]]).encode())
-    h.update(json.dumps(plans, sort_keys=True).encode())
-    return h.hexdigest()[:16]
 
 
 def ingest_keys(cfg: CorpusConfig, plans: list[dict[str, Any]], inputs: list[dict[str, Any]]) -> list[str]:
@@ -289,7 +269,7 @@ def _files(shard: dict[str, Any]) -> list[list[Any]]:
 
 # persist_result=False: a persisted result shows up as an untitled "result" artifact on the run page.
 @flow(
-    name="build_corpus",
+    name=run_names.BUILD_FLOW,
     flow_run_name=run_names.build_run_name,
     log_prints=False,
     persist_result=False,
@@ -319,7 +299,8 @@ def build_corpus(
     record = unchanged.published_record(store, work, cfg)
     if record is not None:  # published before from the same inputs and config: no worker starts
         release_lease(store, lease)
-        return nothing_changed(cfg, store, record, work, build_profile, started)
+        found = unchanged.Published(cfg=cfg, store=store, work=work, record=record)
+        return nothing_changed(found, build_profile, started)
     ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n, lease=lease).to_json()
     # no more workers than the widest pass has task chunks, each of at least MIN_TASK_BYTES of input (a small
     # build: one chunk per pass, run in this process); they start while the flow prepares its first pass
@@ -401,32 +382,14 @@ def min_task_bytes() -> int:
 
 
 def nothing_changed(
-    cfg: CorpusConfig,
-    store: ObjectStore,
-    record: dict[str, Any],
-    work: str,
-    build_profile: BuildProfile,
-    started: float,
+    found: unchanged.Published, build_profile: BuildProfile, started: float
 ) -> dict[str, Any]:
     """The summary of a build whose dataset is already published from the same inputs and config: the
     dataset becomes ``latest`` again, the run page says nothing changed and links it; no task is submitted."""
-    run_id = _flow_run_id()
-    summary = unchanged.unchanged_summary(record, run_id, work.split("/")[-1], time.perf_counter() - started)
-    point_latest(store, cfg.name, summary["dataset_id"])
-    summary["profile"] = build_profile.to_json() | {
-        "parts": summary["profile"]["parts"],
-        "parts_per_task": 0,
-        "workers": 0,
-        "workers_started": workers_started(),
-    }
-    build_artifacts.publish_unchanged_artifacts(summary, cfg)
-    run_names.rename_flow_run(f"build {cfg.name} {summary['dataset_id'][:8]} (unchanged)")
-    get_run_logger().info(
-        "nothing changed: dataset %s is published at %s (by flow run %s)",
-        summary["dataset_id"],
-        summary["manifest_uri"],
-        summary["nothing_changed"]["published_by"],
-    )
+    summary = unchanged.republished(found, build_profile, started, _flow_run_id(), workers_started())
+    build_artifacts.publish_unchanged_artifacts(summary, found.cfg)
+    run_names.rename_flow_run(run_names.unchanged_run_name(found.cfg.name, summary["dataset_id"]))
+    get_run_logger().info(unchanged.nothing_changed_line(summary))
     return summary
 
 

@@ -19,11 +19,11 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.build.context import IO_RETRIES, BuildContext, build_context, run_unit, stage_errors
+from flows.build.inputs import list_and_plan
 from flows.runtime import profile
 from flows.runtime.runners import release_free_memory
 from flows.ui import run_names
 from pipeline import publish, tokenize, unitcache
-from pipeline.corpus_config import config_from_dict
 from pipeline.dedup import candidates, clusters, exact, near, signatures
 from pipeline.ingest import config as ingest_config
 from pipeline.ingest import stage as ingest
@@ -45,18 +45,7 @@ def _unit_key(c: BuildContext, stage: str, upstream: str, *inputs: Any) -> str:
 def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
     """List the raw objects with their fingerprints and pack them into parts of similar byte size."""
     with stage_errors("plan-inputs"), profile.measure("plan-inputs"):
-        cfg = config_from_dict(config)
-        inputs: list[ingest_config.InputFile] = []
-        entry_of: dict[str, int] = {}
-        for entry, source in enumerate(cfg.resolved_sources()):
-            for inp in ingest.list_inputs(list(source.inputs), s3=cfg.s3, extensions=cfg.ingest.extensions):
-                if entry_of.setdefault(inp.uri, entry) != entry:
-                    raise ValueError(f"{inp.uri} is in two sources; each input belongs to one source")
-                inputs.append(inp)
-        inputs.sort(key=lambda i: i.uri)
-        plans = ingest.plan_parts(inputs, cfg.ingest.target_part_bytes, cfg=cfg.ingest, s3=cfg.s3)
-        plans = ingest.assign_sources(plans, entry_of)
-        return {"inputs": [i.to_json() for i in inputs], "plans": [p.to_json() for p in plans]}
+        return list_and_plan(config)
 
 
 # ---------------------------------------------------------------- chunk tasks: a pass over a run of parts

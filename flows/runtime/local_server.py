@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from flows.runtime.prefect_settings import DEFAULT_HOME, setting
 from pipeline.errors import PileworksError
 
 STATE_FILE = "pileworks-server.json"
@@ -103,17 +104,12 @@ def healthy(api_url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
 
 
 def prefect_home() -> Path:
-    from prefect.settings import get_current_settings
-
-    return Path(get_current_settings().home).expanduser()
+    return Path(setting("home") or DEFAULT_HOME).expanduser()
 
 
 def configured_api_url() -> str | None:
     """The API URL Prefect would use (environment, profile, or a test harness's temporary settings)."""
-    from prefect.settings import get_current_settings
-
-    url = get_current_settings().api.url
-    return str(url) if url else None
+    return setting("api_url")
 
 
 def read_state(home: Path) -> ServerState | None:
@@ -317,9 +313,7 @@ def resolve_api(start: bool = True, on_wait: Callable[[str], None] | None = None
 
 
 def _ui_url(api_url: str) -> str | None:
-    from prefect.settings import get_current_settings
-
-    ui = get_current_settings().ui_url
+    ui = setting("ui_url")
     if ui:
         return str(ui).rstrip("/")
     return api_url[: -len("/api")] if api_url.rstrip("/").endswith("/api") else None
@@ -327,22 +321,35 @@ def _ui_url(api_url: str) -> str | None:
 
 @contextlib.contextmanager
 def using_api(api: Api) -> Iterator[Api]:
-    """Run the enclosed flows against ``api`` (Prefect reads its settings once; the env is too late for it)."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
+    """Run the enclosed flows against ``api``: in the environment, which subprocesses (Dask workers, the
+    training ranks) and a Prefect imported later read, and in Prefect's settings when it is already imported
+    (it reads them once; the environment is too late for it then)."""
     if api.source == "PREFECT_API_URL":
         yield api
         return
     before = os.environ.get("PREFECT_API_URL")
-    with temporary_settings(updates={PREFECT_API_URL: api.url}):
-        os.environ["PREFECT_API_URL"] = api.url  # subprocesses (Dask workers, the training ranks) follow it
-        try:
+    os.environ["PREFECT_API_URL"] = api.url
+    try:
+        with _prefect_settings(api.url):
             yield api
-        finally:
-            if before is None:
-                os.environ.pop("PREFECT_API_URL", None)
-            else:
-                os.environ["PREFECT_API_URL"] = before
+    finally:
+        if before is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = before
+
+
+@contextlib.contextmanager
+def _prefect_settings(url: str) -> Iterator[None]:
+    """Prefect's own settings point at ``url`` (nothing to do before Prefect is imported: it reads the
+    environment then)."""
+    if "prefect.settings" not in sys.modules:
+        yield
+        return
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield
 
 
 def serve(argv: list[str]) -> None:

@@ -60,6 +60,9 @@ def build_summary(
     }
 
 
+STAGE_TABLE = "Documents and bytes per stage"
+
+
 def stage_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per stage, numbers rounded with units (the UI's stage-stats table and the CLI's summary)."""
     rows = []
@@ -311,7 +314,7 @@ def publish_build_artifacts(summary: dict[str, Any], cfg: CorpusConfig) -> None:
     """Charts, the stage and shard tables, the manifest's facts and the dedup audit, on the current run."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    create_table_artifact(stage_rows(summary), key="stage-stats", description="Documents and bytes per stage")
+    create_table_artifact(stage_rows(summary), key="stage-stats", description=STAGE_TABLE)
     create_markdown_artifact(
         build_charts_markdown(summary),
         key="build-charts",
@@ -365,14 +368,26 @@ def unchanged_markdown(summary: dict[str, Any], link: str) -> str:
     )
 
 
+def unchanged_artifacts(summary: dict[str, Any], cfg: CorpusConfig) -> list[dict[str, Any]]:
+    """A rebuild with nothing to do: a note linking its dataset and the stage table of the published build, as
+    ``key``, ``type``, ``description`` and ``data`` (markdown text; the table's rows)."""
+    link = manifest_link(summary["manifest_uri"], cfg.s3, cfg.manifest_link)
+    note = f"Nothing changed: dataset {summary['name']}@{summary['dataset_id'][:12]} is published"
+    return [
+        {
+            "key": "nothing-changed",
+            "type": "markdown",
+            "description": note,
+            "data": unchanged_markdown(summary, link),
+        },
+        {"key": "stage-stats", "type": "table", "description": STAGE_TABLE, "data": stage_rows(summary)},
+    ]
+
+
 def publish_unchanged_artifacts(summary: dict[str, Any], cfg: CorpusConfig) -> None:
-    """A rebuild with nothing to do: the stage table of the published build and a note linking its dataset."""
+    """:func:`unchanged_artifacts` on the current flow run."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    link = manifest_link(summary["manifest_uri"], cfg.s3, cfg.manifest_link)
-    create_markdown_artifact(
-        unchanged_markdown(summary, link),
-        key="nothing-changed",
-        description=f"Nothing changed: dataset {summary['name']}@{summary['dataset_id'][:12]} is published",
-    )
-    create_table_artifact(stage_rows(summary), key="stage-stats", description="Documents and bytes per stage")
+    note, table = unchanged_artifacts(summary, cfg)
+    create_markdown_artifact(note["data"], key=note["key"], description=note["description"])
+    create_table_artifact(table["data"], key=table["key"], description=table["description"])

@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeline.corpus_config import load_corpus_config
 
+BUILD_FLOW = "build_corpus"  # the build flow's name in Prefect (runs recorded without the engine use it too)
 DATASET_IN_URI = re.compile(r"datasets/([^/]+)/([0-9a-f]{8})[0-9a-f]*")
 
 
@@ -96,6 +97,11 @@ def build_run_name() -> str:
         except (ValueError, OSError):  # the flow itself reports a bad config, with its message
             return "build"
     return f"build {name}"
+
+
+def unchanged_run_name(name: str, dataset_id: str) -> str:
+    """A build that found its dataset published: ``build sample 46dab3b9 (unchanged)``."""
+    return f"build {name} {dataset_id[:8]} (unchanged)"
 
 
 def rename_flow_run(name: str) -> None:

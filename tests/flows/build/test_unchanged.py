@@ -59,3 +59,15 @@ def test_the_unchanged_summary_reuses_every_unit_and_names_the_publishing_run() 
     assert out["nothing_changed"] == {"published_by": "run-1"}
     assert out["lineage"] == {"prefect_flow_run_id": "run-2", "build_key": "0123456789abcdef"}
     assert (out["seconds"], out["dataset_id"]) == (0.4, "abc123")
+
+
+def test_before_the_flow_a_store_with_nothing_published_is_not_even_listed(tmp_path: Path) -> None:
+    from flows.build.unchanged import find_published
+    from flows.runtime.profile import BuildProfile
+
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.txt").write_text("some text\n")
+    parameters = {"config_path": None, "inputs": [str(tmp_path / "raw")], "output": str(tmp_path / "store")}
+    profile = BuildProfile()
+    assert find_published(parameters | {"name": "tiny", "overrides": {}}, profile) is None
+    assert profile.passes == []  # a cold build lists its inputs once, in the flow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,96 @@ def test_cli_build_prints_the_summary(
     assert main(argv) == 0  # again, nothing changed: the same dataset, said so
     again = capsys.readouterr().out
     assert "nothing changed: dataset tiny" in again and manifest in again.splitlines()
+
+
+@pytest.fixture(scope="module")
+def published(server_home: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], dict]:
+    """A tiny corpus built once by ``pileworks build --json``: its folder, the command and the summary."""
+    from tests.flows.cli.conftest import cli_env, run_cli
+    from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
+
+    root = tmp_path_factory.mktemp("published")
+    write_tiny_corpus(root / "raw")
+    sets = [f"--set={k}={v}" for k, v in TINY_OVERRIDES.items() if k != "name"]
+    argv = ["build", "--input", str(root / "raw"), "--output", str(root / "store"), "--name", "tiny", *sets]
+    argv += ["--json", "--workers", "1"]
+    cold = run_cli(argv, cli_env(server_home), root)
+    assert cold.code == 0, cold.err[-3000:]
+    return root, argv, json.loads(cold.out)
+
+
+def _prefect_modules(importtime_trace: str) -> list[str]:
+    """Modules of the ``prefect`` package in a ``-X importtime`` trace."""
+    names = [
+        line.rsplit("|", 1)[-1].strip() for line in importtime_trace.splitlines() if "import time:" in line
+    ]
+    return [n for n in names if n == "prefect" or n.startswith("prefect.")]
+
+
+def test_a_rebuild_with_nothing_changed_imports_no_prefect_and_records_a_completed_run(
+    server_home: Path, published: tuple[Path, list[str], dict]
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.runtime.local_server import read_state
+    from tests.flows.cli.conftest import cli_env, run_cli
+
+    root, argv, cold = published
+    again = run_cli(argv, cli_env(server_home, PYTHONPROFILEIMPORTTIME="1"), root)
+    assert again.code == 0, again.err[-3000:]
+    assert _prefect_modules(again.err) == []
+    summary = json.loads(again.out)
+    assert summary["dataset_id"] == cold["dataset_id"] and summary["manifest_uri"] == cold["manifest_uri"]
+    assert summary["nothing_changed"] == {"published_by": cold["lineage"]["prefect_flow_run_id"]}
+    assert summary["profile"]["workers_started"] == 0 and summary["profile"]["task_runs"] == 0
+    assert set(summary) == set(cold) | {"nothing_changed"}
+    latest = json.loads((root / "store" / "datasets" / "tiny" / "latest.json").read_text())
+    assert latest["dataset_id"] == cold["dataset_id"]
+
+    run_id = summary["lineage"]["prefect_flow_run_id"]
+    state = read_state(server_home)
+    assert state is not None and summary["flow_run_url"] == f"{state.url}/runs/flow-run/{run_id}"
+    with temporary_settings(updates={PREFECT_API_URL: state.api_url}), get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+        flow = client.read_flow(run.flow_id)
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
+        )
+    assert run.state is not None and run.state.is_completed()
+    assert flow.name == "build_corpus" and run.name == f"build tiny {cold['dataset_id'][:8]} (unchanged)"
+    assert run.parameters["inputs"] == [str(root / "raw")] and run.parameters["name"] == "tiny"
+    note = next(a for a in artifacts if a.key == "nothing-changed")
+    assert cold["dataset_id"] in str(note.data) and str(root / "store") in str(note.data)
+    assert {a.key for a in artifacts} == {"nothing-changed", "stage-stats"}
+
+
+def test_a_rebuild_the_rest_api_cannot_record_runs_the_flow_with_the_same_result(
+    server_home: Path, published: tuple[Path, list[str], dict]
+) -> None:
+    from flows.build.unchanged import find_published
+    from flows.cli.build import flow_parameters, unchanged_without_prefect
+    from flows.cli.main import build_parser
+    from flows.runtime.local_server import Api
+    from flows.runtime.profile import BuildProfile
+    from tests.flows.cli.conftest import cli_env, run_cli
+    from tests.flows.prefect_server import free_port
+
+    root, argv, cold = published
+    latest = root / "store" / "datasets" / "tiny" / "latest.json"
+    before = latest.read_text()
+    parameters = flow_parameters(build_parser().parse_args(argv))
+    assert find_published(parameters, BuildProfile()) is not None  # published: only the API is missing
+    dead = Api(url=f"http://127.0.0.1:{free_port()}/api", ui_url=None, source="PREFECT_API_URL")
+    assert unchanged_without_prefect(dead, parameters) is None  # the API is down: run the flow
+    assert latest.read_text() == before  # and nothing was written meanwhile
+
+    # credentials the REST path does not send: the flow runs (Prefect imported) and says the same
+    env = cli_env(server_home, PREFECT_API_AUTH_STRING="user:secret", PYTHONPROFILEIMPORTTIME="1")
+    flow = run_cli(argv, env, root)
+    assert flow.code == 0, flow.err[-3000:]
+    assert "prefect.flow_engine" in _prefect_modules(flow.err)
+    summary = json.loads(flow.out)
+    assert summary["nothing_changed"] == {"published_by": cold["lineage"]["prefect_flow_run_id"]}
+    assert set(summary) == set(cold) | {"nothing_changed"} and summary["dataset_id"] == cold["dataset_id"]

@@ -1,0 +1,53 @@
+"""What a build reads and the work folder it gets: the resolved config (its classifier pinned), the listed inputs
+packed into parts, and the build key that names ``work/<build_key>/``.
+
+Without Prefect: the flow runs these, and so does ``pileworks build`` before it imports Prefect, to find a rebuild
+whose dataset is already published (``flows/build/unchanged.py``); both must compute the same key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from typing import Any
+
+from pipeline.corpus_config import CorpusConfig, config_from_dict
+from pipeline.ingest import config as ingest_config
+from pipeline.ingest import stage as ingest
+
+
+def pin_model(cfg: CorpusConfig) -> CorpusConfig:
+    """``cfg`` with its quality classifier's sha256 (loaded and its label checked): part of the unit keys and the
+    dataset id, and what every worker checks the model it reads against."""
+    if cfg.clean.classifier is None:
+        return cfg
+    from pipeline.clean.classifier import pin_classifier  # fastText loads only for a build that scores
+
+    return replace(cfg, clean=replace(cfg.clean, classifier=pin_classifier(cfg.clean.classifier, cfg.s3)))
+
+
+def list_and_plan(config: dict[str, Any]) -> dict[str, Any]:
+    """List the raw objects with their fingerprints and pack them into parts of similar byte size:
+    ``{"inputs": [...], "plans": [...]}`` (JSON, as the plan-inputs task returns it)."""
+    cfg = config_from_dict(config)
+    inputs: list[ingest_config.InputFile] = []
+    entry_of: dict[str, int] = {}
+    for entry, source in enumerate(cfg.resolved_sources()):
+        for inp in ingest.list_inputs(list(source.inputs), s3=cfg.s3, extensions=cfg.ingest.extensions):
+            if entry_of.setdefault(inp.uri, entry) != entry:
+                raise ValueError(f"{inp.uri} is in two sources; each input belongs to one source")
+            inputs.append(inp)
+    inputs.sort(key=lambda i: i.uri)
+    plans = ingest.plan_parts(inputs, cfg.ingest.target_part_bytes, cfg=cfg.ingest, s3=cfg.s3)
+    plans = ingest.assign_sources(plans, entry_of)
+    return {"inputs": [i.to_json() for i in inputs], "plans": [p.to_json() for p in plans]}
+
+
+def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]], plans: list[dict[str, Any]]) -> str:
+    """Work folder key: the config fingerprint, every input's fingerprint (size, etag/mtime) and the part plan."""
+    h = hashlib.sha256(cfg.fingerprint().encode())
+    for i in inputs:
+        h.update(json.dumps([i["uri"], i["size"], i["etag"]]).encode())
+    h.update(json.dumps(plans, sort_keys=True).encode())
+    return h.hexdigest()[:16]
