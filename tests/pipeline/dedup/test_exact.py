@@ -15,6 +15,7 @@ from pipeline.dedup.exact import (
     find_duplicates,
     finish_resolve,
     hash_range,
+    hash_rows,
     resolve_exact_duplicates,
     resolve_hash_range,
     resolved,
@@ -23,6 +24,7 @@ from pipeline.dedup.exact import (
     text_hashes,
     write_drop_lists,
 )
+from pipeline.hashranges import read_table
 from pipeline.records import Record, read_part, write_part
 from pipeline.storage import FileStore
 from pipeline.units import StageStats
@@ -72,8 +74,17 @@ def test_drop_lists_name_the_kept_copy(store):
     assert rows.tolist() == [[1, 0, 0], [2, 0, 0]]
     rows = np.load(io.BytesIO(store.get_bytes("exact/drops/part-00002.npy")), allow_pickle=False)
     assert rows.tolist() == [[0, 0, 1], [2, 0, 0]]
-    hashes = np.load(io.BytesIO(store.get_bytes("exact/hashes/part-00000.npy")), allow_pickle=False)
-    assert hashes.shape == (4, 2) and hashes.dtype == np.uint64
+    # A part's hashes: rows (high, low, position), sorted by hash, in a table read by ranges.
+    table = read_table(store, "exact/hashes/part-00000.npy", hash_rows)
+    assert table.shape == (4, 3) and table.dtype == np.uint64
+    assert table[:, 0].tolist() == sorted(table[:, 0].tolist()) and sorted(table[:, 2].tolist()) == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    hashes = text_hashes([Record("x", text, "src") for text in PARTS[0]])
+    assert (table[:, :2] == hashes[table[:, 2].astype(np.int64)]).all()
 
 
 def test_deterministic_across_part_orders(tmp_path):
