@@ -30,9 +30,9 @@ def random_rows(n: int, seed: int = 1) -> np.ndarray:
 
 
 def test_ranges_of_a_table_read_only_their_rows(store: ObjectStore) -> None:
-    """1, 2, 3 or 7 ranges together give exactly the table's rows; each range reads the table's head and about its
-    share of the rows (two calls), far less than the file."""
-    rows = random_rows(20_000)
+    """1, 2, 3 or 7 ranges together give exactly the table's rows; each range reads the table's head and its
+    rows that did not come with it (two calls at most), never more than the file, far less for 7 ranges."""
+    rows = random_rows(60_000)
     put_table(store, "t/part-00000.npy", rows)
     size = store.stat("t/part-00000.npy").size
     assert (read_table(store, "t/part-00000.npy", lambda a: a) == rows).all()
@@ -44,12 +44,13 @@ def test_ranges_of_a_table_read_only_their_rows(store: ObjectStore) -> None:
             got.append(RangeReader(counted, "t/part-00000.npy", *bounds, lambda a: a).read(bounds))
             reads.append(counted.reads)  # type: ignore[attr-defined]
         assert (np.concatenate(got) == rows).all()
-        assert all(len(calls) == 2 and calls[0] == HEAD_BYTES for calls in reads)
-        share = size / ranges
-        # its rows, give or take the rows of the two fences it shares with its neighbours
-        assert all(abs(calls[1] - share) < 0.05 * size for calls in reads), (ranges, reads, size)
+        assert all(len(calls) <= 2 and calls[0] == HEAD_BYTES for calls in reads)
+        # the head, then its share of the rows, give or take the two fences it shares with its neighbours
+        assert all(sum(calls) <= min(size, HEAD_BYTES + size / ranges + 0.02 * size) for calls in reads)
+        if ranges == 1:
+            assert sum(reads[0]) == size  # the head, then the rest: each byte once
         if ranges == 7:
-            assert all(sum(calls) < size / 5 for calls in reads)
+            assert all(sum(calls) < size / 4 for calls in reads), (reads, size)
 
 
 def test_a_sub_range_and_a_range_with_no_rows(store: ObjectStore) -> None:
