@@ -90,8 +90,18 @@ class RangeReader:
     fences inside the range are kept (not the table's others: a task opens every part of the corpus), and the
     range's rows that came with the head; the others are read on demand, by fence runs."""
 
-    def __init__(self, store: ObjectStore, key: str, lo: np.uint64, hi: np.uint64, legacy: Legacy) -> None:
-        self.store, self.key = store, key
+    def __init__(
+        self,
+        store: ObjectStore,
+        key: str,
+        lo: np.uint64,
+        hi: np.uint64,
+        legacy: Legacy,
+        keep_bytes: int | None = None,
+    ) -> None:
+        # keep_bytes: the most of the head's rows of the range to keep (a caller that reads its range in runs under
+        # a memory budget gives each part its share); when they are more, none is kept and they are read again.
+        self.store, self.key, self.keep_bytes = store, key, keep_bytes
         self.first, last = fence_of(lo), fence_of(hi) + 1  # the fences the range overlaps
         head = store.get_range(key, 0, HEAD_BYTES)
         stream = io.BytesIO(head)
@@ -120,6 +130,12 @@ class RangeReader:
         """Keep the rows ``[0, came)`` of ``table`` (its rows, or its 1-d array) that are in the range."""
         rows = table if table.ndim == 2 else table[_PREFIX:].reshape(-1, self.columns)
         start, stop = int(self.fences[0]), min(int(self.fences[-1]), came)
+        if (
+            table.ndim == 1
+            and self.keep_bytes is not None
+            and (stop - start) * 8 * self.columns > self.keep_bytes
+        ):
+            stop = start
         self.cached = (
             rows[start:stop].astype(np.uint64) if stop > start else np.zeros((0, self.columns), np.uint64)
         )

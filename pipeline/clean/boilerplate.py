@@ -18,9 +18,10 @@ Two steps hand off through files, so each can run on its own worker and be resum
    leaving its sorted kept hashes in ``<count_folder>/ranges/r-RRRRR.npy``, then
    ``pipeline.hashranges.join_ranges`` writes them one after another: the same bytes.
 
-Memory of a merge does not grow with the corpus: a range is read in runs of fences of at most ``budget_bytes``
-(16 bytes per distinct (part, line) pair), from every part's table by a ranged get. Only the kept hashes (the
-boilerplate set, small) add up.
+Memory of a merge does not grow with the corpus's lines: a range is read in runs of fences of at most
+``budget_bytes`` (16 bytes per distinct (part, line) pair), from every part's table by a ranged get; the rows
+that came with the parts' heads are kept only up to ``budget_bytes`` in all. Per part, only the range's fences
+are held. Only the kept hashes (the boilerplate set, small) add up.
 """
 
 from __future__ import annotations
@@ -178,8 +179,10 @@ def kept_lines(
     each run at most ``budget_bytes`` of (hash, count) pairs over all parts (one fence at least, whatever its size).
     """
     lo, hi = bounds
+    # Of the rows that come with the parts' heads, each keeps at most its share of the budget.
+    share = budget_bytes // max(num_parts, 1)
     readers = store.map(
-        lambda i: RangeReader(store, f"{part_unit(count_folder, i)}.npy", lo, hi, _legacy_rows),
+        lambda i: RangeReader(store, f"{part_unit(count_folder, i)}.npy", lo, hi, _legacy_rows, share),
         range(num_parts),
     )
     if not readers:

@@ -76,6 +76,9 @@ def test_a_small_table_comes_with_its_head_in_one_call(tmp_path) -> None:
     reader = RangeReader(store, "t/small.npy", np.uint64(0), LAST_HASH, lambda a: a)
     halves = [reader.read(hash_range(r, 2)) for r in range(2)]
     assert (np.concatenate(halves) == rows).all() and len(store.reads) == 1  # type: ignore[attr-defined]
+    # Told to keep none of them (a merge's memory budget), it reads the rows again when asked: same rows.
+    lean = RangeReader(store, "t/small.npy", np.uint64(0), LAST_HASH, lambda a: a, keep_bytes=0)
+    assert (lean.read((np.uint64(0), LAST_HASH)) == rows).all() and len(store.reads) == 3  # type: ignore[attr-defined]
 
 
 def test_an_older_array_is_read_whole_through_the_callers_conversion(tmp_path) -> None:
