@@ -24,7 +24,7 @@ from flows.build.passes import Passes
 from flows.build.plan import MIN_TASK_BYTES, chunks, min_parts_per_task, parts_per_task
 from flows.build.tasks import (
     bands_task,
-    boilerplate_merge_task,
+    boilerplate_range_task,
     classifier_cuts_task,
     classifier_filter_chunk_task,
     clean_chunk_task,
@@ -61,7 +61,7 @@ from flows.runtime.runners import (
 )
 from flows.ui import build_artifacts, run_names
 from flows.ui.progress import RunProgress, stage_progress
-from pipeline import unitcache
+from pipeline import hashranges, unitcache
 from pipeline.corpus_config import CorpusConfig, load_corpus_config
 from pipeline.dedup import exact
 from pipeline.errors import StageFailed
@@ -90,14 +90,13 @@ def ingest_and_clean(
     run: Passes, cfg: CorpusConfig, planned: dict[str, Any], stats: dict[str, StageStats]
 ) -> None:
     """Ingest + count every part, merge the boilerplate counts, clean + hash every part."""
-    c, plans, n = build_context(run.ctx), planned["plans"], run.n
+    c, plans = build_context(run.ctx), planned["plans"]
     keys = ingest_keys(cfg, plans, planned["inputs"])
     run.fan_out("ingest+count", ingest_chunk_task, chunks(plans, run.size), chunks(keys, run.size))
     run.note_reuse("ingest", "boilerplate")
     stats["ingest"] = run.merged("ingest")
     run.mark_done(c.folder("ingest"), "ingest")
-    docs = [u["stats"]["docs_in"] for u in run.units.get("boilerplate", [])]
-    bp_key = run.on_worker("boilerplate-merge", boilerplate_merge_task, run.ctx, n, docs)
+    bp_key = merge_boilerplate(run)
     run.fan_out(
         "clean+hash", clean_chunk_task, run.index_chunks(), run.keyed("ingest"), boilerplate_key=bp_key
     )
@@ -179,6 +178,25 @@ def run_dedup(run: Passes, cfg: CorpusConfig, stats: dict[str, StageStats]) -> t
     stats["near_dedup"].extra["report_key"] = report_key
     run.mark_done(c.folder("dedup"), "near dedup")
     return c.folder("dedup"), "near dedup"
+
+
+def merge_boilerplate(run: Passes) -> str:
+    """The corpus's boilerplate lines: a task per range of the line hashes on the workers (as many as the exact
+    resolve's), each reading its slice of every part's counts; the flow joins the ranges' small sorted results.
+    Returns the set's key."""
+    c = build_context(run.ctx)
+    store, key, folder = c.store(), c.folder("boilerplate/lines.npy"), c.folder("boilerplate")
+    if store.exists(key):
+        return key
+    docs = [u["stats"]["docs_in"] for u in run.units.get("boilerplate", [])]
+    total = sum(docs) if len(docs) == run.n else None
+    ranges = len(run.index_chunks(light=True))
+    run.spread(
+        "boilerplate-merge", boilerplate_range_task, list(range(ranges)), ranges=ranges, docs_total=total
+    )
+    lines = hashranges.join_ranges(store, folder, ranges, key)
+    get_run_logger().info("boilerplate: %d line(s) repeated across many documents will be removed", lines)
+    return key
 
 
 def resolve_exact(run: Passes) -> dict[str, Any]:

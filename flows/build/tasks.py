@@ -376,19 +376,26 @@ def tokenize_chunk_task(
     return out
 
 
-@task(name="boilerplate-merge", task_run_name="boilerplate: merge", cache_policy=NO_CACHE)
-def boilerplate_merge_task(ctx: dict[str, Any], num_parts: int, docs: list[int]) -> str:
-    """Merge the parts' line counts (``docs``: each part's document count, from the count units' results)."""
+@task(
+    name="boilerplate-range",
+    task_run_name="boilerplate: hash range {rng}",
+    cache_policy=NO_CACHE,
+    **IO_RETRIES,
+)
+def boilerplate_range_task(
+    ctx: dict[str, Any], rng: int, ranges: int, docs_total: int | None
+) -> dict[str, Any]:
+    """The boilerplate lines of one range of the line hashes, read from every part's counts (``docs_total``: the
+    corpus's documents, from the count units' results; None: read from their stats)."""
     from pipeline.clean import boilerplate
 
-    with stage_errors("boilerplate-merge"), profile.measure("boilerplate-merge"):
+    records: list[dict[str, Any]] = []
+    with stage_errors("boilerplate-merge"), profile.measure("boilerplate-merge", records):
         c = build_context(ctx)
-        key = c.folder("boilerplate/lines.npy")
-        n = boilerplate.merge_boilerplate(
-            c.store(), c.folder("boilerplate"), num_parts, c.cfg.clean, key, docs=docs
+        lines = boilerplate.merge_boilerplate_range(
+            c.store(), c.folder("boilerplate"), c.parts, c.cfg.clean, rng, ranges, docs_total
         )
-        get_run_logger().info("boilerplate: %d line(s) repeated across many documents will be removed", n)
-        return key
+    return {"lines": lines, "profile": records}
 
 
 @task(name="exact-resolve", task_run_name="exact-dedup: resolve", cache_policy=NO_CACHE)

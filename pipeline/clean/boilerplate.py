@@ -7,37 +7,46 @@ Two steps hand off through files, so each can run on its own worker and be resum
    (``pipeline.clean.normalize.normalize_text``, so the hashes match what clean will see; a part that ingest
    wrote normalised, as a build's ingest does, is read as it is), hash every stripped line of
    at least ``min_line_chars`` characters with xxhash64 and count the documents that contain it (once per
-   document). Writes ``<count_folder>/part-NNNNN.npy`` (a 2 x n uint64 array: sorted hashes, document
-   counts), ``part-NNNNN.stats.json`` and, last, ``part-NNNNN.done``.
-   Beside it, ``part-NNNNN.fences.npy``: where each of :data:`FENCES` equal ranges of the hash space starts
-   in the sorted array, so a merge can read one range of every part (a ranged get) without the rest.
-2. ``merge_boilerplate`` (global): sum the counts of all parts and keep the hashes whose document frequency
-   reaches ``max(min_docs, ceil(min_fraction * total_docs))``. Writes one sorted uint64 ``.npy`` array (no
-   pickle) at ``out_key``. ``run_clean_part`` loads it with :func:`load_boilerplate`.
+   document). Writes ``<count_folder>/part-NNNNN.npy``, a hash table (``pipeline/hashranges``) of rows (hash,
+   document count) sorted by hash, so a merge reads one range of the hashes of every part (a ranged get)
+   without the rest; then ``part-NNNNN.stats.json`` and, last, ``part-NNNNN.done``. (Before, a 2 x n array
+   beside a ``.fences.npy``: still read, whole.)
+2. The merge: sum the counts of all parts and keep the hashes whose document frequency reaches
+   ``max(min_docs, ceil(min_fraction * total_docs))``, as one sorted uint64 ``.npy`` array (no pickle) that
+   ``run_clean_part`` loads with :func:`load_boilerplate`. In one process, ``merge_boilerplate``; spread over
+   workers, ``merge_boilerplate_range`` per range of the hashes (a line's counts are all in one range), each
+   leaving its sorted kept hashes in ``<count_folder>/ranges/r-RRRRR.npy``, then
+   ``pipeline.hashranges.join_ranges`` writes them one after another: the same bytes.
 
-Memory of the merge does not grow with the corpus: it runs one hash range at a time, as many ranges as it
-takes to keep each under ``budget_bytes`` (16 bytes per distinct (part, line) pair in the range), reading
-that range of every part's array by its fences. Only the kept hashes (the boilerplate set, small) add up. On a
-remote store (S3), where each of those reads would be a round trip, each part's arrays are downloaded once into
-a local scratch folder and the ranges read from there.
+Memory of a merge does not grow with the corpus's lines: a range is read in runs of fences of at most
+``budget_bytes`` (16 bytes per distinct (part, line) pair), from every part's table by a ranged get; the rows
+that came with the parts' heads are kept only up to ``budget_bytes`` in all. Per part, only the range's fences
+are held. Only the kept hashes (the boilerplate set, small) add up.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 import numpy as np
 
 from pipeline.clean import normalize
 from pipeline.clean.config import CleanConfig
 from pipeline.clean.normalize import line_hash, normalize_text
+from pipeline.hashranges import (
+    LAST_HASH,
+    RangeReader,
+    fence_bounds,
+    fence_of,
+    hash_range,
+    put_table,
+    range_key,
+)
 from pipeline.records import Record, iter_part_batches
-from pipeline.storage import FileStore, ObjectStore
+from pipeline.storage import ObjectStore
 from pipeline.units import (
     StageStats,
     done_stats_or_fail,
@@ -131,8 +140,7 @@ def run_boilerplate_count_part(
     stats.docs_out = stats.docs_in
     array = _count_array(keys)
     stats.extra = {"distinct_lines": array.shape[1]}
-    put_npy(store, f"{unit}.npy", array)
-    put_npy(store, f"{unit}.fences.npy", fences_of(array[0]))
+    put_table(store, f"{unit}.npy", np.ascontiguousarray(array.T))
     return finish_unit(store, unit, stats)
 
 
@@ -140,50 +148,55 @@ def boilerplate_threshold(total_docs: int, cfg: CleanConfig) -> int:
     return max(cfg.boilerplate.min_docs, math.ceil(cfg.boilerplate.min_fraction * total_docs))
 
 
-FENCE_BITS = 8
-FENCES = 1 << FENCE_BITS  # equal ranges of the 64-bit hash space; a merge range is a run of them
 MERGE_BUDGET_BYTES = 64 * 1024 * 1024
 
 
-def fences_of(sorted_hashes: np.ndarray) -> np.ndarray:
-    """Positions where each of the FENCES hash ranges starts in ``sorted_hashes``, plus its length (int64)."""
-    bounds = np.arange(FENCES, dtype=np.uint64) << np.uint64(64 - FENCE_BITS)
-    return np.append(np.searchsorted(sorted_hashes, bounds), len(sorted_hashes)).astype(np.int64)
+def _legacy_rows(array: np.ndarray) -> np.ndarray:
+    """The rows (hash, documents) of a count array of the older layout (2 x n, sorted by hash)."""
+    return np.ascontiguousarray(array.T)
 
 
-class _PartCounts:
-    """One part's sorted (hash, documents) array in the store, read one fence range at a time."""
+def total_docs(store: ObjectStore, count_folder: str, num_parts: int) -> int:
+    """The documents of every counted part, from their units' stats (each unit must be done)."""
 
-    def __init__(self, store: ObjectStore, folder: str, index: int) -> None:
-        unit = part_unit(folder, index)
-        self.store, self.key, fences_key = store, f"{unit}.npy", f"{unit}.fences.npy"
-        self.whole: np.ndarray | None = None
-        try:
-            self.fences = get_npy(store, fences_key)
-        except FileNotFoundError:  # counted by an older version: no fences, read the whole (small) array once
-            self.whole = get_npy(store, self.key)
-            self.fences = fences_of(self.whole[0])
-        else:
-            head = store.get_range(self.key, 0, 256)  # the .npy header: magic, version, length, dict
-            self.offset = 10 + int.from_bytes(head[8:10], "little")
+    def docs(index: int) -> int:
+        return done_stats_or_fail(store, part_unit(count_folder, index), "run_boilerplate_count_part").docs_in
 
-    def size(self, lo: int, hi: int) -> int:
-        return int(self.fences[hi] - self.fences[lo])
-
-    def slice(self, lo: int, hi: int) -> np.ndarray:
-        a, b, n = int(self.fences[lo]), int(self.fences[hi]), int(self.fences[-1])
-        if self.whole is not None:
-            return self.whole[:, a:b]
-        if a == b:
-            return np.zeros((2, 0), np.uint64)
-        rows = [self.store.get_range(self.key, self.offset + 8 * (r * n + a), 8 * (b - a)) for r in (0, 1)]
-        return np.stack([np.frombuffer(r, dtype="<u8") for r in rows])
+    return sum(store.map(docs, range(num_parts)))
 
 
-def merge_ranges(parts: list[_PartCounts], budget_bytes: int) -> list[tuple[int, int]]:
-    """Consecutive fence ranges, each holding at most ``budget_bytes`` of (hash, count) pairs (one fence
-    range at least, whatever its size)."""
-    return packed_ranges([sum(p.size(f, f + 1) for p in parts) * 16 for f in range(FENCES)], budget_bytes)
+def kept_lines(
+    store: ObjectStore,
+    count_folder: str,
+    num_parts: int,
+    threshold: int,
+    bounds: tuple[np.uint64, np.uint64],
+    budget_bytes: int = MERGE_BUDGET_BYTES,
+) -> np.ndarray:
+    """The sorted line hashes in ``bounds`` (inclusive) whose document count over every part reaches ``threshold``.
+
+    Every part's table is opened by its head (the fences of the range only), then read a run of fences at a time,
+    each run at most ``budget_bytes`` of (hash, count) pairs over all parts (one fence at least, whatever its size).
+    """
+    lo, hi = bounds
+    # Of the rows that come with the parts' heads, each keeps at most its share of the budget.
+    share = budget_bytes // max(num_parts, 1)
+    readers = store.map(
+        lambda i: RangeReader(store, f"{part_unit(count_folder, i)}.npy", lo, hi, _legacy_rows, share),
+        range(num_parts),
+    )
+    if not readers:
+        return np.zeros(0, np.uint64)
+    sizes, first = np.sum([r.fence_sizes() for r in readers], axis=0), fence_of(lo)
+    kept = []
+    for a, b in packed_ranges((sizes * 16).tolist(), budget_bytes):
+        run = functools.partial(RangeReader.read, bounds=fence_bounds(first + a, first + b, lo, hi))
+        merged = np.concatenate(store.map(run, readers))
+        hashes, inverse = np.unique(merged[:, 0], return_inverse=True)
+        docs = np.bincount(inverse.ravel(), weights=merged[:, 1], minlength=len(hashes))
+        kept.append(hashes[docs >= threshold])
+        del merged, hashes, inverse, docs
+    return np.concatenate(kept).astype(np.uint64)
 
 
 def merge_boilerplate(
@@ -196,66 +209,40 @@ def merge_boilerplate(
     docs: Sequence[int] = (),
 ) -> int:
     """Sum the per-part counts, write the sorted hashes of boilerplate lines to ``out_key``; returns how many.
-    ``docs``: every part's document count when the caller has them (a build's flow), else read from the
-    parts' stats.
+    ``docs``: every part's document count when the caller has them, else read from the parts' stats.
 
     Idempotent: when ``out_key`` exists it is not recomputed.
     """
     if store.exists(out_key):
         return len(get_npy(store, out_key))
-    if store.io_threads <= 1:  # a local store: each range of each part is a read at an offset
-        return _merge(store, None, count_folder, num_parts, cfg, out_key, budget_bytes, docs)
-    # A remote store: every range of every part would be a round trip of its own (two per part and range,
-    # hundreds of ranges at 100 GB), so each part's arrays are downloaded once and the ranges read locally.
-    with tempfile.TemporaryDirectory(prefix="pileworks-boilerplate-") as tmp:
-        return _merge(store, Path(tmp), count_folder, num_parts, cfg, out_key, budget_bytes, docs)
+    total = sum(docs) if len(docs) == num_parts else total_docs(store, count_folder, num_parts)
+    threshold = boilerplate_threshold(total, cfg)
+    keep = kept_lines(store, count_folder, num_parts, threshold, (np.uint64(0), LAST_HASH), budget_bytes)
+    put_npy(store, out_key, keep)
+    return len(keep)
 
 
-def _merge(
+def merge_boilerplate_range(
     store: ObjectStore,
-    scratch: Path | None,
     count_folder: str,
     num_parts: int,
     cfg: CleanConfig,
-    out_key: str,
-    budget_bytes: int,
-    known_docs: Sequence[int],
+    rng: int,
+    ranges: int,
+    docs_total: int | None = None,
+    budget_bytes: int = MERGE_BUDGET_BYTES,
 ) -> int:
-    """The merge, reading the parts' count arrays from ``store``, or from a copy in the local ``scratch``."""
-    arrays = FileStore(scratch) if scratch else store
-
-    def open_part(index: int) -> tuple[int, _PartCounts]:
-        unit = part_unit(count_folder, index)
-        if len(known_docs) == num_parts:
-            docs = known_docs[index]
-        else:
-            docs = done_stats_or_fail(store, unit, "run_boilerplate_count_part").docs_in
-        if scratch:  # a scratch copy: plain writes, no atomic rename or fsync
-            for key in (f"{unit}.npy", f"{unit}.fences.npy"):
-                try:
-                    data = store.get_bytes(key)
-                except FileNotFoundError:
-                    if key.endswith(".fences.npy"):
-                        continue  # counted by an older version: no fences
-                    raise
-                path = scratch / key
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(data)
-        return docs, _PartCounts(arrays, count_folder, index)
-
-    opened = store.map(open_part, range(num_parts))
-    parts = [p for _, p in opened]
-    threshold = boilerplate_threshold(sum(docs for docs, _ in opened), cfg)
-    kept = []
-    for lo, hi in merge_ranges(parts, budget_bytes):
-        slices = arrays.map(functools.partial(_PartCounts.slice, lo=lo, hi=hi), parts)
-        merged = np.concatenate(slices, axis=1) if parts else np.zeros((2, 0), np.uint64)
-        hashes, inverse = np.unique(merged[0], return_inverse=True)
-        docs = np.bincount(inverse.ravel(), weights=merged[1], minlength=len(hashes))
-        kept.append(hashes[docs >= threshold])
-        del slices, merged, hashes, inverse, docs
-    keep = np.concatenate(kept) if kept else np.zeros(0, np.uint64)
-    put_npy(store, out_key, keep.astype(np.uint64))
+    """The boilerplate lines of range ``rng`` of ``ranges`` of the hashes, sorted, at ``range_key(count_folder,
+    rng)`` (``pipeline.hashranges.join_ranges`` puts the ranges together); returns how many. ``docs_total``: the
+    corpus's document count when the caller has it (the threshold needs it), else read from the parts' stats.
+    A rerun of a done range reads its result."""
+    key = range_key(count_folder, rng)
+    if store.exists(key):
+        return len(get_npy(store, key))
+    total = docs_total if docs_total is not None else total_docs(store, count_folder, num_parts)
+    threshold = boilerplate_threshold(total, cfg)
+    keep = kept_lines(store, count_folder, num_parts, threshold, hash_range(rng, ranges), budget_bytes)
+    put_npy(store, key, keep)
     return len(keep)
 
 

@@ -3,18 +3,21 @@ by partition, and the candidate pairs of each partition, verified by estimated J
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline.dedup.config import NearDedupConfig
 from pipeline.dedup.graph import spanning_forest
 from pipeline.dedup.lsh import band_keys, candidate_pairs, make_refs, partition_of, plan_partitions
 from pipeline.dedup.minhash import estimated_jaccard
-from pipeline.dedup.signatures import gather_signatures, index_store, load_signatures, open_index
+from pipeline.dedup.signatures import gather, index_store, load_signatures, open_index
 from pipeline.storage import ObjectStore
 from pipeline.units import (
     StageStats,
@@ -121,9 +124,9 @@ def run_edges_part(
         refs.append(data["refs"])
     u, v, big = candidate_pairs(np.concatenate(keys), np.concatenate(refs), cfg.bucket_window)
     est = np.ones(len(u), dtype=np.float32)
+    nodes = np.unique(np.concatenate((u, v)))
+    sigs, info = gather(store, work, nodes, cfg, matrix=cfg.verify)
     if cfg.verify and len(u):
-        nodes = np.unique(np.concatenate((u, v)))
-        sigs = gather_signatures(store, work, nodes, cfg)
         est = estimated_jaccard(sigs[np.searchsorted(nodes, u)], sigs[np.searchsorted(nodes, v)]).astype(
             np.float32
         )
@@ -131,6 +134,11 @@ def run_edges_part(
     put_npz(store, f"{unit}.npz", u=u[ok], v=v[ok], est=est[ok])
     child, root = spanning_forest(u[ok], v[ok])  # this partition's share of the clustering, done here
     put_npz(store, f"{unit}.forest.npz", u=child, v=root)
+    # The forest's documents (id, source, size), so that the clustering reads these, not every docs table.
+    in_forest = np.isin(nodes, np.concatenate((child, root)))
+    sink = io.BytesIO()
+    pq.write_table(info.filter(pa.array(in_forest)), sink, compression="zstd")
+    store.put_bytes(f"{unit}.nodes.parquet", sink.getvalue())
     stats = StageStats(stage="near_edges", docs_in=len(u), docs_out=int(ok.sum()))
     if not ok.all():
         stats.drop("unverified_pair", int((~ok).sum()))

@@ -1,7 +1,10 @@
 """Near dedup, step 4 (global): clusters from the verified candidate edges (``graph``), the document each
 keeps, a drop list per part, ``clusters.parquet`` and the dedup report (``audit``).
 
-The step holds the edges and the clustered documents only.
+The step holds the edges and the clustered documents only, and reads only what grows with them: each bucket
+partition's spanning forest and the table of its documents (ref, id, source, size: ``edges/p-PPPPP.nodes.parquet``,
+written by ``candidates.run_edges_part`` on the workers), not every part's docs table. It also writes a drop list
+per part (one small object each) and reads a fixed number of parts for the report's sampled pairs.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pipeline.dedup.candidates import plan_near_dedup, signature_stats
 from pipeline.dedup.config import NearDedupConfig
 from pipeline.dedup.graph import Clusters, choose_keepers, connected_labels
 from pipeline.dedup.lsh import split_refs, unique_pairs
-from pipeline.dedup.signatures import by_part
+from pipeline.dedup.signatures import INFO_SCHEMA, doc_info
 from pipeline.storage import ObjectStore
 from pipeline.units import (
     StageStats,
@@ -37,20 +40,29 @@ from pipeline.units import (
 log = logging.getLogger(__name__)
 
 
-def doc_info(
-    store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig, *, checked: bool = False
-) -> pa.Table:
-    """ref, id, source, nbytes of each ref, reading each part's docs table once (``checked``: see
-    ``signatures.load_signatures``)."""
-    ids = np.empty(len(refs), dtype=object)
-    sources = np.empty(len(refs), dtype=object)
-    nbytes = np.zeros(len(refs), dtype=np.int64)
-    for sel, rows, _, docs in by_part(store, work, refs, cfg, matrix=False, checked=checked):
-        taken = docs.take(pa.array(rows))
-        ids[sel] = taken.column("id").to_pylist()
-        sources[sel] = taken.column("source").to_pylist()
-        nbytes[sel] = taken.column("nbytes").to_numpy()
-    return pa.table({"ref": refs, "id": ids.tolist(), "source": sources.tolist(), "nbytes": nbytes})
+def _node_info(store: ObjectStore, work: str, num_partitions: int, nodes: np.ndarray) -> pa.Table | None:
+    """ref, id, source, nbytes of the clustered ``nodes``, from the node tables the edges units wrote beside their
+    forests: what grows with the duplicated documents only, where every docs table would grow with the corpus.
+    None when a partition has none (an edges unit written before they were)."""
+    keys = [folder_key(work, f"edges/p-{p:05d}.nodes.parquet") for p in range(num_partitions)]
+    try:
+        tables = store.map(lambda k: pq.ParquetFile(io.BytesIO(store.get_bytes(k))).read(), keys)
+    except FileNotFoundError:
+        return None
+    if not tables:
+        return None
+    found = pa.concat_tables(tables)
+    unique, first = np.unique(found.column("ref").to_numpy(), return_index=True)
+    taken = found.take(pa.array(first[np.searchsorted(unique, nodes)], type=pa.int64()))
+    return pa.table(
+        {
+            "ref": nodes,
+            "id": taken.column("id").to_pylist(),
+            "source": taken.column("source").to_pylist(),
+            "nbytes": taken.column("nbytes").to_numpy(),
+        },
+        schema=INFO_SCHEMA,
+    )
 
 
 def _load_edges(store: ObjectStore, work: str, num_partitions: int) -> tuple[np.ndarray, np.ndarray]:
@@ -89,7 +101,9 @@ def run_clusters(
     plan = plan_near_dedup(store, work, num_parts, cfg, known_sig_stats)
     nodes, labels = connected_labels(*_load_edges(store, work, plan["num_partitions"]))
     checked = len(known_sig_stats) == num_parts  # every signature unit came back to the caller: done
-    info = doc_info(store, work, nodes, cfg, checked=checked)
+    info = _node_info(store, work, plan["num_partitions"], nodes)
+    if info is None:  # an edges unit of an older version: the clustered documents' rows of every docs table
+        info = doc_info(store, work, nodes, cfg, checked=checked)
     ids = np.array(info.column("id").to_pylist(), dtype=str)
     clusters = choose_keepers(nodes, labels, info.column("nbytes").to_numpy(), ids)
     table = info.append_column("cluster", pa.array(clusters.cluster)).append_column(

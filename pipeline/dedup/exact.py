@@ -6,16 +6,18 @@ documents has probability ~1e-15).
 
 Three steps hand off through files (keys relative to the store; ``NNNNN`` is the part index):
 
-1. ``run_exact_hash_part`` -> ``<hash_folder>/part-NNNNN.npy``: uint64 array of shape (n, 2), the high and low
-   64 bits of each record's hash in part order; then ``part-NNNNN.stats.json``; then ``part-NNNNN.done``.
+1. ``run_exact_hash_part`` -> ``<hash_folder>/part-NNNNN.npy``: a hash table (``pipeline/hashranges``) of rows
+   (high 64 bits, low 64 bits of each record's hash, its position in the part), sorted; then
+   ``part-NNNNN.stats.json``; then ``part-NNNNN.done``. (Before, a (n, 2) array of the hashes in part order:
+   still read, whole.)
 2. ``resolve_exact_duplicates`` (global) -> ``<drop_folder>/part-NNNNN.npy`` for every part: int64 array of
    shape (k, 3), one row per record to drop: (position, part of the kept copy, position of the kept copy),
    sorted by position; then ``<drop_folder>/resolve.stats.json``; then ``<drop_folder>/_SUCCESS``.
 3. ``run_exact_filter_part`` -> an ordinary docs part in ``out_folder`` (``pipeline.records.write_part``).
 
 Step 2 also runs spread over workers, with the same drop lists: ``resolve_hash_range`` per range of the hashes'
-high 64 bits (every copy of a text has the same hash, so a range holds whole duplicate groups) ->
-``<drop_folder>/ranges/r-RRRRR.npz``; ``write_drop_lists`` per run of parts gathers each part's rows from every
+high 64 bits (every copy of a text has the same hash, so a range holds whole duplicate groups), reading only
+that range of every part's table (ranged GETs) -> ``<drop_folder>/ranges/r-RRRRR.npz``; ``write_drop_lists`` per run of parts gathers each part's rows from every
 range; ``finish_resolve`` adds up the ranges' counts into the stats and ``_SUCCESS``. No process holds more than
 one range of the corpus's hashes.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import xxhash
 
+from pipeline.hashranges import RangeReader, hash_range, put_table, read_table
 from pipeline.records import Record, iter_part_batches, write_part
 from pipeline.sources import tally_document
 from pipeline.storage import ObjectStore
@@ -65,8 +68,20 @@ def run_exact_hash_part(store: ObjectStore, in_folder: str, hash_folder: str, in
     chunks = [text_hashes(batch) for batch in iter_part_batches(store, in_folder, index)]
     hashes = np.concatenate(chunks) if chunks else np.zeros((0, 2), np.uint64)
     stats = StageStats(stage="exact_hash", docs_in=len(hashes), docs_out=len(hashes))
-    put_npy(store, f"{unit}.npy", hashes)
+    put_table(store, f"{unit}.npy", hash_rows(hashes))
     return finish_unit(store, unit, stats)
+
+
+def hash_rows(hashes: np.ndarray) -> np.ndarray:
+    """(n, 3) uint64 rows (high, low, position) of a part's hashes (in part order), sorted: a hash table's rows.
+    Also how the older layout (the hashes alone, in part order) is read."""
+    rows = np.column_stack([hashes, np.arange(len(hashes), dtype=np.uint64)]).astype(np.uint64)
+    return rows[np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))]
+
+
+def part_hashes(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The hashes ((k, 2) uint64) and positions (int64) of a part's table rows."""
+    return rows[:, :2], rows[:, 2].astype(np.int64)
 
 
 def find_duplicates(
@@ -93,17 +108,14 @@ def resolve_exact_duplicates(
     if (done := folder_stats(store, out_folder, RESOLVE_STATS)) is not None:
         return done
 
-    def hashes_of(index: int) -> np.ndarray:
+    def hashes_of(index: int) -> tuple[np.ndarray, np.ndarray]:
         unit = part_unit(hash_folder, index)
         if not checked:
             require_done(store, unit, "run_exact_hash_part")
-        return get_npy(store, f"{unit}.npy")
+        return part_hashes(read_table(store, f"{unit}.npy", hash_rows))
 
-    arrays = store.map(hashes_of, range(num_parts))
-    sizes = [len(a) for a in arrays]
-    hashes = np.concatenate(arrays) if arrays else np.zeros((0, 2), np.uint64)
-    parts = np.repeat(np.arange(num_parts, dtype=np.int64), sizes)
-    positions = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes]) if sizes else parts
+    picked = store.map(hashes_of, range(num_parts))
+    hashes, parts, positions = _gathered(picked, num_parts)
     dup, kept = find_duplicates(hashes, parts, positions)
     rows = np.stack([parts[dup], positions[dup], parts[kept], positions[kept]], axis=1)
     rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]
@@ -120,10 +132,14 @@ def resolve_exact_duplicates(
     return finish_folder(store, out_folder, stats, RESOLVE_STATS)
 
 
-def hash_range(rng: int, ranges: int) -> tuple[np.uint64, np.uint64]:
-    """The inclusive bounds of range ``rng`` of ``ranges`` equal slices of the high 64 bits of a hash."""
-    lo, stop = (rng << 64) // ranges, ((rng + 1) << 64) // ranges
-    return np.uint64(lo), np.uint64(stop - 1)
+def _gathered(
+    picked: list[tuple[np.ndarray, np.ndarray]], num_parts: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every part's (hashes, positions) together, with the part of each row."""
+    hashes = np.concatenate([h for h, _ in picked]) if picked else np.zeros((0, 2), np.uint64)
+    parts = np.repeat(np.arange(num_parts, dtype=np.int64), [len(p) for _, p in picked])
+    positions = np.concatenate([p for _, p in picked]) if picked else parts
+    return hashes, parts, positions
 
 
 def resolve_hash_range(
@@ -136,21 +152,17 @@ def resolve_hash_range(
     checked: bool = False,
 ) -> dict[str, int]:
     """The duplicates whose hash falls in range ``rng`` of ``ranges``, as rows (part, position, part and position of
-    the kept copy) sorted by part then position, with each part's bounds in them; returns the range's counts."""
+    the kept copy) sorted by part then position, with each part's bounds in them; returns the range's counts.
+    Each part's table is read by its head and the rows of the range (``pipeline/hashranges``), not whole."""
     lo, hi = hash_range(rng, ranges)
 
     def in_range(index: int) -> tuple[np.ndarray, np.ndarray]:
         unit = part_unit(hash_folder, index)
         if not checked:
             require_done(store, unit, "run_exact_hash_part")
-        hashes = get_npy(store, f"{unit}.npy")
-        sel = np.flatnonzero((hashes[:, 0] >= lo) & (hashes[:, 0] <= hi)).astype(np.int64)
-        return hashes[sel], sel
+        return part_hashes(RangeReader(store, f"{unit}.npy", lo, hi, hash_rows).read((lo, hi)))
 
-    picked = store.map(in_range, range(num_parts))
-    hashes = np.concatenate([h for h, _ in picked]) if picked else np.zeros((0, 2), np.uint64)
-    parts = np.repeat(np.arange(num_parts, dtype=np.int64), [len(s) for _, s in picked])
-    positions = np.concatenate([s for _, s in picked]) if picked else parts
+    hashes, parts, positions = _gathered(store.map(in_range, range(num_parts)), num_parts)
     dup, kept = find_duplicates(hashes, parts, positions)
     rows = np.stack([parts[dup], positions[dup], parts[kept], positions[kept]], axis=1)
     rows = rows[np.lexsort((rows[:, 1], rows[:, 0]))]

@@ -6,7 +6,7 @@ Layout under a work folder ``W`` (the input is a folder of docs parts, e.g. the 
     W/plan.json                                                       once             plan_near_dedup
     W/bands/part-NNNNN/p-PPPPP.npz + part-NNNNN.{stats.json,done}     per input part   run_bands_part
     W/bands/index-NNNNN/...                                           per index part   (from_index=True)
-    W/edges/p-PPPPP.{npz,forest.npz,stats.json,done}                  per partition    run_edges_part
+    W/edges/p-PPPPP.{npz,forest.npz,nodes.parquet,stats.json,done}    per partition    run_edges_part
     W/clusters/{clusters.parquet,drop/part-NNNNN.npz,dedup_report.json,stats.json,_SUCCESS}   run_clusters
     <out>/part-NNNNN.{parquet,stats.json,done} + _SUCCESS             per input part   run_near_filter_part
 

@@ -145,14 +145,52 @@ def by_part(
             yield sel, row[sel], sigs, docs
 
 
+INFO_SCHEMA = pa.schema(
+    [("ref", pa.uint64()), ("id", pa.string()), ("source", pa.string()), ("nbytes", pa.int64())]
+)
+
+
+def gather(
+    store: ObjectStore,
+    work: str,
+    refs: np.ndarray,
+    cfg: NearDedupConfig,
+    *,
+    matrix: bool = True,
+    checked: bool = False,
+) -> tuple[np.ndarray, pa.Table]:
+    """Signature rows of ``refs`` (empty unless ``matrix``) and their ref, id, source and nbytes (index
+    documents' from the persisted index), reading each part once."""
+    out = np.zeros((len(refs) if matrix else 0, cfg.num_perm), dtype=cfg.hasher().dtype)
+    ids = np.empty(len(refs), dtype=object)
+    sources = np.empty(len(refs), dtype=object)
+    nbytes = np.zeros(len(refs), dtype=np.int64)
+    for sel, rows, sigs, docs in by_part(store, work, refs, cfg, matrix=matrix, checked=checked):
+        if matrix:
+            out[sel] = sigs[rows]
+        taken = docs.take(pa.array(rows))
+        ids[sel] = taken.column("id").to_pylist()
+        sources[sel] = taken.column("source").to_pylist()
+        nbytes[sel] = taken.column("nbytes").to_numpy()
+    info = pa.table(
+        {"ref": refs, "id": ids.tolist(), "source": sources.tolist(), "nbytes": nbytes}, schema=INFO_SCHEMA
+    )
+    return out, info
+
+
 def gather_signatures(
     store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig, *, checked: bool = False
 ) -> np.ndarray:
     """Signature rows of ``refs`` (index documents' from the persisted index)."""
-    out = np.zeros((len(refs), cfg.num_perm), dtype=cfg.hasher().dtype)
-    for sel, rows, sigs, _ in by_part(store, work, refs, cfg, checked=checked):
-        out[sel] = sigs[rows]
-    return out
+    return gather(store, work, refs, cfg, checked=checked)[0]
+
+
+def doc_info(
+    store: ObjectStore, work: str, refs: np.ndarray, cfg: NearDedupConfig, *, checked: bool = False
+) -> pa.Table:
+    """ref, id, source, nbytes of each ref, reading each part's docs table once (``checked``: see
+    :func:`load_signatures`)."""
+    return gather(store, work, refs, cfg, matrix=False, checked=checked)[1]
 
 
 def save_index(store: ObjectStore, work: str, num_parts: int, cfg: NearDedupConfig, index_uri: str) -> int:

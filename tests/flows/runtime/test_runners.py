@@ -83,17 +83,19 @@ def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_datas
     assert len(worker_pids(two) - {me}) == 2
     assert worker_pids(ext) - {me} <= external_workers and len(worker_pids(ext) - {me}) >= 1
     # The global steps that grow with the corpus ran on the workers too, the flow only adding up their summaries;
-    # the exact resolve as a task per range of the hashes (one per worker), its drop lists by runs of parts.
+    # the boilerplate merge and the exact resolve as a task per range of the hashes (one per worker), the exact
+    # drop lists by runs of parts.
     # (One worker is a thread of the flow's process: there they ran in that thread.)
     for summary, flow_pid_allowed in ((one, True), (two, False), (ext, False)):
         on_worker = {p["name"]: p for p in summary["profile"]["passes"] if "pids" in p}
-        assert {"boilerplate-merge", "near-plan", "near-clusters", "dedup-index-meta"} <= set(on_worker)
+        assert {"near-plan", "near-clusters", "dedup-index-meta"} <= set(on_worker)
         if flow_pid_allowed:
             assert all(set(p["pids"]) == {me} for p in on_worker.values()), on_worker
         else:
             assert all(p["pids"] and me not in p["pids"] for p in on_worker.values()), on_worker
     runs = [{p["name"]: p["task_runs"] for p in s["profile"]["passes"]} for s in (one, two)]
     assert [r["exact-resolve"] for r in runs] == [1, 2] and [r["exact-drop-lists"] for r in runs] == [1, 2]
+    assert [r["boilerplate-merge"] for r in runs] == [1, 2]
     # Shards are written, then copied under the dataset's prefix, by several tasks (runs of shards) on the
     # workers; the shard tables above show the same bytes (sha256) however many wrote them.
     passes = {p["name"]: p for p in two["profile"]["passes"]}

@@ -11,18 +11,23 @@ import numpy as np
 import pytest
 
 from pipeline.clean.boilerplate import (
+    MERGE_BUDGET_BYTES,
     boilerplate_threshold,
     count_lines_part,
+    counts_to_array,
     load_boilerplate,
     merge_boilerplate,
+    merge_boilerplate_range,
     run_boilerplate_count_part,
 )
 from pipeline.clean.config import BoilerplateConfig, CleanConfig, QualityConfig
 from pipeline.clean.normalize import line_hash
 from pipeline.clean.stage import run_clean_part
+from pipeline.hashranges import HEAD_BYTES, fences_of, join_ranges, put_table
 from pipeline.records import Record, read_part, write_part
 from pipeline.storage import FileStore
-from pipeline.units import StageStats
+from pipeline.units import StageStats, finish_unit, put_npy, read_unit_stats
+from tests.fixtures.counting_store import counting
 from tests.kernels import needs_lines, require
 
 WORD_TEXT = "river garden morning village teacher window market winter summer letter evening station"
@@ -115,71 +120,97 @@ def test_merge_refuses_missing_parts(store):
         merge_boilerplate(store, "bp-counts", 2, CFG, "bp.npy")
 
 
-def _random_counts(store, parts: int, seed: int = 3) -> dict[int, int]:
-    """Parts of random line hashes, some shared by many parts; returns the true document counts."""
-    from collections import Counter
-
-    from pipeline.clean.boilerplate import counts_to_array, fences_of
-    from pipeline.units import finish_unit, put_npy
-
+def _random_counts(
+    store, parts: int, seed: int = 3, older: tuple[int, ...] = (), own_lines: int = 2000
+) -> dict[int, int]:
+    """Parts of random line hashes, some shared by many parts; returns the true document counts. The parts in
+    ``older`` are written as a version before the hash tables did (a 2 x n array beside its fences)."""
     rng = np.random.default_rng(seed)
     shared = rng.integers(0, 2**64 - 1, size=300, dtype=np.uint64)
     total: Counter[int] = Counter()
     for index in range(parts):
-        own = rng.integers(0, 2**64 - 1, size=2000, dtype=np.uint64)
+        own = rng.integers(0, 2**64 - 1, size=own_lines, dtype=np.uint64)
         counts = {
             int(h): int(rng.integers(1, 4)) for h in np.concatenate([own, shared[rng.random(300) < 0.5]])
         }
         total.update(counts)
         array = counts_to_array(counts)
         name = f"bp-counts/part-{index:05d}"
-        put_npy(store, f"{name}.npy", array)
-        put_npy(store, f"{name}.fences.npy", fences_of(array[0]))
+        if index in older:
+            put_npy(store, f"{name}.npy", array)
+            put_npy(store, f"{name}.fences.npy", fences_of(array[0]))
+        else:
+            put_table(store, f"{name}.npy", np.ascontiguousarray(array.T))
         finish_unit(store, name, StageStats(stage="bp", docs_in=int(array[1].sum())))
     return dict(total)
 
 
-def test_a_merge_in_hash_ranges_keeps_exactly_the_lines_over_the_threshold(store):
-    """A small budget splits the merge into many hash ranges, each read from every part by ranged gets; the
-    set equals the one-shot answer computed here, whatever the budget, and a part without fences (counted by an
-    older version) is read whole."""
-    from pipeline.clean.boilerplate import _PartCounts, merge_ranges
+def _spread_merge(
+    store, parts: int, cfg: CleanConfig, ranges: int, budget: int = MERGE_BUDGET_BYTES
+) -> bytes:
+    """The merge as a build spreads it: a task per range of the hashes, then the ranges joined."""
+    folder = f"bp-ranges-{ranges}"
+    for index in range(parts):  # each range reads every part's counts: here, a copy per number of ranges
+        for ext in ("npy", "done", "stats.json"):
+            store.put_bytes(
+                f"{folder}/part-{index:05d}.{ext}", store.get_bytes(f"bp-counts/part-{index:05d}.{ext}")
+            )
+    docs = sum(read_unit_stats(store, f"bp-counts/part-{i:05d}").docs_in for i in range(parts))
+    found = [
+        merge_boilerplate_range(store, folder, parts, cfg, r, ranges, docs, budget) for r in range(ranges)
+    ]
+    assert join_ranges(store, folder, ranges, f"{folder}.npy") == sum(found)
+    return store.get_bytes(f"{folder}.npy")
 
+
+def test_a_merge_in_hash_ranges_keeps_exactly_the_lines_over_the_threshold(store):
+    """A small budget splits the merge into runs of fences, each read from every part by ranged gets; split over
+    1, 2, 3 or 7 tasks by range of the hashes, joined, it writes byte for byte what one process writes; the set
+    equals the one-shot answer computed here, whatever the budget."""
     true = _random_counts(store, parts=6)
     cfg = CleanConfig(boilerplate=BoilerplateConfig(min_docs=6))
     expected = sorted(h for h, docs in true.items() if docs >= 6)
     assert 50 < len(expected) < 300
-    parts = [_PartCounts(store, "bp-counts", i) for i in range(6)]
-    assert len(merge_ranges(parts, 32 * 1024)) > 4 and merge_ranges(parts, 1 << 40) == [(0, 256)]
     for budget, key in ((32 * 1024, "small.npy"), (1 << 40, "large.npy")):
         assert merge_boilerplate(store, "bp-counts", 6, cfg, key, budget_bytes=budget) == len(expected)
         assert np.load(io.BytesIO(store.get_bytes(key))).tolist() == expected
-    store.delete("bp-counts/part-00002.fences.npy")
-    store.put_bytes("bp-counts/part-00002.done", b"")  # an older version's marker, which records no outputs
-    assert merge_boilerplate(store, "bp-counts", 6, cfg, "old.npy", budget_bytes=32 * 1024) == len(expected)
-    assert np.load(io.BytesIO(store.get_bytes("old.npy"))).tolist() == expected
+    whole = store.get_bytes("large.npy")
+    assert store.get_bytes("small.npy") == whole
+    for ranges in (1, 2, 3, 7):
+        assert _spread_merge(store, 6, cfg, ranges, budget=16 * 1024) == whole, ranges
 
 
-def test_a_merge_on_s3_reads_each_part_once_whatever_the_ranges(store):
-    """On a remote store every range of every part would be a round trip of its own: the merge downloads each
-    part's arrays once and reads the ranges locally, so its S3 calls do not grow with the number of ranges (and
-    the answer is the same); a local store reads the ranges in place."""
-    from pipeline.storage.retry import STATS
-
-    true = _random_counts(store, parts=6)
+def test_counts_written_by_an_older_version_merge_to_the_same_bytes(tmp_path):
+    """Parts counted before the hash tables (a 2 x n array, read whole) and parts counted now, mixed: the merge,
+    in one process or by ranges, writes the bytes that all-new parts give."""
     cfg = CleanConfig(boilerplate=BoilerplateConfig(min_docs=6))
-    calls = {}
-    for budget, key in ((16 * 1024, "many.npy"), (1 << 40, "one.npy")):
-        before = STATS.snapshot()["attempts"]
-        merge_boilerplate(store, "bp-counts", 6, cfg, key, budget_bytes=budget)
-        calls[budget] = STATS.snapshot()["attempts"] - before
-        assert np.load(io.BytesIO(store.get_bytes(key))).tolist() == sorted(
-            h for h, d in true.items() if d >= 6
+    new, old = FileStore(tmp_path / "new"), FileStore(tmp_path / "old")
+    assert _random_counts(new, parts=5) == _random_counts(old, parts=5, older=(0, 2, 3))
+    merge_boilerplate(new, "bp-counts", 5, cfg, "bp.npy")
+    merge_boilerplate(old, "bp-counts", 5, cfg, "bp.npy")
+    assert new.get_bytes("bp.npy") == old.get_bytes("bp.npy")
+    assert _spread_merge(old, 5, cfg, 3) == new.get_bytes("bp.npy")
+
+
+def test_a_range_of_the_merge_reads_its_slice_of_each_part(store):
+    """Each of 7 ranges reads every part's head and its own rows, not the whole of the counts: far less than the
+    parts' files (counted on a folder and on S3), two calls a part; a part under 64 KiB comes in one call."""
+    _random_counts(store, parts=4, seed=8, own_lines=30_000)
+    cfg = CleanConfig(boilerplate=BoilerplateConfig(min_docs=3))
+    files = sum(store.stat(f"bp-counts/part-{i:05d}.npy").size for i in range(4))
+    for r in range(7):
+        counted = counting(store)
+        merge_boilerplate_range(counted, "bp-counts", 4, cfg, r, 7, docs_total=100)
+        assert len(counted.reads) == 4 * 2  # each part: its head, then its other rows of the range
+        assert sum(counted.reads) < min(files / 3, 4 * HEAD_BYTES + files / 7 + files / 50), (
+            counted.reads,
+            files,
         )
-    if isinstance(store, FileStore):
-        assert calls[16 * 1024] == calls[1 << 40] == 0
-    else:
-        assert calls[16 * 1024] == calls[1 << 40] <= 6 * 5 + 3  # stats, marker and two arrays per part
+    small = FileStore(store.root / "small") if isinstance(store, FileStore) else store.child("small")
+    _random_counts(small, parts=4, seed=8)  # 2,000 lines a part: 36 KB
+    counted = counting(small)
+    merge_boilerplate_range(counted, "bp-counts", 4, cfg, 3, 7, docs_total=100)
+    assert len(counted.reads) == 4
 
 
 def _line_cases() -> list[str]:

@@ -15,6 +15,7 @@ from pipeline.dedup.exact import (
     find_duplicates,
     finish_resolve,
     hash_range,
+    hash_rows,
     resolve_exact_duplicates,
     resolve_hash_range,
     resolved,
@@ -23,9 +24,10 @@ from pipeline.dedup.exact import (
     text_hashes,
     write_drop_lists,
 )
+from pipeline.hashranges import read_table
 from pipeline.records import Record, read_part, write_part
 from pipeline.storage import FileStore
-from pipeline.units import StageStats
+from pipeline.units import StageStats, npy_bytes
 
 # part -> texts; "A" appears in parts 0, 1, 2 (twice in 1), "B" in parts 0 (twice) and 2, "Ä" only once
 PARTS = [
@@ -72,8 +74,17 @@ def test_drop_lists_name_the_kept_copy(store):
     assert rows.tolist() == [[1, 0, 0], [2, 0, 0]]
     rows = np.load(io.BytesIO(store.get_bytes("exact/drops/part-00002.npy")), allow_pickle=False)
     assert rows.tolist() == [[0, 0, 1], [2, 0, 0]]
-    hashes = np.load(io.BytesIO(store.get_bytes("exact/hashes/part-00000.npy")), allow_pickle=False)
-    assert hashes.shape == (4, 2) and hashes.dtype == np.uint64
+    # A part's hashes: rows (high, low, position), sorted by hash, in a table read by ranges.
+    table = read_table(store, "exact/hashes/part-00000.npy", hash_rows)
+    assert table.shape == (4, 3) and table.dtype == np.uint64
+    assert table[:, 0].tolist() == sorted(table[:, 0].tolist()) and sorted(table[:, 2].tolist()) == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    hashes = text_hashes([Record("x", text, "src") for text in PARTS[0]])
+    assert (table[:, :2] == hashes[table[:, 2].astype(np.int64)]).all()
 
 
 def test_deterministic_across_part_orders(tmp_path):
@@ -194,3 +205,30 @@ def test_hash_ranges_cover_every_hash_once():
         bounds = [hash_range(r, ranges) for r in range(ranges)]
         assert bounds[0][0] == 0 and bounds[-1][1] == np.uint64(2**64 - 1)
         assert all(int(a[1]) + 1 == int(b[0]) for a, b in itertools.pairwise(bounds))
+
+
+def test_hashes_written_by_an_older_version_resolve_to_the_same_drop_lists(tmp_path):
+    """Parts hashed before the hash tables (their hashes alone, in part order: read whole) mixed with parts hashed
+    now: the resolve, in one process or over 1, 2, 3 or 7 ranges, writes the drop lists all-new parts give."""
+    rng = np.random.default_rng(7)
+    pool = [f"text {k}" for k in range(25)]
+    parts = [[str(rng.choice(pool)) for _ in range(int(rng.integers(5, 40)))] for _ in range(6)]
+    new, old = FileStore(tmp_path / "new"), FileStore(tmp_path / "old")
+    for store in (new, old):
+        write_inputs(store, parts)
+        for index in range(len(parts)):
+            run_exact_hash_part(store, "clean", "exact/hashes", index)
+    for index in (0, 3, 4):  # the layout of before, as its marker recorded no outputs
+        records = [Record("x", text, "src") for text in parts[index]]
+        old.put_bytes(f"exact/hashes/part-{index:05d}.npy", npy_bytes(text_hashes(records)))
+        old.put_bytes(f"exact/hashes/part-{index:05d}.done", b"")
+    whole = resolve_exact_duplicates(new, "exact/hashes", len(parts), "drops", True)
+    expected = [new.get_bytes(f"drops/part-{i:05d}.npy") for i in range(len(parts))]
+    assert (
+        resolve_exact_duplicates(old, "exact/hashes", len(parts), "drops", True).to_json() == whole.to_json()
+    )
+    assert [old.get_bytes(f"drops/part-{i:05d}.npy") for i in range(len(parts))] == expected
+    for ranges in (1, 2, 3, 7):
+        assert spread_resolve(old, len(parts), ranges, f"drops-{ranges}").to_json() == whole.to_json()
+        assert [old.get_bytes(f"drops-{ranges}/part-{i:05d}.npy") for i in range(len(parts))] == expected
+    assert whole.dropped["exact_duplicate"] > 10

@@ -188,7 +188,7 @@ def test_partitions_do_not_change_the_result(tmp_path: Path) -> None:
         }
         store.put_bytes("work/plan.json", json.dumps(plan).encode())
         run_near_dedup(store, "in", "work", "out", 3, cfg)
-        assert len(list(store.list("work/edges/"))) == 4 * partitions  # edges, forest, stats, marker
+        assert len(list(store.list("work/edges/"))) == 5 * partitions  # edges, forest, nodes, stats, marker
         results.append((our_clusters(store), out_ids(store, "out", 3)))
     assert results[0] == results[1]
 
@@ -407,3 +407,50 @@ def test_clusters_from_partition_forests_equal_the_single_process_clusters(
         and table.column("keep").to_pylist() == keep.tolist()
     )
     assert (~keep).sum() >= 3  # real clusters, not a vacuous equality
+
+
+class RecordingReads(FileStore):
+    """A folder store that records the key of every whole read."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.keys: list[str] = []
+
+    def get_bytes(self, key: str) -> bytes:
+        self.keys.append(key)
+        return super().get_bytes(key)
+
+
+@pytest.mark.parametrize(("corpus", "partitions"), [("planted", 2), ("mutated-3", 4), ("mutated-9", 1)])
+def test_the_clustering_reads_the_forests_documents_not_every_docs_table(
+    tmp_path: Path, corpus: str, partitions: int
+) -> None:
+    """The clustering takes the clustered documents' ids and sizes from the node tables the edges units wrote
+    (their size grows with the duplicated documents, not the corpus): no docs table is read, and the clusters,
+    keepers and drop lists are those of the clustering that reads every docs table (edges units of before)."""
+    parts = planted_corpus()[0] if corpus == "planted" else mutated_corpus(seed=int(corpus.split("-")[1]))
+    # no sampled pairs: the report reads their parts' signatures, a fixed number, whatever the corpus
+    cfg = NearDedupConfig(pair_samples=0) if corpus == "planted" else NearDedupConfig(ngram=3, pair_samples=0)
+    b, r = cfg.bands()
+    plan = {"bands": b, "rows": r, "num_parts": len(parts), "index_parts": 0, "docs": 0, "index_docs": 0}
+    plan |= {"num_partitions": partitions, "partition_bytes": 0, "memory_budget_mb": 16}
+    store = RecordingReads(tmp_path)
+    write_corpus(store, parts)
+    store.put_bytes("work/plan.json", json.dumps(plan).encode())
+    run_near_dedup(store, "in", "work", "out", len(parts), cfg)
+    files = ["clusters.parquet", *(f"drop/part-{i:05d}.npz" for i in range(len(parts)))]
+    outputs = [[store.get_bytes(f"work/clusters/{f}") for f in files]]
+    for older in (False, True):
+        for info in store.list("work/clusters/"):
+            store.delete(info.key)
+        if older:
+            for p in range(partitions):
+                store.delete(f"work/edges/p-{p:05d}.nodes.parquet")
+        store.keys.clear()
+        run_clusters(store, "in", "work", len(parts), cfg)
+        docs_read = [k for k in store.keys if k.endswith(".docs.parquet")]
+        assert (len(docs_read) > 0) == older, docs_read
+        outputs.append([store.get_bytes(f"work/clusters/{f}") for f in files])
+    assert outputs[0] == outputs[1] == outputs[2]
+    table = pq.read_table(io.BytesIO(outputs[0][0]))
+    assert (~np.array(table.column("keep").to_pylist())).sum() >= 3
