@@ -30,6 +30,8 @@ ONE_THREAD = {"PILEWORKS_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREA
 # stage modules (the task bodies in flows/build/steps.py load the rest on their first call, in each worker).
 PRELOAD = [
     "flows.runtime.pool_env",
+    # the command's script (the ``pileworks`` entry point), imported once here rather than again in every worker
+    "__main__",
     "pipeline.ingest.stage",
     "pipeline.clean.stage",
     "pipeline.dedup.signatures",

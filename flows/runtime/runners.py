@@ -122,7 +122,9 @@ def training_threads() -> int:
     if _USER_RAYON is not None and _USER_RAYON.strip().isdigit():
         return max(1, int(_USER_RAYON))
     runner = _flow_task_runner()
-    if runner is None or isinstance(runner, (LocalWorkers, SizedThreadPoolTaskRunner)):
+    if runner is None:
+        return default_workers()
+    if isinstance(runner, (LocalWorkers, SizedThreadPoolTaskRunner)):
         return max(1, min(worker_count(), default_workers()))
     return 0
 
