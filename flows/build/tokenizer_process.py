@@ -5,18 +5,18 @@ in a worker process it would run on one thread (the workers' ``RAYON_NUM_THREADS
 starts) and leave the worker holding the freed heap. A child process of its own gets the threads the build
 gives it, returns its memory by exiting, and can be started from anywhere, a Dask or Ray worker included
 (``subprocess``, not ``multiprocessing``: those workers' processes are daemonic and may not have children of
-their kind). Arguments go in and the result comes out as JSON; the child reports its own CPU seconds and S3
-calls, which the caller adds to the ``train-tokenizer`` step's profile (stage work, wherever it ran).
+their kind). Arguments go in and the result comes out as JSON; the child reports the CPU seconds and S3 calls of
+its training (not of its start-up), which the caller adds to the ``train-tokenizer`` step's profile.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 from flows.build.context import build_context
@@ -74,15 +74,15 @@ def main() -> None:
     args = json.loads(sys.stdin.read())
     c = build_context(args["ctx"])
     cfg = c.cfg
+    cpu0 = time.process_time()  # the training's CPU, every thread's; the child's start-up is not stage work
     sha = tokenize.run_train_tokenizer(
         c.store(), args["in_folder"], args["num_parts"], args["key"], cfg.tokenize, cfg.s3, args["sizes"]
     )
-    usage = resource.getrusage(resource.RUSAGE_SELF)
     print(
         json.dumps(
             {
                 "sha256": sha,
-                "cpu_s": round(usage.ru_utime + usage.ru_stime, 4),
+                "cpu_s": round(time.process_time() - cpu0, 4),
                 "storage": STATS.snapshot(),
                 "pid": os.getpid(),
             }

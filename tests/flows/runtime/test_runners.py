@@ -34,11 +34,9 @@ def worker_pids(summary: dict[str, Any]) -> set[int]:
 
 def test_runner_choice_and_sizes() -> None:
     from prefect.task_runners import ThreadPoolTaskRunner
-
-    from flows.runtime.runners import default_workers, make_task_runner
-
     from prefect_dask import DaskTaskRunner
 
+    from flows.runtime.runners import default_workers, make_task_runner
     from flows.runtime.workers import LocalWorkers
 
     local = make_task_runner("local", 3)
@@ -93,9 +91,13 @@ def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_datas
     # (One worker is a thread of the flow's process: there they ran in that thread.)
     for summary, flow_pid_allowed in ((one, True), (two, False), (ext, False)):
         on_worker = {p["name"]: p for p in summary["profile"]["passes"] if "pids" in p}
-        assert {"boilerplate-merge", "near-plan", "near-clusters", "train-tokenizer", "dedup-index-meta"} <= set(
-            on_worker
-        )
+        assert {
+            "boilerplate-merge",
+            "near-plan",
+            "near-clusters",
+            "train-tokenizer",
+            "dedup-index-meta",
+        } <= set(on_worker)
         if flow_pid_allowed:
             assert all(set(p["pids"]) == {me} for p in on_worker.values()), on_worker
         else:
