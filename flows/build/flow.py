@@ -22,6 +22,7 @@ from flows.build.decontam import run_decontam
 from flows.build.inputs import build_key, pin_model
 from flows.build.passes import Passes
 from flows.build.plan import MIN_TASK_BYTES, chunks, min_parts_per_task, parts_per_task
+from flows.build.steps import dedup_index_prefix
 from flows.build.tasks import (
     bands_task,
     boilerplate_range_task,
@@ -30,7 +31,6 @@ from flows.build.tasks import (
     clean_chunk_task,
     clusters_task,
     commit_task,
-    dedup_index_prefix,
     edges_task,
     exact_drops_task,
     exact_range_task,
@@ -54,7 +54,7 @@ from flows.runtime.runners import (
     fit_workers,
     make_task_runner,
     start_workers_soon,
-    use_cores,
+    training_threads,
     worker_count,
     workers_in_process,
     workers_started,
@@ -219,7 +219,8 @@ def tokenize_parts(run: Passes, folder: str, step: str, stats: dict[str, StageSt
     stage_progress.stage("tokenizer (trained once per dataset name)")
     units = run.units.get(step, [])  # the parts' sizes, so training reads only its sample's parts
     sizes = [u["stats"]["bytes_out"] for u in units] if len(units) == run.n else None
-    tokenizer = run.once("train-tokenizer", tokenizer_task, run.ctx, folder, run.n, [], sizes)
+    threads = training_threads()  # training, a process of its own, gets the build's cores
+    tokenizer = run.on_worker("train-tokenizer", tokenizer_task, run.ctx, folder, run.n, [], sizes, threads)
     tok_key, sample = tokenizer["key"], tokenizer["sample"]
     stats["train_tokenizer"] = StageStats(
         stage="train_tokenizer",
@@ -326,7 +327,6 @@ def build_corpus(
     least = min_parts_per_task(part_bytes, min_task_bytes())
     workers = fit_workers(len(chunks(list(range(n)), parts_per_task(n, worker_count(), min_parts=least))))
     start_workers_soon()
-    use_cores(workers)  # tokenizer training, in this process between passes, uses the workers' cores
     size, light = (parts_per_task(n, workers, per_worker=k, min_parts=least) for k in (4, 1))
     run = Passes(ctx, n, size, light, build_profile)
     get_run_logger().info(

@@ -75,7 +75,8 @@ class Passes:
     def on_worker(self, name: str, target: Any, *args: Any) -> Any:
         """A global step (``target``: a task of ``flows/build/tasks.py``) as one task on a worker, not in the flow's
         process: what grows with the corpus (every part's counts, hashes, edges, drop lists) is read and written
-        there, and the flow only gets the step's small summary back. Its profile records come back with it."""
+        there, and the flow only gets the step's small summary back. Its profile records come back with it,
+        from a remote worker too (where :func:`flows.runtime.workers.hand_over` runs the body in-line)."""
         with self.profile.run_pass(name) as entry:
             out = global_step_task.with_options(task_run_name=target.task_run_name or target.name).submit(
                 f"{target.fn.__module__}:{target.fn.__name__}", list(args)
@@ -110,8 +111,9 @@ class Passes:
 
 @task(name="global-step", cache_policy=NO_CACHE)
 def global_step_task(target: str, args: list[Any]) -> dict[str, Any]:
-    """Run the global step ``module:task`` (by name, so only a string crosses to the worker) in this worker;
-    return its result and the profile records it left in this process (one global step runs at a time)."""
+    """Run the global step ``module:task`` (by name, so only a string crosses to the worker) where its task's body
+    goes (a local worker process, or here on a remote worker); return its result and the profile records it left
+    in this process, a local worker's brought back here (one global step runs at a time)."""
     module, name = target.split(":")
     step = getattr(importlib.import_module(module), name)
     start = len(profile.LOCAL_RECORDS)  # in a thread of the flow's process, earlier records are the flow's

@@ -1,70 +1,29 @@
-"""The tasks of ``build_corpus``: small serialisable arguments in (a :class:`BuildContext` dict and a part
-index), JSON stats and unit keys out; the data stays in the store under ``work/<build_key>/``.
+"""The tasks of ``build_corpus`` as Prefect sees them: each a ``@task`` (its name, run name and retries, which the
+UI and the build's profile show) whose body, a plain function of ``flows/build/steps.py``, runs where
+:func:`flows.runtime.workers.hand_over` sends it: a local worker process, or in-line in the task on a Dask or
+Ray worker. Small serialisable arguments in (a :class:`BuildContext` dict and a part index), JSON stats and unit
+keys out; the data stays in the store under ``work/<build_key>/``.
 
-Per-part tasks go through :func:`flows.build.context.run_unit`, which restores a unit from an earlier build when its key matches
-(``pipeline/unitcache.py``) and names the stage and part when it fails. I/O tasks retry with backoff; CPU tasks
-do not (a deterministic failure would only fail again).
+I/O tasks retry with backoff; CPU tasks do not (a deterministic failure would only fail again).
 """
 
 from __future__ import annotations
 
-import json
-from collections import Counter
-from collections.abc import Callable
-from functools import partial
 from typing import Any
 
-import numpy as np
-from prefect import get_run_logger, task
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.build.context import IO_RETRIES, BuildContext, build_context, run_unit, stage_errors
-from flows.build.inputs import list_and_plan
-from flows.runtime import profile
-from flows.runtime.runners import release_free_memory
+from flows.build import steps
+from flows.build.context import IO_RETRIES
+from flows.runtime.workers import hand_over
 from flows.ui import run_names
-from pipeline import publish, tokenize, unitcache
-from pipeline.dedup import candidates, clusters, exact, near, signatures
-from pipeline.ingest import config as ingest_config
-from pipeline.ingest import stage as ingest
-from pipeline.manifest import (
-    DatasetConflictError,
-    Manifest,
-    copy_verified,
-)
-from pipeline.sources import mixture_from_runs
-from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, merged_stats, part_name
-
-
-def _unit_key(c: BuildContext, stage: str, upstream: str, *inputs: Any) -> str:
-    return unitcache.unit_key(stage, upstream, unitcache.unit_config(stage, c.config), *inputs)
 
 
 @task(name="plan-inputs", task_run_name="plan inputs", cache_policy=NO_CACHE, **IO_RETRIES)
 def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
     """List the raw objects with their fingerprints and pack them into parts of similar byte size."""
-    with stage_errors("plan-inputs"), profile.measure("plan-inputs"):
-        return list_and_plan(config)
-
-
-# ---------------------------------------------------------------- chunk tasks: a pass over a run of parts
-#
-# One task per run of parts and pass, each step of a part still its own cached unit (``_unit``). A chunk
-# task returns one dict per part: step name -> the unit's stats, key, reuse flag and profile.
-
-
-class _Written:
-    """The ingest normaliser that also keeps each text it returns: the part's texts, for its line count."""
-
-    def __init__(self, normalize: Callable[[str, Counter[str]], str]) -> None:
-        self.normalize = normalize
-        self.texts: list[str] = []
-
-    def __call__(self, text: str, counts: Counter[str]) -> str:
-        text = self.normalize(text, counts)
-        self.texts.append(text)
-        return text
+    return hand_over(steps.plan_inputs, config)
 
 
 @task(
@@ -78,51 +37,7 @@ def ingest_chunk_task(
 ) -> list[dict[str, Any]]:
     """Ingest each part (its text normalised as the clean config says, once for the count and clean), then count
     its lines for the corpus-wide boilerplate set."""
-    from pipeline.clean import boilerplate  # the clean rules (ftfy, kernels: 0.3 CPU-s) load where they run
-    from pipeline.clean.normalize import normalizer
-
-    c = build_context(ctx)
-    store, cfg, out = c.store(), c.cfg, []
-    ing, bp = c.folder("ingest"), c.folder("boilerplate")
-    for plan, key in zip(plans, keys, strict=True):
-        part, written = ingest_config.PartPlan.from_json(plan), _Written(normalizer(cfg.clean))
-        units = {
-            "ingest": run_unit(
-                store,
-                "ingest",
-                key,
-                ing,
-                part.index,
-                partial(
-                    ingest.run_ingest_part,
-                    out_folder=ing,
-                    plan=part,
-                    cfg=cfg.ingest,
-                    s3=cfg.s3,
-                    sources=cfg.resolved_sources(),
-                    normalize=written,
-                ),
-            )
-        }
-        # the texts ingest just wrote, unless the part was already done (restored or resumed: nothing passed by)
-        texts = written.texts if len(written.texts) == units["ingest"]["stats"]["docs_out"] else None
-        units["boilerplate"] = run_unit(
-            store,
-            "boilerplate",
-            _unit_key(c, "boilerplate", key),
-            bp,
-            part.index,
-            partial(
-                boilerplate.run_boilerplate_count_part,
-                in_folder=ing,
-                out_folder=bp,
-                index=part.index,
-                cfg=cfg.clean,
-                texts=texts,
-            ),
-        )
-        out.append(units)
-    return out
+    return hand_over(steps.ingest_chunk, ctx, plans, keys)
 
 
 @task(name="clean", task_run_name=run_names.parts("clean + exact hash"), cache_policy=NO_CACHE)
@@ -132,72 +47,13 @@ def clean_chunk_task(
     """Clean each part (boilerplate lines out, quality filters), then hash its documents for exact dedup. With a
     classifier's ``keep_fraction``, clean writes the scored parts and :func:`classifier_filter_chunk_task` the
     filtered parts, then the hashes."""
-    from pipeline.clean import stage as clean
-    from pipeline.clean.c4 import load_bad_words
-    from pipeline.clean.url import load_url_rules
-
-    c = build_context(ctx)
-    store, cfg, out = c.store(), c.cfg, []
-    ranked = cfg.clean.classifier is not None and cfg.clean.classifier.keep_fraction is not None
-    clean_folder = c.folder("scored" if ranked else "clean")
-    bp = boilerplate_key if cfg.clean.boilerplate.enabled else None
-    bp_hash = unitcache.content_hash(store, boilerplate_key)
-    bad_words = load_bad_words(cfg.clean.c4.bad_words_file, cfg.s3) if cfg.clean.c4.enabled else None
-    url_rules = load_url_rules(cfg.clean.url, cfg.s3)  # its content is in the key: a new list redoes clean
-    digests = [rules.digest for rules in (bad_words, url_rules) if rules is not None]
-    for index, up in zip(indices, upstream, strict=True):
-        key = _unit_key(c, "clean", up, bp_hash, *digests)
-        units = {
-            "clean": run_unit(
-                store,
-                "clean",
-                key,
-                clean_folder,
-                index,
-                partial(
-                    clean.run_clean_part,
-                    in_folder=c.folder("ingest"),
-                    out_folder=clean_folder,
-                    index=index,
-                    cfg=cfg.clean,
-                    boilerplate_key=bp,
-                    sources=cfg.resolved_sources(),
-                ),
-            )
-        }
-        if cfg.dedup.exact.enabled and not ranked:
-            units["exact-hash"] = _exact_hash_unit(c, store, key, index)
-        out.append(units)
-    return out
-
-
-def _exact_hash_unit(c: BuildContext, store: ObjectStore, upstream: str, index: int) -> dict[str, Any]:
-    return run_unit(
-        store,
-        "exact-hash",
-        _unit_key(c, "exact-hash", upstream),
-        c.folder("exact/hash"),
-        index,
-        partial(
-            exact.run_exact_hash_part,
-            in_folder=c.folder("clean"),
-            hash_folder=c.folder("exact/hash"),
-            index=index,
-        ),
-    )
+    return hand_over(steps.clean_chunk, ctx, indices, upstream, boilerplate_key)
 
 
 @task(name="classifier-cuts", task_run_name="classifier: cut per source", cache_policy=NO_CACHE)
 def classifier_cuts_task(ctx: dict[str, Any], num_parts: int) -> str:
     """The global step of ``keep_fraction``: each source's cut over the scores of every scored part."""
-    from pipeline.clean.scores import write_cuts
-
-    c = build_context(ctx)
-    keep = c.cfg.clean.classifier.keep_fraction if c.cfg.clean.classifier else None
-    if keep is None:
-        raise ValueError("classifier-cuts runs only for clean.classifier.keep_fraction")
-    with stage_errors("classifier-cuts"), profile.measure("classifier-cuts"):
-        return write_cuts(c.store(), c.folder("scored"), num_parts, keep, c.folder("classifier/cuts.json"))
+    return hand_over(steps.classifier_cuts, ctx, num_parts)
 
 
 @task(
@@ -210,25 +66,7 @@ def classifier_filter_chunk_task(
 ) -> list[dict[str, Any]]:
     """Keep each scored part's documents above their source's cut (``classifier_low`` for the others), then hash
     them for exact dedup."""
-    from pipeline.clean.scores import run_classifier_filter_part
-
-    c = build_context(ctx)
-    store, cfg, out = c.store(), c.cfg, []
-    cuts_hash = unitcache.content_hash(store, cuts_key)
-    for index, up in zip(indices, upstream, strict=True):
-        key = _unit_key(c, "classifier-filter", up, cuts_hash)
-        run = partial(
-            run_classifier_filter_part,
-            in_folder=c.folder("scored"),
-            out_folder=c.folder("clean"),
-            index=index,
-            cuts_key=cuts_key,
-        )
-        units = {"classifier": run_unit(store, "classifier", key, c.folder("clean"), index, run)}
-        if cfg.dedup.exact.enabled:
-            units["exact-hash"] = _exact_hash_unit(c, store, key, index)
-        out.append(units)
-    return out
+    return hand_over(steps.classifier_filter_chunk, ctx, indices, upstream, cuts_key)
 
 
 @task(
@@ -240,96 +78,14 @@ def signatures_chunk_task(
     ctx: dict[str, Any], indices: list[int], upstream: list[str], _wait: Any
 ) -> list[dict[str, Any]]:
     """Drop each part's exact duplicates (when enabled), then MinHash its documents (when near dedup is on)."""
-    c = build_context(ctx)
-    store, cfg, out = c.store(), c.cfg, []
-    for index, up in zip(indices, upstream, strict=True):
-        units, folder = {}, c.folder("clean")
-        if cfg.dedup.exact.enabled:
-            drop = unitcache.content_hash(store, f"{c.folder('exact/drop')}/{part_name(index)}.npy")
-            units["exact dedup"] = run_unit(
-                store,
-                "exact dedup",
-                _unit_key(c, "exact-filter", up, drop),
-                c.folder("exact/out"),
-                index,
-                partial(
-                    exact.run_exact_filter_part,
-                    in_folder=folder,
-                    out_folder=c.folder("exact/out"),
-                    index=index,
-                    drop_folder=c.folder("exact/drop"),
-                ),
-            )
-            up, folder = units["exact dedup"]["key"], c.folder("exact/out")
-        if cfg.dedup.near.enabled:
-            units["signatures"] = run_unit(
-                store,
-                "signatures",
-                _unit_key(c, "signatures", up),
-                c.folder("near/signatures"),
-                index,
-                partial(
-                    signatures.run_signatures_part,
-                    in_folder=folder,
-                    out_folder=c.folder("near/signatures"),
-                    index=index,
-                    cfg=cfg.dedup.near,
-                ),
-            )
-        out.append(units)
-    return out
-
-
-def one_step_chunk(
-    c: BuildContext,
-    store: ObjectStore,
-    step: str,
-    key_stage: str,
-    indices: list[int],
-    upstream: list[str],
-    out_folder: str,
-    run_part: Callable[..., StageStats],
-    extra: Callable[[ObjectStore, int], str],
-) -> list[dict[str, Any]]:
-    """A chunk task of one step per part: each part's unit keyed by its upstream key and ``extra(store, index)`` (the
-    content hash of what the step reads besides its part), run as ``run_part(store, index=...)``."""
-    return [
-        {
-            step: run_unit(
-                store,
-                step,
-                _unit_key(c, key_stage, up, extra(store, index)),
-                out_folder,
-                index,
-                partial(run_part, index=index),
-            )
-        }
-        for index, up in zip(indices, upstream, strict=True)
-    ]
+    return hand_over(steps.signatures_chunk, ctx, indices, upstream, _wait)
 
 
 @task(name="near-filter", task_run_name=run_names.parts("near-dedup: filter"), cache_policy=NO_CACHE)
 def near_filter_chunk_task(
     ctx: dict[str, Any], indices: list[int], in_folder: str, upstream: list[str], _wait: Any
 ) -> list[dict[str, Any]]:
-    c = build_context(ctx)
-    drops = c.folder("near/clusters/drop")
-    return one_step_chunk(
-        c,
-        c.store(),
-        "near dedup",
-        "near-filter",
-        indices,
-        upstream,
-        c.folder("dedup"),
-        partial(
-            near.run_near_filter_part,
-            in_folder=in_folder,
-            out_folder=c.folder("dedup"),
-            clusters_folder=c.folder("near/clusters"),
-        ),
-        lambda store, index: unitcache.content_hash(store, f"{drops}/{part_name(index)}.npz"),
-    )
+    return hand_over(steps.near_filter_chunk, ctx, indices, in_folder, upstream, _wait)
 
 
 @task(name="tokenize", task_run_name=run_names.parts("tokenize"), cache_policy=NO_CACHE)
@@ -338,42 +94,7 @@ def tokenize_chunk_task(
 ) -> list[dict[str, Any]]:
     """Tokenize each part, then count its tokens per source and split for the shard plan (so the serial shard
     step only adds up the counts instead of reading every token part twice)."""
-    c = build_context(ctx)
-    store = c.store()
-    tok_hash = unitcache.content_hash(store, tokenizer_key)
-    out = one_step_chunk(
-        c,
-        store,
-        "tokenize",
-        "tokenize",
-        indices,
-        upstream,
-        c.folder("tokens"),
-        partial(
-            tokenize.run_tokenize_part,
-            in_folder=in_folder,
-            out_folder=c.folder("tokens"),
-            tokenizer_key=tokenizer_key,
-            cfg=c.cfg.tokenize,
-        ),
-        lambda store, index: tok_hash,
-    )
-    for index, units in zip(indices, out, strict=True):
-        units["split counts"] = run_unit(
-            store,
-            "split counts",
-            _unit_key(c, "split-count", units["tokenize"]["key"]),
-            c.folder("split-counts"),
-            index,
-            partial(
-                publish.run_split_count_part,
-                token_folder=c.folder("tokens"),
-                out_folder=c.folder("split-counts"),
-                index=index,
-                shard_cfg=c.cfg.shard,
-            ),
-        )
-    return out
+    return hand_over(steps.tokenize_chunk, ctx, indices, in_folder, upstream, tokenizer_key)
 
 
 @task(
@@ -387,15 +108,7 @@ def boilerplate_range_task(
 ) -> dict[str, Any]:
     """The boilerplate lines of one range of the line hashes, read from every part's counts (``docs_total``: the
     corpus's documents, from the count units' results; None: read from their stats)."""
-    from pipeline.clean import boilerplate
-
-    records: list[dict[str, Any]] = []
-    with stage_errors("boilerplate-merge"), profile.measure("boilerplate-merge", records):
-        c = build_context(ctx)
-        lines = boilerplate.merge_boilerplate_range(
-            c.store(), c.folder("boilerplate"), c.parts, c.cfg.clean, rng, ranges, docs_total
-        )
-    return {"lines": lines, "profile": records}
+    return hand_over(steps.boilerplate_range, ctx, rng, ranges, docs_total)
 
 
 @task(name="exact-resolve", task_run_name="exact-dedup: resolve", cache_policy=NO_CACHE)
@@ -403,23 +116,13 @@ def exact_resolve_task(
     ctx: dict[str, Any], num_parts: int, _wait: list[Any], checked: bool = False
 ) -> dict[str, Any]:
     """Exact duplicates across the corpus (``checked``: every part's hash unit came back to the flow)."""
-    with stage_errors("exact-resolve"), profile.measure("exact-resolve"):
-        c = build_context(ctx)
-        return exact.resolve_exact_duplicates(
-            c.store(), c.folder("exact/hash"), num_parts, c.folder("exact/drop"), checked
-        ).to_json()
+    return hand_over(steps.exact_resolve, ctx, num_parts, _wait, checked)
 
 
 @task(name="exact-range", task_run_name="exact-dedup: hash range {rng}", cache_policy=NO_CACHE, **IO_RETRIES)
 def exact_range_task(ctx: dict[str, Any], rng: int, ranges: int, checked: bool) -> dict[str, Any]:
     """The exact duplicates of one range of the hashes, read from every part's hashes (``checked``: as above)."""
-    records: list[dict[str, Any]] = []
-    with stage_errors("exact-resolve"), profile.measure("exact-resolve", records):
-        c = build_context(ctx)
-        counts = exact.resolve_hash_range(
-            c.store(), c.folder("exact/hash"), c.parts, c.folder("exact/drop"), rng, ranges, checked
-        )
-    return {"counts": counts, "profile": records}
+    return hand_over(steps.exact_range, ctx, rng, ranges, checked)
 
 
 @task(
@@ -430,36 +133,20 @@ def exact_range_task(ctx: dict[str, Any], rng: int, ranges: int, checked: bool) 
 )
 def exact_drops_task(ctx: dict[str, Any], indices: list[int], ranges: int) -> dict[str, Any]:
     """The drop lists of a run of parts, from every hash range's rows."""
-    records: list[dict[str, Any]] = []
-    with stage_errors("exact-resolve"), profile.measure("exact-drop-lists", records):
-        c = build_context(ctx)
-        exact.write_drop_lists(c.store(), c.folder("exact/drop"), indices, ranges)
-    return {"profile": records}
+    return hand_over(steps.exact_drops, ctx, indices, ranges)
 
 
 @task(name="near-plan", task_run_name="near-dedup: plan", cache_policy=NO_CACHE)
 def near_plan_task(ctx: dict[str, Any], num_parts: int, sig_stats: list[dict[str, Any]]) -> dict[str, Any]:
     """The near-dedup plan (``sig_stats``: every part's signature stats, from the signature units' results)."""
-    with stage_errors("near-plan"), profile.measure("near-plan"):
-        c = build_context(ctx)
-        known = [StageStats.from_json(s) for s in sig_stats]
-        return candidates.plan_near_dedup(c.store(), c.folder("near"), num_parts, c.cfg.dedup.near, known)
+    return hand_over(steps.near_plan, ctx, num_parts, sig_stats)
 
 
 @task(name="lsh-bands", task_run_name=run_names.parts("near-dedup: bands"), cache_policy=NO_CACHE)
 def bands_task(
     ctx: dict[str, Any], indices: list[int], plan: dict[str, Any], from_index: bool = False
 ) -> list[dict[str, Any]]:
-    c = build_context(ctx)
-    store, cfg, out = c.store(), c.cfg, []
-    for index in indices:
-        records: list[dict[str, Any]] = []
-        with stage_errors("lsh-bands", index), profile.measure("lsh-bands", records):
-            stats = candidates.run_bands_part(
-                store, c.folder("near"), index, cfg.dedup.near, plan, from_index=from_index
-            )
-        out.append({"lsh-bands": {"stats": stats.to_json(), "profile": records}})
-    return out
+    return hand_over(steps.lsh_bands, ctx, indices, plan, from_index)
 
 
 @task(
@@ -468,14 +155,7 @@ def bands_task(
 def edges_task(
     ctx: dict[str, Any], partitions: list[int], plan: dict[str, Any], _wait: list[Any]
 ) -> list[dict[str, Any]]:
-    c = build_context(ctx)
-    store, cfg, out = c.store(), c.cfg, []
-    for partition in partitions:
-        records: list[dict[str, Any]] = []
-        with stage_errors("lsh-edges", partition), profile.measure("lsh-edges", records):
-            stats = candidates.run_edges_part(store, c.folder("near"), partition, cfg.dedup.near, plan)
-        out.append({"lsh-edges": {"stats": stats.to_json(), "profile": records}})
-    return out
+    return hand_over(steps.lsh_edges, ctx, partitions, plan, _wait)
 
 
 @task(name="near-clusters", task_run_name="near-dedup: clusters", cache_policy=NO_CACHE)
@@ -487,65 +167,23 @@ def clusters_task(
     sig_stats: list[dict[str, Any]],
 ) -> dict[str, Any]:
     """Cluster the verified edges (``sig_stats``: every part's signature stats, from the units' results)."""
-    with stage_errors("near-clusters"), profile.measure("near-clusters"):
-        c = build_context(ctx)
-        es = StageStats.from_json(exact_stats) if exact_stats else None
-        known = [StageStats.from_json(s) for s in sig_stats]
-        return clusters.run_clusters(
-            c.store(),
-            in_folder,
-            c.folder("near"),
-            num_parts,
-            c.cfg.dedup.near,
-            exact_stats=es,
-            known_sig_stats=known,
-        ).to_json()
-
-
-# ---------------------------------------------------------------- tasks: tokenize and publish
+    return hand_over(steps.near_clusters, ctx, in_folder, num_parts, exact_stats, sig_stats)
 
 
 @task(name="train-tokenizer", task_run_name="train tokenizer", cache_policy=NO_CACHE)
 def tokenizer_task(
-    ctx: dict[str, Any], in_folder: str, num_parts: int, _wait: list[Any], sizes: list[int] | None = None
+    ctx: dict[str, Any],
+    in_folder: str,
+    num_parts: int,
+    _wait: list[Any],
+    sizes: list[int] | None = None,
+    threads: int = 0,
 ) -> dict[str, Any]:
     """Train (or load) the tokenizer; returns its key and the sample it was trained on. A trained tokenizer is
     pinned per dataset name and tokenizer config, so a scheduled rebuild keeps its token ids and re-tokenizes
-    only the parts that changed. ``sizes``: every input part's bytes, from the units' results."""
-    with stage_errors("train-tokenizer"), profile.measure("train-tokenizer"):
-        c = build_context(ctx)
-        store, cfg = c.store(), c.cfg
-        key = c.folder("tokenizer.json")
-        pin = f"cache/tokenizers/{unitcache.unit_key('tokenizer', cfg.name, c.config['tokenize'])}.json"
-        if (
-            cfg.tokenize.tokenizer is None
-            and cfg.pin_tokenizer
-            and store.exists(pin)
-            and not store.exists(key)
-        ):
-            _copy_tokenizer(store, pin, key)
-            get_run_logger().info(
-                "reusing the pinned tokenizer of dataset %s (%s)", cfg.name, store.uri_of(pin)
-            )
-        sha = tokenize.run_train_tokenizer(store, in_folder, num_parts, key, cfg.tokenize, cfg.s3, sizes)
-        release_free_memory()  # the trainer's freed memory back to the system before the shard step
-        if cfg.tokenize.tokenizer is None and not store.exists(pin):
-            _copy_tokenizer(store, key, pin)
-        record = tokenize.sample_record_key(key)
-        sample = json.loads(store.get_bytes(record)) if store.exists(record) else {"source": "pinned"}
-        get_run_logger().info(
-            "tokenizer %s (sha256 %s), trained on %s",
-            key,
-            sha[:12],
-            {k: v for k, v in sample.items() if k != "sample_parts"},
-        )
-        return {"key": key, "sample": sample}
-
-
-def _copy_tokenizer(store: ObjectStore, src: str, dst: str) -> None:
-    if store.exists(tokenize.sample_record_key(src)):
-        store.copy(tokenize.sample_record_key(src), tokenize.sample_record_key(dst))
-    store.copy(src, dst)
+    only the parts that changed. ``sizes``: every input part's bytes, from the units' results. Trained in a
+    process of its own with ``threads`` threads (0: the cores where it runs)."""
+    return hand_over(steps.train_tokenizer, ctx, in_folder, num_parts, _wait, sizes, threads)
 
 
 @task(name="shard-plan", task_run_name="shards: plan", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -555,26 +193,7 @@ def shard_plan_task(
     """Plan the shards from the per-part token counts (``counted``: the split-count units' stats the tokenize
     pass returned; else they are read from the store): the windows each write task gets, and the work folder
     they write to (named by the plan, so a changed plan never reuses another's shards)."""
-    with stage_errors("shard-plan"), profile.measure("shard-plan"):
-        c = build_context(ctx)
-        store, cfg = c.store(), c.cfg
-        tok = publish.TokenizerFiles.load(
-            store.get_bytes(tokenizer_key), cfg.tokenize.eos_token, cfg.tokenize.pad_token
-        )
-        rule = [cfg.shard.valid_fraction, cfg.shard.seed]
-        if len(counted) == num_parts and all(u["extra"].get("split") == rule for u in counted):
-            counts = [u["extra"]["source_tokens"] for u in counted]
-        else:
-            counts = publish.part_counts(
-                store, c.folder("tokens"), num_parts, cfg.shard, c.folder("split-counts")
-            )
-        plan = publish.plan_windows(counts, cfg.shard.target_tokens(tok.dtype), tasks)
-        folder = publish.shards_folder(c.work, tok.info().sha256, tok.dtype, cfg.shard, counts)
-        return {
-            "folder": folder,
-            "dtype": tok.dtype.name,
-            "tasks": [[w.to_json() for w in ws] for ws in plan],
-        }
+    return hand_over(steps.shard_plan, ctx, num_parts, tokenizer_key, tasks, counted)
 
 
 @task(
@@ -584,18 +203,7 @@ def write_shards_task(
     ctx: dict[str, Any], windows: list[dict[str, Any]], folder: str, dtype: str
 ) -> dict[str, Any]:
     """Write a run of each split's shards into the work folder (a unit: a rerun reuses it)."""
-    records: list[dict[str, Any]] = []
-    with stage_errors("write-shards"), profile.measure("write-shards", records):
-        c = build_context(ctx)
-        stats = publish.run_window_unit(
-            c.store(),
-            c.folder("tokens"),
-            folder,
-            [publish.Window.from_json(w) for w in windows],
-            np.dtype(dtype),
-            c.cfg.shard,
-        )
-    return {"stats": stats.to_json(), "profile": records}
+    return hand_over(steps.write_shards, ctx, windows, folder, dtype)
 
 
 @task(
@@ -609,12 +217,7 @@ def publish_shards_task(
 ) -> dict[str, Any]:
     """Copy the windows' shard files (``[key, sha256, size]`` each) from the work folder under the dataset's
     prefix, verifying each."""
-    records: list[dict[str, Any]] = []
-    with stage_errors("publish-shards"), profile.measure("publish-shards", records):
-        store = build_context(ctx).store()
-        for key, sha256, size in files:
-            copy_verified(store, f"{folder}/{key}", f"{prefix}/{key}", sha256, size)
-    return {"profile": records}
+    return hand_over(steps.publish_shards, ctx, windows, files, folder, prefix)
 
 
 @task(name="manifest", task_run_name="manifest: make", cache_policy=NO_CACHE, **IO_RETRIES)
@@ -628,46 +231,14 @@ def manifest_task(
     lineage: dict[str, Any],
 ) -> dict[str, Any]:
     """The dataset's manifest from the written shards (its id names the prefix they are published under)."""
-    with stage_errors("manifest"), profile.measure("manifest"):
-        c = build_context(ctx)
-        store, cfg = c.store(), c.cfg
-        tok = publish.TokenizerFiles.load(
-            store.get_bytes(tokenizer_key), cfg.tokenize.eos_token, cfg.tokenize.pad_token
-        )
-        written, runs = publish.window_results(units)
-        all_stats = dict(stats)
-        if "tokenize" not in all_stats:  # a build passes its tokenize pass's merged stats
-            all_stats["tokenize"] = merged_stats(store, c.folder("tokens"), num_parts, "tokenize").to_json()
-        mixture = mixture_from_runs(written, runs, cfg.resolved_sources())
-        config = cfg.to_dict() | {"output": None, "s3": None}
-        return publish.dataset_manifest(
-            cfg.name, tok, written, mixture, all_stats, inputs, config, lineage
-        ).to_json()
+    return hand_over(steps.make_manifest, ctx, num_parts, tokenizer_key, units, inputs, stats, lineage)
 
 
 @task(name="publish", task_run_name="manifest: publish", cache_policy=NO_CACHE, **IO_RETRIES)
 def commit_task(ctx: dict[str, Any], tokenizer_key: str, manifest: dict[str, Any]) -> str:
     """Upload the tokenizer files and the data card, then write the manifest (create-only) and ``latest.json``: the dataset is
     visible from here on. Returns the manifest URI."""
-    with stage_errors("publish"), profile.measure("publish"):
-        c = build_context(ctx)
-        store, cfg = c.store(), c.cfg
-        m = Manifest.from_json(manifest)
-        tok = publish.TokenizerFiles.load(
-            store.get_bytes(tokenizer_key), cfg.tokenize.eos_token, cfg.tokenize.pad_token
-        )
-        try:
-            return publish.commit_dataset(store, m, tok)
-        except DatasetConflictError as exc:
-            # Same content (the dataset id is a content hash) but, e.g., touched input mtimes: the published
-            # dataset is the one to use; it stays immutable.
-            get_run_logger().warning("dataset already published with other metadata: %s", exc)
-            return exc.existing_uri
-
-
-def dedup_index_prefix(name: str, dataset_id: str) -> str:
-    """Where a build saves its dedup index: ``indexes/<name>/<dataset id>`` in the build store."""
-    return f"indexes/{name}/{dataset_id}"
+    return hand_over(steps.commit, ctx, tokenizer_key, manifest)
 
 
 @task(
@@ -679,21 +250,10 @@ def dedup_index_prefix(name: str, dataset_id: str) -> str:
 def save_index_chunk_task(ctx: dict[str, Any], indices: list[int], dataset_id: str) -> dict[str, Any]:
     """Persist the kept documents' signatures of these parts, so a later build can drop what this dataset already
     holds (``--set dedup.near.index_uri=<the index URI>``); the flow writes ``index.json`` after every part."""
-    records: list[dict[str, Any]] = []
-    with stage_errors("save-dedup-index"), profile.measure("save-dedup-index", records):
-        c = build_context(ctx)
-        store = c.store()
-        uri = store.uri_of(dedup_index_prefix(c.cfg.name, dataset_id))
-        kept = signatures.save_index_parts(store, c.folder("near"), indices, c.cfg.dedup.near, uri)
-    return {"kept": kept, "profile": records}
+    return hand_over(steps.save_index_chunk, ctx, indices, dataset_id)
 
 
 @task(name="dedup-index-meta", task_run_name="dedup index: index.json", cache_policy=NO_CACHE, **IO_RETRIES)
 def index_meta_task(ctx: dict[str, Any], num_parts: int, dataset_id: str, docs: int) -> str:
     """``index.json`` of the saved dedup index (its parts are all written): the index is usable from now on."""
-    with stage_errors("save-dedup-index"), profile.measure("save-dedup-index"):
-        c = build_context(ctx)
-        store = c.store()
-        uri = store.uri_of(dedup_index_prefix(c.cfg.name, dataset_id))
-        signatures.write_index_meta(store, num_parts, c.cfg.dedup.near, uri, docs)
-        return uri
+    return hand_over(steps.index_meta, ctx, num_parts, dataset_id, docs)

@@ -34,19 +34,28 @@ def peak_rss_mb() -> float:
 
 @contextlib.contextmanager
 def measure(step: str, sink: list[dict[str, Any]] | None = None) -> Iterator[dict[str, Any]]:
-    """Time the block; the yielded record is filled in on exit and appended to ``sink`` (default: local)."""
+    """Time the block; the yielded record is filled in on exit and appended to ``sink`` (default: local).
+
+    A block that runs part of its work in a child process puts the child's CPU seconds and S3 counters in the
+    record as ``child_cpu_s`` and ``child_storage``: they are added to the step's (stage work wherever it ran);
+    ``child_storage`` stays in the record, as the calls of a process other than this one.
+    """
     record: dict[str, Any] = {"step": step}
     cpu0, wall0, storage0 = time.process_time(), time.perf_counter(), STATS.snapshot()
     try:
         yield record
     finally:
+        child_cpu = record.pop("child_cpu_s", 0.0)
+        child_storage = record.get("child_storage", {})
         record.update(
-            cpu_s=round(time.process_time() - cpu0, 4),
+            cpu_s=round(time.process_time() - cpu0 + child_cpu, 4),
             wall_s=round(time.perf_counter() - wall0, 4),
             pid=os.getpid(),
             rss_mb=round(peak_rss_mb(), 1),
         )
-        if storage := counter_delta(storage0, STATS.snapshot()):
+        storage = counter_delta(storage0, STATS.snapshot())
+        add_counts(storage, child_storage)
+        if storage:
             record["storage"] = storage  # S3 calls, retries by reason, give-ups made in the block
         (LOCAL_RECORDS if sink is None else sink).append(record)
 
@@ -94,6 +103,8 @@ class BuildProfile:
             self.processes[r["pid"]] = max(self.processes.get(r["pid"], 0.0), r["rss_mb"])
             if r["pid"] != self.flow_pid:  # in-process units are inside the flow process's own count
                 add_counts(self.worker_storage, r.get("storage", {}))
+            else:  # but not their child processes' calls
+                add_counts(self.worker_storage, r.get("child_storage", {}))
 
     def storage(self) -> dict[str, int]:
         """The build's S3 calls, retries (by reason) and give-ups, over every process (all zero on a local store)."""

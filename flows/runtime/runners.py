@@ -1,16 +1,21 @@
-"""Task runners: worker processes on this machine (the default), in-process threads, or a Dask scheduler.
+"""Task runners: worker processes on this machine (the default), a Dask or Ray cluster, or in-process threads.
 
-``local`` (default; ``process`` and ``dask`` are the same) starts a Dask ``LocalCluster`` of ``workers`` processes
-with one thread each: the stages are CPU-bound Python, so threads would share one core through the GIL. A pool
-of one (``--workers 1``, or a build small enough for one task per pass) is a thread of the flow's process.
-``workers`` is the number of cores the build uses: each worker process also encodes with one thread
-(``PILEWORKS_THREADS=1``, ``RAYON_NUM_THREADS=1``), and the steps that run in the flow's own process between
-passes (tokenizer training) use ``workers`` threads (:func:`use_cores`).
-``dask://host:port`` (or ``tcp://host:port``) sends the same tasks to an existing Dask scheduler, whose workers
-need pileworks installed and access to the store (``s3://`` across machines). ``threads`` keeps everything in
-the flow's process (debugging). ``ray`` starts a local Ray instance of ``workers`` CPUs, ``ray://host:port`` sends
-the tasks to an existing Ray cluster's client server (KubeRay's head service), both through Prefect's own Ray
-integration (``pip install pileworks[ray]``); the tasks, and so the dataset, are the same.
+``local`` (default; ``process`` is the same) runs Prefect's task runs on threads of the flow's process and their
+bodies in a pool of ``workers`` worker processes with one thread each, forked from a server that imported the
+stages once (``flows/runtime/workers.py``): the stages are CPU-bound Python, so threads would share one core
+through the GIL. A pool of one (``--workers 1``, or a build small enough for one task per pass) is a thread of
+the flow's process. ``workers`` is the number of cores the build uses: each worker process encodes with one
+thread (``PILEWORKS_THREADS=1``, ``RAYON_NUM_THREADS=1``), and tokenizer training, a process of its own, uses
+``workers`` threads (:func:`training_threads`).
+``dask`` starts a Dask ``LocalCluster`` of ``workers`` one-thread processes through Prefect's Dask integration:
+every worker process imports Prefect and the stages and rebuilds a Prefect context per task (about 2-3 CPU-s
+per worker and 0.1-0.2 CPU-s per task more than ``local``); it runs a build exactly as a remote Dask cluster
+would, on one machine. ``dask://host:port`` (or ``tcp://host:port``) sends the same tasks to an existing Dask
+scheduler, whose workers need pileworks installed and access to the store (``s3://`` across machines).
+``threads`` keeps everything in the flow's process (debugging). ``ray`` starts a local Ray instance of
+``workers`` CPUs, ``ray://host:port`` sends the tasks to an existing Ray cluster's client server (KubeRay's head
+service), both through Prefect's own Ray integration (``pip install pileworks[ray]``). On a Dask or Ray worker,
+or a thread, a task's body runs in-line in its task; the tasks, and so the dataset, are the same everywhere.
 
 Every worker reports its task runs to the flow's Prefect API, never to a server of its own:
 :func:`prefect_api` starts one local server when none is configured and puts its URL into the settings that
@@ -20,13 +25,14 @@ Prefect ships to the workers with each task.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import os
 import sys
 from collections.abc import Iterator
 from typing import Any
 
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from flows.runtime.pool import ONE_THREAD
 from flows.runtime.workers import LocalWorkers
 
 RUNNERS = ("local", "process", "dask", "threads")
@@ -41,8 +47,9 @@ def default_workers() -> int:
 
 
 def make_task_runner(spec: str = "local", workers: int | None = None) -> Any:
-    """``local`` | ``process`` | ``dask`` (a LocalCluster of ``workers`` processes) | ``threads`` |
-    ``dask://host:port`` / ``tcp://host:port`` (an existing scheduler; ``workers`` is its business)."""
+    """``local`` | ``process`` (``workers`` local worker processes) | ``dask`` (a Dask LocalCluster of ``workers``
+    processes) | ``threads`` | ``dask://host:port`` / ``tcp://host:port`` (an existing scheduler; ``workers`` is
+    its business) | ``ray`` | ``ray://host:port``."""
     if workers is not None and workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
     n = workers or default_workers()
@@ -54,17 +61,32 @@ def make_task_runner(spec: str = "local", workers: int | None = None) -> Any:
         raise ValueError(
             f"--task-runner must be local, threads, dask://host:port, ray or ray://host:port; got {spec!r}"
         )
+    if spec in ("local", "process"):
+        # started at the flow's first task, never for a build with nothing to compute (flows/runtime/workers.py)
+        return LocalWorkers(n, env=ONE_THREAD)
     import importlib.util
 
     if importlib.util.find_spec("prefect_dask") is None:  # checked without importing Dask (about 0.5 CPU-s)
-        raise ValueError("worker processes need `pip install pileworks[dask]` (dask, distributed)")
-    if "://" in spec:
-        from prefect_dask import DaskTaskRunner
+        raise ValueError("--task-runner dask needs `pip install pileworks[dask]` (dask, distributed)")
+    from prefect_dask import DaskTaskRunner
 
+    if "://" in spec:
         return DaskTaskRunner(address="tcp://" + spec.split("://", 1)[1])
-    # started at the flow's first task, never for a build with nothing to compute (flows/runtime/workers.py)
-    one_thread = {"PILEWORKS_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    return LocalWorkers(n, env=one_thread, configure=quiet_dask)
+    quiet_dask()  # the cluster's workers inherit this process's Dask config
+    return DaskTaskRunner(cluster_kwargs=local_cluster_kwargs(n))
+
+
+def local_cluster_kwargs(workers: int) -> dict[str, Any]:
+    """The Dask ``LocalCluster`` of ``--task-runner dask``: ``workers`` processes of one thread, no dashboard."""
+    return {
+        "n_workers": workers,
+        "threads_per_worker": 1,
+        "processes": True,
+        "dashboard_address": None,
+        "env": dict(ONE_THREAD),
+        # the terminal's Ctrl-C reaches the whole process group: the flow's process handles it, workers ignore it
+        "preload": ["flows.runtime.worker_signals"],
+    }
 
 
 # Dask's background loops cost about 7% of a core on an idle 2-worker cluster (measured: 1.38 CPU-s per 20 s;
@@ -93,26 +115,18 @@ def quiet_dask() -> None:
 _USER_RAYON = os.environ.get("RAYON_NUM_THREADS")  # a user's own setting wins
 
 
-def use_cores(workers: int) -> None:
-    """Size this process's Rust thread pools (``tokenizers`` training) to the build's workers, at most the
-    cores here, unless the user set ``RAYON_NUM_THREADS``. Takes effect when the pool starts (its first use in
-    the process), which for a build's flow process is tokenizer training."""
-    if _USER_RAYON is None:
-        os.environ["RAYON_NUM_THREADS"] = str(max(1, min(workers, default_workers())))
-
-
-def release_free_memory() -> bool:
-    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``); False where there is none.
-
-    Tokenizer training in the flow's process allocates for its whole sample (hundreds of MB) and frees it all,
-    but glibc keeps the freed pages; the shard step's allocations then come on top of them. Trimming after
-    training keeps the process's peak at the training peak, which the training sample's size bounds."""
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return False
-    trim(0)
-    return True
+def training_threads() -> int:
+    """The threads of the running flow's tokenizer training (a process of its own): the user's
+    ``RAYON_NUM_THREADS`` if set, else the flow's workers when they are this machine's (local workers or
+    threads; at most the cores here), else 0: the cores of the machine where a Dask or Ray worker runs it."""
+    if _USER_RAYON is not None and _USER_RAYON.strip().isdigit():
+        return max(1, int(_USER_RAYON))
+    runner = _flow_task_runner()
+    if runner is None:
+        return default_workers()
+    if isinstance(runner, (LocalWorkers, SizedThreadPoolTaskRunner)):
+        return max(1, min(worker_count(), default_workers()))
+    return 0
 
 
 def with_task_runner(flow: Any, spec: str = "local", workers: int | None = None) -> Any:
@@ -190,16 +204,16 @@ def _flow_task_runner() -> Any:
     return ctx.task_runner if ctx else None
 
 
+class SizedThreadPoolTaskRunner(ThreadPoolTaskRunner[Any]):
+    """Prefect's thread pool of ``workers`` threads, which also says its size (:func:`worker_count`) as a public
+    attribute of our own subclass instead of reading the pool's private one."""
+
+    def __init__(self, max_workers: int | None = None) -> None:
+        super().__init__(max_workers=max_workers)
+        self.workers = max_workers or 1
+
+
 def _threads_runner(workers: int) -> Any:
-    """Prefect's thread pool of ``workers`` threads, which also says its size (:func:`worker_count`) as a
-    public attribute of our own subclass instead of reading the pool's private one."""
-    from prefect.task_runners import ThreadPoolTaskRunner
-
-    class SizedThreadPoolTaskRunner(ThreadPoolTaskRunner):
-        def __init__(self, max_workers: int | None = None) -> None:
-            super().__init__(max_workers=max_workers)
-            self.workers = max_workers or 1
-
     return SizedThreadPoolTaskRunner(max_workers=workers)
 
 

@@ -1,15 +1,17 @@
-"""Worker processes on this machine, started only when a flow first hands them a task.
+"""Worker processes on this machine, started only when a flow first has work for them.
 
-Prefect enters a flow's task runner before the flow's first line runs. Dask's runner would then start its
-cluster the first time anything asks it for its client; a build that finds its dataset already published
-submits nothing, and must not pay the 2-4 CPU-s of starting and stopping worker processes (nor import Dask).
-:class:`LocalWorkers` holds the cluster's settings and makes Prefect's own ``DaskTaskRunner`` at the first
-``submit``, with at most :attr:`LocalWorkers.size` workers: the cores it may use, fewer when the flow says its
-passes have fewer task chunks (:meth:`LocalWorkers.fit`). One worker runs in the flow's own process, on one
-thread of Prefect's ``ThreadPoolTaskRunner``: a worker process would cost 5-6 CPU-s more for a small build (its
-start, importing Prefect and the pipeline again, Dask's scheduler and nanny, each task and its context pickled)
-and one busy thread beside a waiting flow has the GIL to itself. Only public interfaces of Prefect and Dask are
-used.
+Prefect's task runs stay in the flow's process, on a ``ThreadPoolTaskRunner`` of :attr:`LocalWorkers.size`
+threads (a task run costs about 9 ms of its CPU there); each task's body, a plain function of
+``flows/build/steps.py``, is handed by :func:`hand_over` to a pool of as many worker processes
+(``flows/runtime/pool.py``), forked from a server that imported the stage modules once. A worker imports no
+Prefect and no Dask, and nothing rebuilds a Prefect context or client per task: it computes, and returns its
+result, its profile records and its log lines, which the task re-emits in its task run.
+
+A build that finds its dataset already published submits nothing and starts no process. At most
+:attr:`LocalWorkers.size` workers start: the cores it may use, fewer when the flow says its passes have fewer
+task chunks (:meth:`LocalWorkers.fit`). One worker runs in the flow's own process, on one thread (no pool):
+one busy thread beside a waiting flow has the GIL to itself. Under another task runner (a Dask scheduler, Ray,
+``threads``) a task's body runs in-line in its task, wherever that runs.
 """
 
 from __future__ import annotations
@@ -17,28 +19,33 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
 
-from prefect.task_runners import TaskRunner
+from prefect import get_run_logger
+from prefect.context import FlowRunContext, TaskRunContext
+from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
+
+from flows.runtime import profile
+from flows.runtime.pool import WorkerDied, capture_logs, ready, relinked, run_captured, start_pool
+
+R = TypeVar("R")
 
 
 class LocalWorkers(TaskRunner[Any]):
-    """A ``LocalCluster`` of up to ``workers`` one-thread processes with ``env`` set, or one thread in this
-    process when :attr:`size` is 1 (``env`` set here meanwhile), started at the first task submitted
-    (:meth:`start_soon` starts it in the background before that)."""
+    """Up to ``workers`` one-thread worker processes with ``env`` set (a thread of Prefect's task runner each in
+    this process), or one thread in this process when :attr:`size` is 1 (``env`` set here meanwhile), started
+    at the first task submitted (:meth:`start_soon` starts them in the background before that)."""
 
-    def __init__(
-        self, workers: int, env: dict[str, str] | None = None, configure: Callable[[], None] | None = None
-    ) -> None:
+    def __init__(self, workers: int, env: dict[str, str] | None = None) -> None:
         super().__init__()
         self.workers = workers  # the most it starts: the cores it may use
         self.env = dict(env or {})
-        self.configure = configure  # run before the cluster starts (Dask's config, which workers inherit)
         self.limit: int | None = None  # the flow's count of task chunks (:meth:`fit`)
-        self.pool: Any = None  # Prefect's DaskTaskRunner (or ThreadPoolTaskRunner for one), once started
-        self.started_workers = (
-            0  # the worker processes it started (0: the flow submitted nothing, or in-process)
-        )
+        self.pool: Any = None  # Prefect's ThreadPoolTaskRunner, once started
+        self.processes: ProcessPoolExecutor | None = None  # the worker processes (none for one worker)
+        self.started_workers = 0  # the worker processes it started (0: nothing submitted, or in-process)
         self.in_process = 0  # the workers it runs as threads of this process (1 or 0)
         self.env_added: list[str] = []  # the names of ``env`` the in-process worker set in this process
         self.starting: threading.Thread | None = None
@@ -49,19 +56,6 @@ class LocalWorkers(TaskRunner[Any]):
         """The workers it starts (or started)."""
         return max(1, min(self.workers, self.limit or self.workers))
 
-    @property
-    def cluster_kwargs(self) -> dict[str, Any]:
-        """The ``LocalCluster`` it starts: :attr:`size` processes of one thread each, no dashboard."""
-        return {
-            "n_workers": self.size,
-            "threads_per_worker": 1,
-            "processes": True,
-            "dashboard_address": None,
-            "env": self.env,
-            # the terminal's Ctrl-C reaches the whole process group: the flow's process handles it, workers ignore it
-            "preload": ["flows.runtime.worker_signals"],
-        }
-
     def fit(self, chunks: int) -> int:
         """Start no more workers than ``chunks``, the task chunks of the flow's widest pass (a worker more would
         only start, idle and stop). No effect once started. Returns :attr:`size`."""
@@ -70,7 +64,7 @@ class LocalWorkers(TaskRunner[Any]):
         return self.size
 
     def duplicate(self) -> LocalWorkers:
-        return type(self)(self.workers, self.env, self.configure)
+        return type(self)(self.workers, self.env)
 
     def start_soon(self) -> None:
         """Start the workers in the background (while the flow still plans); a submit waits for them."""
@@ -83,13 +77,11 @@ class LocalWorkers(TaskRunner[Any]):
         """Prefect's task runner for the workers, started (here, on first use)."""
         with self.lock:
             if self.pool is None:
-                self.pool = self.threads() if self.size == 1 else self.cluster()
+                self.pool = self.threads() if self.size == 1 else self.start_processes()
             return self.pool
 
     def threads(self) -> Any:
         """One worker: a thread of this process, with the workers' ``env`` unless the user set its names."""
-        from prefect.task_runners import ThreadPoolTaskRunner
-
         self.env_added = [k for k in self.env if k not in os.environ]
         os.environ.update({k: self.env[k] for k in self.env_added})
         pool: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=1)
@@ -97,21 +89,34 @@ class LocalWorkers(TaskRunner[Any]):
         self.in_process = 1
         return pool
 
-    def cluster(self) -> Any:
-        """Prefect's Dask runner, its cluster of :attr:`size` processes started now, not at the first task."""
-        from prefect_dask import DaskTaskRunner
-
-        if self.configure is not None:
-            self.configure()
-        dask = DaskTaskRunner(cluster_kwargs=self.cluster_kwargs)
-        dask.__enter__()
-        try:
-            dask.client  # noqa: B018 - the client property starts the cluster
-        except BaseException:
-            dask.__exit__(None, None, None)
-            raise
+    def start_processes(self) -> Any:
+        """:attr:`size` worker processes, all started now (one call each: the pool forks one per call that finds
+        none idle), and as many threads here for Prefect's task runs."""
+        self.processes = start_pool(self.size)
+        for _ in range(self.size):
+            self.processes.submit(ready)
         self.started_workers = self.size
-        return dask
+        pool: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=self.size)
+        pool.__enter__()
+        return pool
+
+    def call(self, fn: Callable[..., R], args: tuple[Any, ...], where: str) -> R:
+        """``fn(*args)`` in a worker process; its profile records join this process's, its log lines come back."""
+        self.runner()
+        if self.processes is None:  # one worker: in this thread
+            return in_line(fn, args)
+        try:
+            out = self.processes.submit(run_captured, fn, args).result()
+        except BrokenProcessPool as exc:
+            raise WorkerDied(
+                f"{where} failed: the worker process running it died (killed, or out of memory?); "
+                "rerun the same command to continue"
+            ) from exc
+        if "error" in out:
+            raise relinked(out["error"])
+        profile.LOCAL_RECORDS.extend(out["profile"])
+        emit(out["logs"])
+        return out["result"]
 
     def submit(
         self,
@@ -122,10 +127,9 @@ class LocalWorkers(TaskRunner[Any]):
     ) -> Any:
         return self.runner().submit(task, parameters, wait_for, dependencies)
 
-    # Prefect ships the flow's context, this runner in it, with every task to the workers: the copy there holds
-    # the settings only (a lock, a thread and a live cluster do not pickle, nor would mean anything there).
+    # A task's context holds this runner; a copy that travels (pickled) holds its settings only.
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__ | {"pool": None, "starting": None, "lock": None}
+        return self.__dict__ | {"pool": None, "processes": None, "starting": None, "lock": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -134,6 +138,9 @@ class LocalWorkers(TaskRunner[Any]):
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         if self.starting is not None:
             self.starting.join()
+        if self.processes is not None:  # after Ctrl-C: queued calls dropped, the running ones finish
+            self.processes.shutdown(wait=exc_type is None, cancel_futures=True)
+            self.processes = None
         if self.pool is not None:
             self.pool.__exit__(exc_type, exc_value, traceback)
             self.pool = None
@@ -142,3 +149,31 @@ class LocalWorkers(TaskRunner[Any]):
         self.env_added = []
         self.starting = None
         super().__exit__(exc_type, exc_value, traceback)
+
+
+def in_line(fn: Callable[..., R], args: tuple[Any, ...]) -> R:
+    """``fn(*args)`` here, its log lines re-emitted in the task run's log (its profile records stay here)."""
+    result, logs = capture_logs(fn, args)
+    emit(logs)
+    return result
+
+
+def emit(lines: list[tuple[int, str]]) -> None:
+    if lines:
+        logger = get_run_logger()
+        for level, message in lines:
+            logger.log(level, "%s", message)
+
+
+def hand_over(fn: Callable[..., R], *args: Any) -> R:
+    """Run a task's body ``fn(*args)`` (a plain function of ``flows/build/steps.py``): in a local worker process
+    when the flow runs on :class:`LocalWorkers`, else here, in-line in the task (on a Dask or Ray worker, or a
+    thread). Its log lines reach the task run's log either way."""
+    flow = FlowRunContext.get()
+    runner = flow.task_runner if flow is not None else None
+    # before the flow starts its workers (planning, a rebuild that finds everything done) a body runs here
+    if isinstance(runner, LocalWorkers) and (runner.pool is not None or runner.starting is not None):
+        task = TaskRunContext.get()
+        where = f"task {task.task_run.name!r}" if task is not None else f"step {fn.__name__!r}"
+        return runner.call(fn, args, where)
+    return in_line(fn, args)

@@ -3,7 +3,8 @@ workers, for the bundled sample and a corpus of real text (``bench_scale.py``'s,
 
 Each build runs as its own ``pileworks build --json --workers W`` process against the local Prefect server
 (started before the first build). Its CPU is the process tree's, exact (``getrusage`` of the waited children:
-the flow process and the worker processes it started); the stage CPU is the build's own profile
+the flow process and the worker processes it started, and the workers' fork server, which this process adopts
+and waits for); the stage CPU is the build's own profile
 (``summary["profile"]["work_cpu_s"]``, measured where each step runs); the fixed cost is the difference (process
 start-up, imports, Prefect, the worker processes' start-up, Dask). The Prefect server's CPU during the build is
 shown apart. "1st task" is the time from the command's start to the first pass after listing the inputs.
@@ -16,6 +17,7 @@ Every corpus is copied into a fresh folder per worker count, so each cold build 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -42,6 +44,26 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def adopt_orphans() -> None:
+    """Make this process the reaper of its descendants (Linux): the local workers' fork server outlives the
+    command by a moment, and its CPU (its workers' too) counts only once it is waited for (:func:`reap`)."""
+    import ctypes
+
+    PR_SET_CHILD_SUBREAPER = 36
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def reap(before: set[int], timeout: float = 10.0) -> None:
+    """Wait for the orphans this process adopted since ``before`` (its children then): the build's fork server,
+    so that its CPU is in :func:`children_cpu`."""
+    deadline = time.monotonic() + timeout
+    for child in psutil.Process().children():
+        if child.pid not in before:
+            with contextlib.suppress(psutil.Error, ChildProcessError):
+                child.wait(max(0.1, deadline - time.monotonic()))
+
+
 def server_pid() -> int | None:
     from flows.runtime.local_server import prefect_home, read_state, resolve_api
 
@@ -58,9 +80,12 @@ def build(
     cmd += ["--name", name, "--json", "--workers", str(workers)]
     env = os.environ | {"PYTHONPATH": str(REPO), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     server_cpu0 = sum(server.cpu_times()[:2]) if server else 0.0
+    before = {p.pid for p in psutil.Process().children()}
     cpu0, t0, started = children_cpu(), time.perf_counter(), time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=3600)
-    wall, cpu = time.perf_counter() - t0, children_cpu() - cpu0
+    wall = time.perf_counter() - t0
+    reap(before)
+    cpu = children_cpu() - cpu0
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
         raise SystemExit(f"build failed (exit {proc.returncode})")
@@ -132,6 +157,11 @@ def print_table(results: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> No
         if len(counts) > 1:
             one, many = results[label, counts[0]]["cold"], results[label, counts[-1]]["cold"]
             print(f"{label}: cold wall at W={counts[-1]} / W={counts[0]} = {many['wall'] / one['wall']:.2f}")
+        fixed = ", ".join(
+            f"W={w}: {results[label, w]['cold']['cpu'] - results[label, w]['cold']['stage']:.2f}"
+            for w in counts
+        )
+        print(f"{label}: fixed cost of the cold build (CPU s - stage CPU s): {fixed}")
 
 
 def main() -> None:
@@ -145,6 +175,7 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-overhead-"))
     root.mkdir(parents=True, exist_ok=True)
+    adopt_orphans()
     pid = server_pid()
     server = psutil.Process(pid) if pid else None
     print(

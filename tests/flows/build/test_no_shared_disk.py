@@ -106,8 +106,9 @@ def test_a_build_on_workers_with_no_shared_disk_publishes_the_local_dataset(
     assert apart["dataset_id"] == here["dataset_id"]
     assert apart["shard_table"] == here["shard_table"] and apart["stages"] == here["stages"]
     assert apart["exact_duplicates"] == 1 and apart["near_duplicates"] == 1
-    # Every stage and global step ran in the namespaced workers: the flow's process ran no step but its planning
-    # (listing the inputs) and the tokenizer, and the global steps report the workers' pids.
+    # Every stage and global step ran in the namespaced workers (tokenizer training in a child process of one):
+    # the flow's process ran no step but its planning (listing the inputs), and the global steps report the
+    # workers' pids.
     ran = {int(p) for p in apart["profile"]["process_peak_rss_mb"]}
     assert ran - {os.getpid()} <= worker_pids and len(ran & worker_pids) == 2
     on_worker = [p for p in apart["profile"]["passes"] if "pids" in p]

@@ -44,3 +44,13 @@ def test_storage_counts_worker_units_once_and_the_flow_process_whole() -> None:
     assert (
         prof.to_json()["steps"]["ingest"]["s3_calls"] == 6
     )  # per step: the in-process unit's and the worker's
+
+
+def test_a_child_process_s_cpu_and_s3_calls_count_as_the_step_s_not_the_flow_s() -> None:
+    records: list[dict] = []
+    with profile.measure("train-tokenizer", records) as record:
+        record["child_cpu_s"], record["child_storage"] = 2.5, {"attempts": 3}
+    assert records[0]["cpu_s"] >= 2.5 and records[0]["storage"]["attempts"] >= 3
+    prof = BuildProfile()  # the step ran in this (the flow's) process, its child's calls are not the flow's
+    prof.add_records(records)
+    assert prof.steps["train-tokenizer"]["cpu_s"] >= 2.5 and prof.worker_storage == {"attempts": 3}

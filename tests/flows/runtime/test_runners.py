@@ -34,13 +34,17 @@ def worker_pids(summary: dict[str, Any]) -> set[int]:
 
 def test_runner_choice_and_sizes() -> None:
     from prefect.task_runners import ThreadPoolTaskRunner
+    from prefect_dask import DaskTaskRunner
 
     from flows.runtime.runners import default_workers, make_task_runner
+    from flows.runtime.workers import LocalWorkers
 
     local = make_task_runner("local", 3)
-    assert local.cluster_kwargs["n_workers"] == 3 and local.cluster_kwargs["threads_per_worker"] == 1
-    assert local.cluster_kwargs["processes"] is True
-    assert make_task_runner().cluster_kwargs["n_workers"] == default_workers()
+    assert isinstance(local, LocalWorkers) and local.size == 3
+    assert make_task_runner().size == default_workers()
+    # ``dask``: a Dask LocalCluster on this machine, as a remote cluster would run the build
+    dask = make_task_runner("dask", 2)
+    assert isinstance(dask, DaskTaskRunner) and dask.cluster_kwargs["n_workers"] == 2
     assert make_task_runner("dask://127.0.0.1:8786").address == "tcp://127.0.0.1:8786"
     assert isinstance(make_task_runner("threads", 2), ThreadPoolTaskRunner)
     with pytest.raises(ValueError, match="--workers"):
@@ -88,7 +92,7 @@ def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_datas
     # (One worker is a thread of the flow's process: there they ran in that thread.)
     for summary, flow_pid_allowed in ((one, True), (two, False), (ext, False)):
         on_worker = {p["name"]: p for p in summary["profile"]["passes"] if "pids" in p}
-        assert {"near-plan", "near-clusters", "dedup-index-meta"} <= set(on_worker)
+        assert {"near-plan", "near-clusters", "train-tokenizer", "dedup-index-meta"} <= set(on_worker)
         if flow_pid_allowed:
             assert all(set(p["pids"]) == {me} for p in on_worker.values()), on_worker
         else:
@@ -138,8 +142,8 @@ def _background(dask_worker: Any) -> dict[str, Any]:
 
 
 def test_n_workers_use_n_cores_one_thread_per_worker_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each worker process encodes with one thread (N workers = N cores, no oversubscription); the flow
-    process's tokenizer training gets the workers' count, capped at the cores here."""
+    """Each worker process of ``--task-runner dask`` encodes with one thread (N workers = N cores, no
+    oversubscription); tokenizer training gets the workers' count, capped at the cores here."""
     from distributed import Client, LocalCluster
 
     from flows.runtime import runners
@@ -147,7 +151,7 @@ def test_n_workers_use_n_cores_one_thread_per_worker_process(monkeypatch: pytest
 
     runners.quiet_dask()  # what the local workers apply when they start
     with (
-        LocalCluster(**runners.make_task_runner("local", 2).cluster_kwargs) as cluster,
+        LocalCluster(**runners.local_cluster_kwargs(2)) as cluster,
         Client(cluster) as client,
     ):
         seen = client.run(_thread_env)
@@ -165,11 +169,6 @@ def test_n_workers_use_n_cores_one_thread_per_worker_process(monkeypatch: pytest
     assert encoder_threads(TokenizeConfig()) == (os.cpu_count() or 1)
 
     monkeypatch.setattr(runners, "_USER_RAYON", None)
-    monkeypatch.delenv("RAYON_NUM_THREADS", raising=False)
-    runners.use_cores(1)
-    assert os.environ["RAYON_NUM_THREADS"] == "1"
-    runners.use_cores(10_000)
-    assert os.environ["RAYON_NUM_THREADS"] == str(runners.default_workers())
-    monkeypatch.setattr(runners, "_USER_RAYON", "3")  # the user's own setting is left alone
-    runners.use_cores(1)
-    assert os.environ["RAYON_NUM_THREADS"] == str(runners.default_workers())
+    assert runners.training_threads() == runners.default_workers()  # outside a flow: this machine's cores
+    monkeypatch.setattr(runners, "_USER_RAYON", "3")  # the user's own setting wins
+    assert runners.training_threads() == 3

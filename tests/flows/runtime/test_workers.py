@@ -1,44 +1,52 @@
-"""The local workers start at the first task, never for a flow that submits none, and no more than its chunks."""
+"""The local workers start at the first task, never for a flow that submits none, and no more than its chunks;
+a task's body runs in a worker process, its logs reach the task run, and a dead worker fails the task."""
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
+import signal
+import time
 
 import psutil
 import pytest
 
-from flows.runtime.runners import make_task_runner, quiet_dask
-from flows.runtime.workers import LocalWorkers
+from flows.runtime.pool import ONE_THREAD, WorkerDied, ready
+from flows.runtime.runners import make_task_runner
+from flows.runtime.workers import LocalWorkers, hand_over
+
+log = logging.getLogger(__name__)
+log.setLevel(logging.INFO)  # as flows/build/steps.py's: a worker process configures no logging
 
 
 def test_the_pool_is_sized_by_the_work_and_keeps_its_settings_across_copies() -> None:
     runner = make_task_runner("local", 4)
     assert isinstance(runner, LocalWorkers) and runner.size == 4
-    assert runner.fit(2) == 2 and runner.cluster_kwargs["n_workers"] == 2  # two chunks: two workers, not four
+    assert runner.fit(2) == 2 and runner.size == 2  # two chunks: two workers, not four
     assert runner.fit(9) == 4  # never more than asked for
-    assert runner.cluster_kwargs["env"]["PILEWORKS_THREADS"] == "1"
+    assert runner.env == ONE_THREAD and runner.env["PILEWORKS_THREADS"] == "1"
     copy = runner.duplicate()  # what Prefect enters for each flow run
-    assert (copy.workers, copy.env, copy.configure) == (4, runner.env, quiet_dask)
-    shipped = pickle.loads(pickle.dumps(runner))  # the flow context ships it with every task
-    assert (shipped.size, shipped.started_workers, shipped.pool) == (4, 0, None)
+    assert (copy.workers, copy.env) == (4, runner.env)
+    shipped = pickle.loads(pickle.dumps(runner))  # a task's context holds it
+    assert (shipped.size, shipped.started_workers, shipped.pool, shipped.processes) == (4, 0, None, None)
     with pytest.raises(ValueError, match="--workers"):
         make_task_runner("local", 0)
 
 
-def test_a_flow_that_submits_nothing_starts_no_process_nor_dask() -> None:
+def test_a_flow_that_submits_nothing_starts_no_process() -> None:
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     runner = make_task_runner("local", 2).duplicate()
     with runner:
         pass
-    assert runner.started_workers == 0 and runner.pool is None
+    assert runner.started_workers == 0 and runner.pool is None and runner.processes is None
     assert {p.pid for p in me.children(recursive=True)} <= before
 
 
 def test_one_worker_is_a_thread_of_this_process_with_the_workers_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A pool of one starts no process (no Dask, no second Prefect): its tasks run on a thread here, with the
-    workers' one-thread env while it runs (a name the user set is kept), gone after."""
+    """A pool of one starts no process: its tasks run on a thread here, with the workers' one-thread env while
+    it runs (a name the user set is kept), gone after."""
     monkeypatch.delenv("PILEWORKS_THREADS", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     me = psutil.Process()
@@ -47,9 +55,89 @@ def test_one_worker_is_a_thread_of_this_process_with_the_workers_env(monkeypatch
     runner.fit(1)
     with runner:
         pool = runner.runner()
-        assert (runner.in_process, runner.started_workers) == (1, 0)
+        assert (runner.in_process, runner.started_workers, runner.processes) == (1, 0, None)
         assert type(pool).__name__ == "ThreadPoolTaskRunner"
         assert os.environ["PILEWORKS_THREADS"] == "1" and os.environ["OMP_NUM_THREADS"] == "3"
+        assert runner.call(ready, (), "here") == os.getpid()
         assert {p.pid for p in me.children(recursive=True)} <= before
     assert "PILEWORKS_THREADS" not in os.environ and os.environ["OMP_NUM_THREADS"] == "3"
     assert runner.pool is None
+
+
+def worker_env() -> tuple[int, dict[str, str | None], object]:
+    return os.getpid(), {k: os.environ.get(k) for k in ONE_THREAD}, signal.getsignal(signal.SIGINT)
+
+
+def workers_of(me: psutil.Process, before: set[int]) -> set[int]:
+    """New processes under this one that are not its children: forked by the fork server."""
+    return {p.pid for p in me.children(recursive=True) if p.pid not in before and p.ppid() != me.pid}
+
+
+def test_the_pool_starts_its_size_in_processes_when_work_comes_and_runs_bodies_there() -> None:
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    runner = make_task_runner("local", 2).duplicate()
+    with runner:
+        time.sleep(0.5)
+        assert workers_of(me, before) == set() and runner.started_workers == 0  # nothing asked for yet
+        runner.start_soon()  # the flow has work: both start in the background
+        deadline = time.monotonic() + 60
+        while len(workers_of(me, before)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        workers = workers_of(me, before)
+        assert len(workers) == 2 and runner.started_workers == 2
+        seen = [runner.call(worker_env, (), "test") for _ in range(8)]
+        assert {pid for pid, _, _ in seen} <= workers
+        # one thread each, and Ctrl-C is the flow's business (the flow's process shuts them down)
+        assert all(env == ONE_THREAD and sigint == signal.SIG_IGN for _, env, sigint in seen)
+    deadline = time.monotonic() + 30
+    while workers & {p.pid for p in me.children(recursive=True)} and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not workers & {p.pid for p in me.children(recursive=True)}  # gone with the flow
+
+
+def kill_myself() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def say_hello(name: str) -> str:
+    log.info("hello %s from process %d", name, os.getpid())
+    return name
+
+
+def test_a_body_logs_to_its_task_run_and_a_dead_worker_fails_its_task_by_name(prefect_harness: None) -> None:
+    from prefect import flow, task
+
+    @task(name="hello", task_run_name="hello part 3")
+    def hello() -> str:
+        return hand_over(say_hello, "world")
+
+    @task(name="crash", task_run_name="crash part 7")
+    def crash() -> None:
+        hand_over(kill_myself)
+
+    @flow(task_runner=make_task_runner("local", 2))
+    def greet() -> str:
+        return hello.submit().result()
+
+    @flow(task_runner=make_task_runner("local", 2))
+    def die() -> None:
+        crash.submit().result()
+
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    runs_log = logging.getLogger("prefect.task_runs")
+    runs_log.addHandler(handler)
+    try:
+        assert greet() == "world"
+    finally:
+        runs_log.removeHandler(handler)
+    said = [r for r in seen if r.getMessage().startswith("hello world from process")]
+    assert len(said) == 1 and getattr(said[0], "task_run_name", None) == "hello part 3"
+    assert f"process {os.getpid()}" not in said[0].getMessage()  # said in a worker process
+
+    started = time.monotonic()
+    with pytest.raises(WorkerDied, match="'crash part 7' failed: the worker process running it died"):
+        die()
+    assert time.monotonic() - started < 60  # failed, not hung

@@ -1,0 +1,130 @@
+"""The worker processes of a local build, without Prefect: a pool forked from a server that loaded the stages once.
+
+A task's body runs here as a plain call (:func:`run_captured`): its profile records (``profile.LOCAL_RECORDS``)
+and its log records come back with its result, and the Prefect task in the flow's process that handed it over
+re-emits the log in its task run (``flows/runtime/workers.py``). Nothing here imports Prefect or Dask: a worker
+costs a fork of the ``forkserver`` process, which imported :data:`PRELOAD` (the one-thread env first, then the
+stage modules) once per flow process, about 0.75 CPU-s, instead of 2-3 CPU-s of imports per worker process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import os
+import pickle
+import signal
+import threading
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from flows.runtime import profile
+from pipeline.errors import StageFailed
+
+# Each worker process encodes with one thread: N workers use N cores, with no oversubscription.
+ONE_THREAD = {"PILEWORKS_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+# What the fork server imports before it forks a worker: the env before numpy and tokenizers read it, then the
+# stage modules (the task bodies in flows/build/steps.py load the rest on their first call, in each worker).
+PRELOAD = [
+    "flows.runtime.pool_env",
+    # the command's script (the ``pileworks`` entry point), imported once here rather than again in every worker
+    "__main__",
+    "pipeline.ingest.stage",
+    "pipeline.clean.stage",
+    "pipeline.dedup.signatures",
+    "pipeline.dedup.candidates",
+    "pipeline.dedup.clusters",
+    "pipeline.tokenize",
+    "pipeline.publish",
+]
+
+
+def set_one_thread_env() -> None:
+    """:data:`ONE_THREAD` in this process's env, except the names the user set."""
+    for name, value in ONE_THREAD.items():
+        os.environ.setdefault(name, value)
+
+
+def init_worker() -> None:
+    """In each worker process, first: Ctrl-C reaches the whole process group, and the flow's process handles it
+    (it shuts the pool down); a worker finishes or drops the call at hand instead of printing a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    set_one_thread_env()
+
+
+def start_pool(size: int) -> ProcessPoolExecutor:
+    """A pool of ``size`` worker processes, forked on demand from the fork server (started here if none runs
+    yet: one per flow process, shared by every later pool)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)  # used when the fork server starts, ignored once it runs
+    return ProcessPoolExecutor(size, mp_context=context, initializer=init_worker)
+
+
+def ready() -> int:
+    """A call that makes a worker process start (and says which)."""
+    return os.getpid()
+
+
+class Collected(logging.Handler):
+    """The log records of one thread (a task's body), as (level, message) pairs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.thread = threading.get_ident()
+        self.lines: list[tuple[int, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self.thread:
+            self.lines.append((record.levelno, record.getMessage()))
+
+
+def capture_logs(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, list[tuple[int, str]]]:
+    """``fn(*args)`` with the records its module's logger gets meanwhile on this thread."""
+    logger, handler = logging.getLogger(fn.__module__), Collected()
+    logger.addHandler(handler)
+    try:
+        return fn(*args), handler.lines
+    finally:
+        logger.removeHandler(handler)
+
+
+def run_captured(fn: Callable[..., Any], args: tuple[Any, ...]) -> dict[str, Any]:
+    """In a worker process: ``fn(*args)`` with its profile records and log lines. A failure comes back as its
+    exception chain (pickling an exception drops its ``__cause__``, which the retry policy reads)."""
+    start = len(profile.LOCAL_RECORDS)
+    try:
+        result, logs = capture_logs(fn, args)
+        return {"result": result, "logs": logs, "profile": profile.LOCAL_RECORDS[start:]}
+    except Exception as exc:
+        return {"error": exception_chain(exc)}
+    finally:
+        del profile.LOCAL_RECORDS[start:]
+
+
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes, each as it pickles (else as a ``RuntimeError`` of its text)."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 20:
+        try:
+            pickle.loads(pickle.dumps(seen))
+            chain.append(seen)
+        except Exception:
+            chain.append(RuntimeError(f"{type(seen).__name__}: {seen}"))
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
+def relinked(chain: list[BaseException]) -> BaseException:
+    """The first exception of ``chain``, with the others as its causes again."""
+    for outer, inner in itertools.pairwise(chain):
+        outer.__cause__ = inner
+    return chain[0]
+
+
+class WorkerDied(StageFailed):
+    """A worker process died under a task (killed, out of memory): the pool is gone, and so is the build (a
+    retry would find the pool broken too)."""

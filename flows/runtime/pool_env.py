@@ -1,0 +1,9 @@
+"""Imported first by the local workers' fork server (``flows/runtime/pool.py``): the one-thread env is in place
+before numpy, OpenMP or the tokenizers' Rayon pool first read it, in the server and so in every worker forked
+from it."""
+
+from __future__ import annotations
+
+from flows.runtime.pool import set_one_thread_env
+
+set_one_thread_env()
