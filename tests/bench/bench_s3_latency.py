@@ -94,11 +94,6 @@ def main() -> None:
         f"flow process: {flow_cpu:.2f} CPU-s = {flow_cpu / max(flow_cpu + work, 1e-9):.1%} of flow + stage CPU"
         f" ({work:.1f} s of stage work); {flow_calls} S3 calls = {flow_calls / prof['parts']:.2f} per part"
     )
-    tok = prof["steps"].get("train-tokenizer", {})  # stays in the flow: its sample is capped, not the corpus
-    print(
-        f"  of which tokenizer training: {tok.get('cpu_s', 0):.2f} CPU-s, {tok.get('s3_calls', 0)} S3 calls;"
-        f" the rest {flow_cpu - tok.get('cpu_s', 0):.2f} CPU-s, {flow_calls - tok.get('s3_calls', 0)} S3 calls"
-    )
     print(f"{'step':<20}{'units':>6}{'S3 calls':>10}{'wall s':>9}")
     for name, step in prof["steps"].items():
         print(f"{name:<20}{step['units']:>6}{step.get('s3_calls', 0):>10}{step['wall_s']:>9.2f}")
