@@ -27,6 +27,27 @@ def pin_model(cfg: CorpusConfig) -> CorpusConfig:
     return replace(cfg, clean=replace(cfg.clean, classifier=pin_classifier(cfg.clean.classifier, cfg.s3)))
 
 
+# The listing ``pileworks build`` made before the flow (looking for an unchanged rebuild), handed to the flow it
+# then runs in the same process: listing an S3 corpus again (its LISTs and fingerprints) would double the first
+# step of every scheduled rebuild that finds something changed. Taken once; the command forgets it when it ends.
+_LISTED: dict[str, dict[str, Any]] = {}
+
+
+def keep_listing(config: dict[str, Any], planned: dict[str, Any]) -> None:
+    """Keep ``planned`` (:func:`list_and_plan` of ``config``) for the flow this process runs next."""
+    _LISTED.clear()
+    _LISTED[json.dumps(config, sort_keys=True)] = planned
+
+
+def take_listing(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The listing kept for exactly this ``config`` (once), else None."""
+    return _LISTED.pop(json.dumps(config, sort_keys=True), None)
+
+
+def forget_listing() -> None:
+    _LISTED.clear()
+
+
 def list_and_plan(config: dict[str, Any]) -> dict[str, Any]:
     """List the raw objects with their fingerprints and pack them into parts of similar byte size:
     ``{"inputs": [...], "plans": [...]}`` (JSON, as the plan-inputs task returns it)."""

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from flows.build.context import BuildContext, build_context, run_unit, stage_errors
-from flows.build.inputs import list_and_plan
+from flows.build.inputs import list_and_plan, take_listing
 from flows.build.tokenizer_process import train_in_child
 from flows.runtime import profile
 from pipeline import decontam, publish, tokenize, unitcache
@@ -50,7 +50,7 @@ def _unit_key(c: BuildContext, stage: str, upstream: str, *inputs: Any) -> str:
 def plan_inputs(config: dict[str, Any]) -> dict[str, Any]:
     """List the raw objects with their fingerprints and pack them into parts of similar byte size."""
     with stage_errors("plan-inputs"), profile.measure("plan-inputs"):
-        return list_and_plan(config)
+        return take_listing(config) or list_and_plan(config)
 
 
 # ---------------------------------------------------------------- chunk tasks: a pass over a run of parts

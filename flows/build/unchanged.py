@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from flows.build.inputs import build_key, list_and_plan, pin_model
+from flows.build.inputs import build_key, keep_listing, list_and_plan, pin_model
 from flows.runtime import profile
 from flows.runtime.prefect_rest import completed_run
 from flows.runtime.profile import BuildProfile
@@ -159,7 +159,10 @@ def find_published(parameters: dict[str, Any], build_profile: BuildProfile) -> P
         planned = list_and_plan(cfg.to_dict())
     work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
     record = published_record(store, work, cfg)
-    return None if record is None else Published(cfg=cfg, store=store, work=work, record=record)
+    if record is None:  # the flow runs next, in this process: it starts from this listing
+        keep_listing(cfg.to_dict(), planned)
+        return None
+    return Published(cfg=cfg, store=store, work=work, record=record)
 
 
 def record_unchanged(

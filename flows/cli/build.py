@@ -74,10 +74,15 @@ def flow_parameters(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from flows.build.inputs import forget_listing
+
     parameters = flow_parameters(args)
-    summary = unchanged_without_prefect(args.api, parameters)
-    if summary is None:
-        summary = run_flow(args, parameters)
+    try:
+        summary = unchanged_without_prefect(args.api, parameters)
+        if summary is None:
+            summary = run_flow(args, parameters)
+    finally:
+        forget_listing()  # a listing the flow did not take is not for a later command in this process
     if not args.json:
         print_summary(summary)
     finish_build(summary, args.json)

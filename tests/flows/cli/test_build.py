@@ -140,3 +140,46 @@ def test_a_rebuild_the_rest_api_cannot_record_runs_the_flow_with_the_same_result
     summary = json.loads(flow.out)
     assert summary["nothing_changed"] == {"published_by": cold["lineage"]["prefect_flow_run_id"]}
     assert set(summary) == set(cold) | {"nothing_changed"} and summary["dataset_id"] == cold["dataset_id"]
+
+
+def test_a_rebuild_after_a_change_lists_its_inputs_once(
+    prefect_harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command lists the inputs before Prefect (to find an unchanged rebuild); when something changed the flow's
+    plan-inputs step starts from that listing instead of listing the corpus again."""
+    from flows.build import inputs, steps
+    from flows.build.unchanged import find_published
+    from flows.cli.build import flow_parameters
+    from flows.cli.main import build_parser, main
+    from flows.runtime.profile import BuildProfile
+    from pipeline.ingest import stage as ingest
+    from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
+
+    paths = write_tiny_corpus(tmp_path / "raw")
+    sets = [f"--set={k}={v}" for k, v in TINY_OVERRIDES.items() if k != "name"]
+    argv = ["build", "--input", str(tmp_path / "raw"), "--output", str(tmp_path / "store"), "--name", "tiny"]
+    argv += [*sets, "--json", "--workers", "1"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert not inputs._LISTED  # the command ended: nothing kept
+
+    extra = write_tiny_corpus(tmp_path / "extra", files=1, docs_per_file=1, seed=99)
+    with open(paths[0], "a", encoding="utf-8") as fh:  # one more document in one file
+        fh.write(Path(extra[0]).read_text(encoding="utf-8"))
+    listed: list[list[str]] = []
+    real = ingest.list_inputs
+
+    def counted(uris: list[str], **kwargs):  # our own listing, counted (what it lists are real files)
+        listed.append(list(uris))
+        return real(uris, **kwargs)
+
+    monkeypatch.setattr(ingest, "list_inputs", counted)
+    parameters = flow_parameters(build_parser().parse_args(argv))
+    assert find_published(parameters, BuildProfile()) is None  # changed: the flow runs
+    before = len(listed)
+    assert before >= 1
+    config = next(iter(inputs._LISTED))  # kept for the flow, under its config
+    planned = steps.plan_inputs(json.loads(config))
+    assert len(listed) == before  # the flow's step took the listing: no second listing
+    assert any(i["size"] == Path(paths[0]).stat().st_size for i in planned["inputs"])  # the fresh one
+    assert steps.plan_inputs(json.loads(config)) == planned and len(listed) == 2 * before  # taken once only
