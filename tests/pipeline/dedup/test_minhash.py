@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +23,8 @@ from pipeline.dedup.lsh import (
     split_refs,
 )
 from pipeline.dedup.minhash import MinHasher, estimated_jaccard
+
+REPO = Path(__file__).resolve().parents[3]
 
 DOCS = [
     "The quick brown fox jumps over the lazy dog; the quick brown fox jumps again!",
@@ -97,6 +102,31 @@ def test_shingling_rules() -> None:
 def test_optimal_params_equal_minhashlsh(threshold: float, num_perm: int) -> None:
     lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
     assert optimal_params(threshold, num_perm, 0.5, 0.5) == (lsh.b, lsh.r)
+
+
+@pytest.mark.parametrize("weights", [(0.5, 0.5), (0.3, 0.7), (0.8, 0.2)])
+def test_optimal_params_agree_with_datasketch_across_thresholds(weights: tuple[float, float]) -> None:
+    """Computed without datasketch (exact Gauss-Legendre areas): the same (b, r) as ``MinHashLSH`` picks."""
+    for num_perm in (16, 64, 100):
+        for threshold in (0.3, 0.45, 0.6, 0.75, 0.85, 0.95):
+            try:
+                lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=weights)
+            except ValueError:  # datasketch's optimum has one band, which it refuses: so do we
+                with pytest.raises(ValueError, match="fewer than 2 bands"):
+                    optimal_params(threshold, num_perm, *weights)
+            else:
+                assert optimal_params(threshold, num_perm, *weights) == (lsh.b, lsh.r)
+
+
+def test_optimal_params_import_neither_datasketch_nor_scipy() -> None:
+    """The near-dedup plan runs on the critical path of every build: importing datasketch (and scipy through
+    it) there cost ~0.7 CPU-s per process."""
+    code = (
+        "import sys; from pipeline.dedup.lsh import optimal_params; optimal_params(0.8, 128, 0.5, 0.5); "
+        "print(sorted(m for m in ('datasketch', 'scipy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"
 
 
 def test_band_keys_equal_iff_band_values_equal() -> None:
