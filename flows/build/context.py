@@ -106,11 +106,12 @@ def run_unit(store: ObjectStore, stage: str, key: str, folder: str, index: int, 
 # ---------------------------------------------------------------- the build's lease on its store
 
 
-def take_build_lease(store: ObjectStore, s3: S3Options | None) -> str:
+def take_build_lease(store: ObjectStore, s3: S3Options | None, run: str | None = None) -> str:
     """Hold this build's lease on ``store`` (refreshed by the flow's heartbeat), then clear what dead runs
     left: their temp files and the uploads they recorded (a live build's are left alone, whatever their age).
-    Returns the run id the build's upload records carry."""
-    run = current_flow_run_id() or uuid.uuid4().hex
+    Returns the run id the build's upload records carry: ``run`` (the lease the head start took before the
+    flow, ``flows/build/head_start.py``), else the flow run's id."""
+    run = run or current_flow_run_id() or uuid.uuid4().hex
     hold_lease(store, run)
     beat_also(functools.partial(hold_lease, store, run))
     removed = store.remove_dead_temp_files()

@@ -10,18 +10,17 @@ of a failed flow redoes only the units without a marker.
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.build import unchanged
+from flows.build import head_start, unchanged
 from flows.build.context import BuildContext, build_context, take_build_lease
 from flows.build.decontam import run_decontam
-from flows.build.inputs import build_key, pin_model
+from flows.build.inputs import build_key, ingest_keys, pin_model
 from flows.build.passes import Passes
-from flows.build.plan import MIN_TASK_BYTES, chunks, min_parts_per_task, parts_per_task
+from flows.build.plan import chunks, sizing
 from flows.build.steps import dedup_index_prefix
 from flows.build.tasks import (
     bands_task,
@@ -49,6 +48,7 @@ from flows.build.tasks import (
     write_shards_task,
 )
 from flows.runtime.heartbeat import with_heartbeat
+from flows.runtime.pool import early_summary
 from flows.runtime.profile import BuildProfile
 from flows.runtime.runners import (
     fit_workers,
@@ -61,7 +61,7 @@ from flows.runtime.runners import (
 )
 from flows.ui import build_artifacts, run_names
 from flows.ui.progress import RunProgress, stage_progress
-from pipeline import hashranges, unitcache
+from pipeline import hashranges
 from pipeline.corpus_config import CorpusConfig, load_corpus_config
 from pipeline.dedup import exact
 from pipeline.errors import StageFailed
@@ -75,15 +75,6 @@ __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
 
 
 # ---------------------------------------------------------------- the flow
-
-
-def ingest_keys(cfg: CorpusConfig, plans: list[dict[str, Any]], inputs: list[dict[str, Any]]) -> list[str]:
-    """A part's key: its plan plus the fingerprint (size, ETag/mtime) of every object it reads."""
-    fp = {i["uri"]: [i["size"], i["etag"]] for i in inputs}
-    ing = unitcache.unit_config("ingest", cfg.to_dict())
-    return [
-        unitcache.unit_key("ingest", p["pieces"], [fp.get(x["uri"]) for x in p["pieces"]], ing) for p in plans
-    ]
 
 
 def ingest_and_clean(
@@ -313,8 +304,8 @@ def build_corpus(
     n, store = len(planned["plans"]), open_store(cfg.output, cfg.s3)
     # The uploads and temp files of earlier runs that died go now rather than after an hour; this run's lease
     # keeps a janitor or another build off its own.
-    lease = take_build_lease(store, cfg.s3)
     work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
+    lease = take_build_lease(store, cfg.s3, run=head_start.take(cfg.to_dict(), work))
     record = unchanged.published_record(store, work, cfg)
     if record is not None:  # published before from the same inputs and config: no worker starts
         release_lease(store, lease)
@@ -323,11 +314,8 @@ def build_corpus(
     ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n, lease=lease).to_json()
     # no more workers than the widest pass has task chunks, each of at least MIN_TASK_BYTES of input (a small
     # build: one chunk per pass, run in this process); they start while the flow prepares its first pass
-    part_bytes = [sum(p["weight"] for p in plan["pieces"]) for plan in planned["plans"]]
-    least = min_parts_per_task(part_bytes, min_task_bytes())
-    workers = fit_workers(len(chunks(list(range(n)), parts_per_task(n, worker_count(), min_parts=least))))
+    workers, size, light = sizing(planned["plans"], worker_count(), fit=fit_workers)
     start_workers_soon()
-    size, light = (parts_per_task(n, workers, per_worker=k, min_parts=least) for k in (4, 1))
     run = Passes(ctx, n, size, light, build_profile)
     get_run_logger().info(
         "build %s: %d input object(s) in %d part(s), %d per task, %d worker(s); work folder %s",
@@ -374,6 +362,7 @@ def build_corpus(
         "workers": workers,
         "workers_started": workers_started(),
         "workers_in_process": workers_in_process(),
+        "head_start": early_summary(),  # the ingest calls the command started before Prefect, if any
     }
     build_artifacts.publish_build_artifacts(summary, cfg)
     unchanged.record_published(store, work, cfg, summary)
@@ -383,20 +372,6 @@ def build_corpus(
     )
     release_lease(store, lease)
     return summary
-
-
-MIN_TASK_BYTES_ENV = "PILEWORKS_MIN_TASK_BYTES"
-
-
-def min_task_bytes() -> int:
-    """The least planned input a chunk task gets: ``$PILEWORKS_MIN_TASK_BYTES``, else
-    :data:`~flows.build.plan.MIN_TASK_BYTES` (how the work is dealt to tasks, never what it computes)."""
-    text = os.environ.get(MIN_TASK_BYTES_ENV, "").strip()
-    if not text:
-        return MIN_TASK_BYTES
-    if not text.isdigit():
-        raise ValueError(f"{MIN_TASK_BYTES_ENV} must be a whole number of bytes, got {text!r}")
-    return int(text)
 
 
 def nothing_changed(

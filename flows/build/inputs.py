@@ -12,6 +12,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from pipeline import unitcache
 from pipeline.corpus_config import CorpusConfig, config_from_dict
 from pipeline.ingest import config as ingest_config
 from pipeline.ingest import stage as ingest
@@ -72,3 +73,12 @@ def build_key(cfg: CorpusConfig, inputs: list[dict[str, Any]], plans: list[dict[
         h.update(json.dumps([i["uri"], i["size"], i["etag"]]).encode())
     h.update(json.dumps(plans, sort_keys=True).encode())
     return h.hexdigest()[:16]
+
+
+def ingest_keys(cfg: CorpusConfig, plans: list[dict[str, Any]], inputs: list[dict[str, Any]]) -> list[str]:
+    """A part's key: its plan plus the fingerprint (size, ETag/mtime) of every object it reads."""
+    fp = {i["uri"]: [i["size"], i["etag"]] for i in inputs}
+    ing = unitcache.unit_config("ingest", cfg.to_dict())
+    return [
+        unitcache.unit_key("ingest", p["pieces"], [fp.get(x["uri"]) for x in p["pieces"]], ing) for p in plans
+    ]

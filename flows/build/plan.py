@@ -3,6 +3,7 @@ and gathered back (tested over grids of sizes in ``tests/flows/build/test_plan.p
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -46,3 +47,31 @@ def min_parts_per_task(part_bytes: list[int], task_bytes: int = MIN_TASK_BYTES) 
     if total <= 0:
         return max(1, len(part_bytes))
     return max(1, -(-task_bytes * len(part_bytes) // total))
+
+
+MIN_TASK_BYTES_ENV = "PILEWORKS_MIN_TASK_BYTES"
+
+
+def min_task_bytes() -> int:
+    """The least planned input a chunk task gets: ``$PILEWORKS_MIN_TASK_BYTES``, else :data:`MIN_TASK_BYTES`
+    (how the work is dealt to tasks, never what it computes)."""
+    text = os.environ.get(MIN_TASK_BYTES_ENV, "").strip()
+    if not text:
+        return MIN_TASK_BYTES
+    if not text.isdigit():
+        raise ValueError(f"{MIN_TASK_BYTES_ENV} must be a whole number of bytes, got {text!r}")
+    return int(text)
+
+
+def sizing(plans: list[dict[str, Any]], workers: int, fit: Any = None) -> tuple[int, int, int]:
+    """``(workers, size, light)`` of a build over the part ``plans`` on at most ``workers``: no more workers than
+    its widest pass has task chunks, each of at least :func:`min_task_bytes` of input (a small build: one chunk
+    per pass, on one worker), and the parts per task of its heavy and light passes. ``fit`` (the flow's: it
+    tells the task runner) turns the chunk count into the workers used; by default the smaller of the two.
+    ``pileworks build`` computes it before Prefect (the head start) as the flow does after."""
+    n = len(plans)
+    least = min_parts_per_task([sum(p["weight"] for p in plan["pieces"]) for plan in plans], min_task_bytes())
+    widest = len(chunks(list(range(n)), parts_per_task(n, workers, min_parts=least)))
+    used = fit(widest) if fit is not None else max(1, min(workers, widest))
+    size, light = (parts_per_task(n, used, per_worker=k, min_parts=least) for k in (4, 1))
+    return used, size, light

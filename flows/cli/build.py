@@ -74,14 +74,19 @@ def flow_parameters(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from flows.build import head_start
     from flows.build.inputs import forget_listing
+    from flows.runtime.pool import cores
 
     parameters = flow_parameters(args)
     try:
         summary = unchanged_without_prefect(args.api, parameters)
         if summary is None:
+            if args.task_runner in ("local", "process"):  # the first pass starts while Prefect imports
+                head_start.start(parameters, args.workers or cores())
             summary = run_flow(args, parameters)
     finally:
+        head_start.close()  # a pool the flow did not adopt stops once its calls finish
         forget_listing()  # a listing the flow did not take is not for a later command in this process
     if not args.json:
         print_summary(summary)

@@ -10,14 +10,17 @@ stage modules) once per flow process, about 0.75 CPU-s, instead of 2-3 CPU-s of 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import multiprocessing
 import os
 import pickle
 import signal
 import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
 from typing import Any
 
 from flows.runtime import profile
@@ -42,6 +45,14 @@ PRELOAD = [
 ]
 
 
+def cores() -> int:
+    """The cores this process may use (the affinity mask on Linux, else the CPU count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def set_one_thread_env() -> None:
     """:data:`ONE_THREAD` in this process's env, except the names the user set."""
     for name, value in ONE_THREAD.items():
@@ -61,6 +72,90 @@ def start_pool(size: int) -> ProcessPoolExecutor:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)  # used when the fork server starts, ignored once it runs
     return ProcessPoolExecutor(size, mp_context=context, initializer=init_worker)
+
+
+# ---------------------------------------------------------------- calls submitted before the task runner exists
+
+
+@dataclass
+class Early:
+    """A pool started, and calls submitted to it, before the flow's task runner existed (``pileworks build``'s
+    head start, ``flows/build/head_start.py``); the runner adopts the pool and its task runs claim the calls."""
+
+    pool: ProcessPoolExecutor
+    workers: int
+    started: float  # when the first call was submitted (epoch seconds)
+    calls: dict[str, Future[Any]] = field(default_factory=dict)  # call_key -> the future of run_captured
+    claimed: int = 0
+    adopted: bool = False  # a task runner owns (and shuts down) the pool from then on
+
+
+_EARLY: Early | None = None
+_EARLY_LOCK = threading.Lock()  # the task runs of a pass claim from their threads
+
+
+def call_key(fn: Callable[..., Any], args: tuple[Any, ...]) -> str:
+    """A body and its arguments (JSON: contexts, plans, keys), as a task would hand them over."""
+    return json.dumps([fn.__module__, fn.__qualname__, list(args)], sort_keys=True, default=repr)
+
+
+def start_early(size: int, calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> Early:
+    """Start a pool of ``size`` workers and submit ``calls`` (each as :func:`run_captured`) to it now."""
+    global _EARLY
+    close_early()
+    pool = start_pool(size)
+    early = Early(pool, size, time.time())
+    for fn, args in calls:
+        early.calls[call_key(fn, args)] = pool.submit(run_captured, fn, args)
+    _EARLY = early
+    return early
+
+
+def adopt_early(size: int) -> ProcessPoolExecutor | None:
+    """The early pool for a task runner of ``size`` workers, which shuts it down from now on; None when there is
+    none (a pool of another size is closed once its calls finish)."""
+    early = _EARLY
+    if early is None or early.adopted:
+        return None
+    if early.workers != size:
+        close_early()
+        return None
+    early.adopted = True
+    return early.pool
+
+
+def claim_early(fn: Callable[..., Any], args: tuple[Any, ...]) -> Future[Any] | None:
+    """The early future of ``fn(*args)``, once; None when no such call was submitted early (the caller submits
+    it). A call that finds unclaimed early calls but is not one of them waits for them first: what they write
+    is then complete, and reused, never computed twice at the same time."""
+    with _EARLY_LOCK:
+        early = _EARLY
+        if early is None or not early.calls:
+            return None
+        future = early.calls.pop(call_key(fn, args), None)
+        if future is not None:
+            early.claimed += 1
+            return future
+        wait(list(early.calls.values()))
+        early.calls.clear()
+        return None
+
+
+def early_summary() -> dict[str, Any] | None:
+    """When the first early call was submitted (epoch seconds), and the early calls and those claimed."""
+    early = _EARLY
+    if early is None:
+        return None
+    return {"start": early.started, "calls": early.claimed + len(early.calls), "claimed": early.claimed}
+
+
+def close_early() -> None:
+    """Forget the early pool; unless a task runner adopted it, shut it down once its calls finish (their units
+    are then complete: a later build reuses them)."""
+    global _EARLY
+    early, _EARLY = _EARLY, None
+    if early is not None and not early.adopted:
+        early.pool.shutdown(wait=True, cancel_futures=False)
 
 
 def ready() -> int:

@@ -32,7 +32,7 @@ from typing import Any
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.runtime.pool import ONE_THREAD
+from flows.runtime.pool import ONE_THREAD, cores
 from flows.runtime.workers import LocalWorkers
 
 RUNNERS = ("local", "process", "dask", "threads")
@@ -40,10 +40,7 @@ RUNNERS = ("local", "process", "dask", "threads")
 
 def default_workers() -> int:
     """The cores this process may use (the affinity mask on Linux, else the CPU count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+    return cores()
 
 
 def make_task_runner(spec: str = "local", workers: int | None = None) -> Any:

@@ -28,7 +28,16 @@ from prefect.context import FlowRunContext, TaskRunContext
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
 from flows.runtime import profile
-from flows.runtime.pool import WorkerDied, capture_logs, ready, relinked, run_captured, start_pool
+from flows.runtime.pool import (
+    WorkerDied,
+    adopt_early,
+    capture_logs,
+    claim_early,
+    ready,
+    relinked,
+    run_captured,
+    start_pool,
+)
 
 R = TypeVar("R")
 
@@ -92,9 +101,11 @@ class LocalWorkers(TaskRunner[Any]):
     def start_processes(self) -> Any:
         """:attr:`size` worker processes, all started now (one call each: the pool forks one per call that finds
         none idle), and as many threads here for Prefect's task runs."""
-        self.processes = start_pool(self.size)
-        for _ in range(self.size):
-            self.processes.submit(ready)
+        self.processes = adopt_early(self.size)  # the pool of the command's head start, working already
+        if self.processes is None:
+            self.processes = start_pool(self.size)
+            for _ in range(self.size):
+                self.processes.submit(ready)
         self.started_workers = self.size
         pool: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=self.size)
         pool.__enter__()
@@ -106,7 +117,8 @@ class LocalWorkers(TaskRunner[Any]):
         if self.processes is None:  # one worker: in this thread
             return in_line(fn, args)
         try:
-            out = self.processes.submit(run_captured, fn, args).result()
+            future = claim_early(fn, args) or self.processes.submit(run_captured, fn, args)
+            out = future.result()
         except BrokenProcessPool as exc:
             raise WorkerDied(
                 f"{where} failed: the worker process running it died (killed, or out of memory?); "

@@ -155,8 +155,7 @@ def test_a_failed_build_names_the_stage_and_a_rerun_resumes(
 
 def test_the_least_input_per_task_is_a_runtime_knob(monkeypatch: pytest.MonkeyPatch) -> None:
     """``PILEWORKS_MIN_TASK_BYTES`` deals the same parts to more or fewer tasks (ids do not depend on it)."""
-    from flows.build.flow import min_task_bytes
-    from flows.build.plan import MIN_TASK_BYTES
+    from flows.build.plan import MIN_TASK_BYTES, min_task_bytes
 
     monkeypatch.delenv("PILEWORKS_MIN_TASK_BYTES", raising=False)
     assert min_task_bytes() == MIN_TASK_BYTES

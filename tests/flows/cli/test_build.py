@@ -183,3 +183,33 @@ def test_a_rebuild_after_a_change_lists_its_inputs_once(
     assert len(listed) == before  # the flow's step took the listing: no second listing
     assert any(i["size"] == Path(paths[0]).stat().st_size for i in planned["inputs"])  # the fresh one
     assert steps.plan_inputs(json.loads(config)) == planned and len(listed) == 2 * before  # taken once only
+
+
+def test_a_build_on_local_workers_starts_its_first_pass_before_prefect(
+    prefect_harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With two workers the command starts the ingest tasks before it imports Prefect; the flow's ingest task runs
+    collect exactly those calls (none computed twice), and the dataset is the one a single worker builds."""
+    from flows.build import head_start
+    from flows.cli.main import main
+    from flows.runtime import pool
+    from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
+
+    monkeypatch.setenv("PILEWORKS_MIN_TASK_BYTES", "1")  # the tiny corpus in several tasks per pass
+    write_tiny_corpus(tmp_path / "raw")
+    sets = [f"--set={k}={v}" for k, v in TINY_OVERRIDES.items() if k != "name"]
+    summaries = {}
+    for workers in (2, 1):
+        argv = ["build", "--input", str(tmp_path / "raw"), "--output", str(tmp_path / f"store{workers}")]
+        argv += ["--name", "tiny", *sets, "--json", "--workers", str(workers)]
+        assert main(argv) == 0
+        summaries[workers] = json.loads(capsys.readouterr().out)
+        assert head_start._HEAD is None and pool.early_summary() is None  # nothing kept past the command
+    two, one = summaries[2]["profile"], summaries[1]["profile"]
+    ingest = next(p for p in two["passes"] if p["name"] == "ingest+count")
+    early = two["head_start"]
+    assert ingest["task_runs"] >= 2 and early["calls"] == early["claimed"] == ingest["task_runs"]
+    assert early["start"] < two["passes"][0]["start"]  # working before the flow's first step
+    assert summaries[2]["reused_units"]["ingest"][0] == 0  # each unit computed once, by the head start
+    assert two["workers_started"] == 2 and one["head_start"] is None  # one worker: a thread, no head start
+    assert summaries[2]["dataset_id"] == summaries[1]["dataset_id"]

@@ -141,3 +141,42 @@ def test_a_body_logs_to_its_task_run_and_a_dead_worker_fails_its_task_by_name(pr
     with pytest.raises(WorkerDied, match="'crash part 7' failed: the worker process running it died"):
         die()
     assert time.monotonic() - started < 60  # failed, not hung
+
+
+def echo_pid(value: int) -> tuple[int, int]:
+    return value, os.getpid()
+
+
+def test_calls_started_before_the_runner_are_claimed_once_and_others_wait_for_them() -> None:
+    """The head start's pool: the runner adopts it and a task's call takes the future already running; a call
+    the head start did not make waits for the unclaimed ones (their units are done, never computed twice)."""
+    from flows.runtime import pool
+
+    early = pool.start_early(2, [(echo_pid, (1,)), (echo_pid, (2,)), (echo_pid, (3,))])
+    try:
+        runner = make_task_runner("local", 2).duplicate()
+        with runner:
+            runner.start_soon()
+            runner.runner()
+            assert runner.processes is early.pool and early.adopted  # the same worker processes
+            first = pool.claim_early(echo_pid, (1,))
+            assert first is not None and first.result()["result"][0] == 1
+            assert runner.call(echo_pid, (2,), "test")[0] == 2  # through the runner: claimed
+            assert pool.early_summary() == {"start": early.started, "calls": 3, "claimed": 2}
+            unclaimed = early.calls[pool.call_key(echo_pid, (3,))]
+            assert runner.call(echo_pid, (4,), "test")[0] == 4  # not started early: submitted
+            assert unclaimed.done() and not early.calls  # after the early call it waited for
+            assert pool.claim_early(echo_pid, (1,)) is None  # claimed once only
+    finally:
+        pool.close_early()
+    assert pool.early_summary() is None
+
+
+def test_an_early_pool_of_another_size_is_closed_not_adopted() -> None:
+    from flows.runtime import pool
+
+    early = pool.start_early(2, [(echo_pid, (7,))])
+    future = early.calls[pool.call_key(echo_pid, (7,))]
+    assert pool.adopt_early(3) is None  # the flow sized its runner otherwise
+    assert future.done() and future.result()["result"][0] == 7  # finished before it was closed
+    assert pool.early_summary() is None

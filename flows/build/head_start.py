@@ -1,0 +1,123 @@
+"""The head start: a local build's first pass, started by ``pileworks build`` before it imports Prefect.
+
+Importing Prefect and starting the flow run take about two seconds of one core, in which a build with work to do
+would otherwise compute nothing. When the build runs on two or more local worker processes, the command lists and
+plans the inputs (it does so anyway, to find an unchanged rebuild), takes the build's lease, starts the worker
+pool and submits the ingest chunks (``flows/runtime/pool.py``, no Prefect), exactly as the flow deals them
+(:func:`flows.build.plan.sizing`, the same context and unit keys). The flow, in the same process, takes the
+lease (:func:`take`), its task runner adopts the pool, and its ingest task runs collect these calls' results
+(:func:`flows.runtime.pool.claim_early`) instead of submitting them again: the same bodies with the same
+arguments, so the same units, profile records and log lines, reported in the same task runs. A call the flow
+does not claim (its plan came out otherwise) is waited for before anything else runs on the pool, and its
+units are then simply reused.
+
+Nothing of it runs for one worker (that worker is a thread of the flow's process, which is busy importing), for
+other task runners, or when the dataset is already published.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from flows.runtime import pool
+
+log = logging.getLogger("pileworks")
+
+
+@dataclass(frozen=True)
+class HeadStart:
+    """The build the command started before the flow: its resolved ``config`` (JSON, sorted keys), work folder
+    and lease."""
+
+    config: str
+    work: str
+    lease: str
+
+
+_HEAD: HeadStart | None = None
+
+
+def start(parameters: dict[str, Any], workers: int) -> HeadStart | None:
+    """Start the first pass of the build of the flow's ``parameters`` on up to ``workers`` local worker
+    processes, when it has work for two or more; returns it (kept for :func:`take`), else None. Any failure
+    leaves everything to the flow, which reports it in its run."""
+    global _HEAD
+    close()
+    if workers < 2:
+        return None
+    try:
+        _HEAD = _start(parameters, workers)
+    except Exception as exc:  # the flow lists, plans and fails (or not) in its run, with its retries
+        log.info("no head start before the flow (%s: %s)", type(exc).__name__, exc)
+        close()
+    return _HEAD
+
+
+def _start(parameters: dict[str, Any], workers: int) -> HeadStart | None:
+    from flows.build import steps, unchanged
+    from flows.build.context import BuildContext, take_build_lease
+    from flows.build.inputs import (
+        build_key,
+        ingest_keys,
+        keep_listing,
+        list_and_plan,
+        pin_model,
+        take_listing,
+    )
+    from flows.build.plan import chunks, sizing
+    from pipeline.corpus_config import load_corpus_config
+    from pipeline.storage import open_store
+
+    cfg = load_corpus_config(
+        parameters["config_path"],
+        inputs=parameters["inputs"],
+        output=parameters["output"],
+        name=parameters["name"],
+        overrides=parameters["overrides"],
+    )
+    cfg = pin_model(cfg)
+    config = cfg.to_dict()
+    planned = take_listing(config) or list_and_plan(config)
+    keep_listing(config, planned)  # the flow's plan-inputs step starts from it, as without a head start
+    plans = planned["plans"]
+    used, size, _light = sizing(plans, workers)
+    if used < 2:
+        return None
+    store = open_store(cfg.output, cfg.s3)
+    work = f"work/{build_key(cfg, planned['inputs'], plans)}"
+    if unchanged.published_record(store, work, cfg) is not None:
+        return None  # the flow finds it published and starts nothing
+    lease = take_build_lease(store, cfg.s3, run=uuid.uuid4().hex)
+    ctx = BuildContext(store_uri=store.uri, work=work, config=config, parts=len(plans), lease=lease).to_json()
+    keys = ingest_keys(cfg, plans, planned["inputs"])
+    calls = [
+        (steps.ingest_chunk, (ctx, part_plans, part_keys))
+        for part_plans, part_keys in zip(chunks(plans, size), chunks(keys, size), strict=True)
+    ]
+    pool.start_early(used, calls)
+    log.info("head start: %d ingest task(s) on %d worker(s) while Prefect starts", len(calls), used)
+    return HeadStart(json.dumps(config, sort_keys=True), work, lease)
+
+
+def take(config: dict[str, Any], work: str) -> str | None:
+    """The lease of the head start of the build of ``config`` in ``work`` (the flow's), else None; a head start
+    of another build is closed (its calls finish first: their units are reused like any others)."""
+    head = _HEAD
+    if head is None:
+        return None
+    if head.config != json.dumps(config, sort_keys=True) or head.work != work:
+        close()
+        return None
+    return head.lease
+
+
+def close() -> None:
+    """Forget the head start (the command ends); its pool, unless the flow's task runner adopted it, stops once
+    its calls finish."""
+    global _HEAD
+    _HEAD = None
+    pool.close_early()
