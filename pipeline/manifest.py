@@ -66,12 +66,14 @@ _NOT_CONTENT = ("created_at", "lineage")
 class DatasetConflictError(AlreadyExistsError):
     """A different manifest was already published under this dataset id (a racing or diverging publisher).
 
-    ``existing_uri`` names the manifest that won, so a caller may choose to use it instead.
+    ``existing_uri`` names the manifest that won, so a caller may choose to use it instead; ``differ`` names the
+    manifest fields that differ (metadata such as ``inputs``, ``stats``, ``card``: the content is the same).
     """
 
-    def __init__(self, message: str, *, existing_uri: str):
+    def __init__(self, message: str, *, existing_uri: str, differ: tuple[str, ...] = ()):
         super().__init__(message)
         self.existing_uri = existing_uri
+        self.differ = differ
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -338,9 +340,17 @@ def publish_dataset(
         if sha256_file(path) != hashes[key]:
             raise ValueError(f"staged file {path} does not match the manifest's sha256 for {key}")
     prefix = dataset_prefix(name, manifest.dataset_id)
-    for key, path in paths.items():
-        upload_verified(root_store, join_key(prefix, key), path, hashes[key])
+    if not already_published(root_store, manifest):
+        for key, path in paths.items():
+            upload_verified(root_store, join_key(prefix, key), path, hashes[key])
     return commit_manifest(root_store, name, manifest)
+
+
+def already_published(root_store: ObjectStore, manifest: Manifest) -> bool:
+    """Whether ``manifest``'s dataset id is published in ``root_store`` (its manifest in place). Nothing under its
+    prefix is then written again: the prefix is immutable, and the data card is not part of the id, so the card
+    of a build with other metadata would replace the one the published manifest lists (and fail its sha256)."""
+    return root_store.exists(join_key(dataset_prefix(manifest.name, manifest.dataset_id), MANIFEST_KEY))
 
 
 def dataset_prefix(name: str, dataset_id: str) -> str:
@@ -373,6 +383,7 @@ def commit_manifest(root_store: ObjectStore, name: str, manifest: Manifest) -> s
                 "content (same id), so another publisher won a race or the metadata changed: use the "
                 "existing dataset, or publish under another name",
                 existing_uri=root_store.uri_of(manifest_key),
+                differ=tuple(differ),
             ) from None
         log.info(
             "dataset %s already published at %s: nothing to do",

@@ -37,7 +37,14 @@ from tokenizers import Tokenizer
 
 from pipeline.card import attach_card, build_card, card_bytes
 from pipeline.hf_tokenizer import hf_tokenizer_files
-from pipeline.manifest import Manifest, TokenizerInfo, commit_manifest, dataset_prefix, upload_verified
+from pipeline.manifest import (
+    Manifest,
+    TokenizerInfo,
+    already_published,
+    commit_manifest,
+    dataset_prefix,
+    upload_verified,
+)
 from pipeline.shards import (
     PROVENANCE_COLUMNS,
     SPLITS,
@@ -493,8 +500,11 @@ def dataset_card(manifest: Manifest) -> bytes:
 def commit_dataset(store: ObjectStore, manifest: Manifest, tok: TokenizerFiles) -> str:
     """The last step of a build, once every shard is under the dataset's prefix and verified: upload the
     tokenizer files and the data card (each verified), then write the manifest and ``latest.json``
-    (:func:`pipeline.manifest.commit_manifest`, whose :class:`DatasetConflictError` it passes on). Returns the
+    (:func:`pipeline.manifest.commit_manifest`, whose :class:`DatasetConflictError` it passes on). A dataset
+    already published keeps every object as it is (:func:`pipeline.manifest.already_published`). Returns the
     manifest URI."""
+    if already_published(store, manifest):
+        return commit_manifest(store, manifest.name, manifest)
     prefix = dataset_prefix(manifest.name, manifest.dataset_id)
     with tempfile.TemporaryDirectory(prefix="pileworks-tokenizer-") as tmp:
         staged = Path(tmp)

@@ -241,9 +241,10 @@ def shard_and_publish(
     stats_json: dict[str, Any],
     lineage: dict[str, Any],
     workers: int,
-) -> str:
+) -> dict[str, Any]:
     """Plan the shards, write them on the workers (runs of each split's shards), make the manifest, copy and
-    verify the shards under the dataset's prefix on the workers, then write the manifest last."""
+    verify the shards under the dataset's prefix on the workers, then write the manifest last. Returns the
+    manifest URI and whether a published dataset of the same content was reused (:func:`steps.commit`)."""
     counted = [u["stats"] for u in run.units.get("split counts", [])]
     tasks = 1 if workers <= 1 else 2 * workers  # two runs of shards per worker: none idles at the end
     plan = run.once("shard-plan", shard_plan_task, run.ctx, run.n, tok_key, tasks, counted)
@@ -348,9 +349,15 @@ def build_corpus(
     lineage = {"prefect_flow_run_id": _flow_run_id(), "build_key": work.split("/")[-1]}
     stats_json = {k: v.to_json() for k, v in stats.items()}
     with stage_progress.step("publish"):
-        manifest_uri = shard_and_publish(run, tok_key, planned["inputs"], stats_json, lineage, workers)
+        published = shard_and_publish(run, tok_key, planned["inputs"], stats_json, lineage, workers)
     progress.finished("publish")
+    manifest_uri, reused = published["manifest_uri"], published["reused"]
+    if reused is not None:  # from here on, everything reports the published dataset, as its manifest lists it
+        stats, reused = unchanged.reused_dataset(manifest_uri, cfg, stats, reused)
     summary = build_artifacts.build_summary(manifest_uri, stats, cfg, time.perf_counter() - started)
+    if reused is not None:
+        summary["reused"] = reused
+        get_run_logger().warning(unchanged.reused_line(summary))
     summary["reused_units"] = run.reuse
     summary["lineage"] = lineage
     if cfg.dedup.near.enabled:
@@ -368,7 +375,11 @@ def build_corpus(
     unchanged.record_published(store, work, cfg, summary)
     run_names.rename_flow_run(f"build {cfg.name} {summary['dataset_id'][:8]}")
     get_run_logger().info(
-        "published %s (dataset %s) in %.1f s", manifest_uri, summary["dataset_id"], summary["seconds"]
+        "%s %s (dataset %s) in %.1f s",
+        "reused" if reused is not None else "published",
+        manifest_uri,
+        summary["dataset_id"],
+        summary["seconds"],
     )
     release_lease(store, lease)
     return summary

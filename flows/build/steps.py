@@ -32,6 +32,7 @@ from pipeline.manifest import (
     DatasetConflictError,
     Manifest,
     copy_verified,
+    point_latest,
 )
 from pipeline.sources import mixture_from_runs
 from pipeline.storage import ObjectStore
@@ -600,9 +601,10 @@ def make_manifest(
         ).to_json()
 
 
-def commit(ctx: dict[str, Any], tokenizer_key: str, manifest: dict[str, Any]) -> str:
-    """Upload the tokenizer files and the data card, then write the manifest (create-only) and ``latest.json``: the dataset is
-    visible from here on. Returns the manifest URI."""
+def commit(ctx: dict[str, Any], tokenizer_key: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Upload the tokenizer files and the data card, then write the manifest (create-only) and ``latest.json``: the
+    dataset is visible from here on. Returns ``{"manifest_uri", "reused"}``: ``reused`` is None, or, when the
+    dataset id was already published with other metadata, what differs (:func:`reuse_published`)."""
     with stage_errors("publish"), profile.measure("publish"):
         c = build_context(ctx)
         store, cfg = c.store(), c.cfg
@@ -611,12 +613,18 @@ def commit(ctx: dict[str, Any], tokenizer_key: str, manifest: dict[str, Any]) ->
             store.get_bytes(tokenizer_key), cfg.tokenize.eos_token, cfg.tokenize.pad_token
         )
         try:
-            return publish.commit_dataset(store, m, tok)
+            return {"manifest_uri": publish.commit_dataset(store, m, tok), "reused": None}
         except DatasetConflictError as exc:
-            # Same content (the dataset id is a content hash) but, e.g., touched input mtimes: the published
-            # dataset is the one to use; it stays immutable.
-            log.warning("dataset already published with other metadata: %s", exc)
-            return exc.existing_uri
+            return reuse_published(store, m, exc)
+
+
+def reuse_published(store: ObjectStore, manifest: Manifest, conflict: DatasetConflictError) -> dict[str, Any]:
+    """Same content (the dataset id is a content hash) as a published dataset, other metadata: inputs that changed
+    without changing the shards (a document the build drops, touched mtimes). The published dataset is the one to
+    use and stays as it is; it becomes ``latest`` again, as a rebuild that found nothing changed makes it."""
+    point_latest(store, manifest.name, manifest.dataset_id)
+    log.info("dataset %s already published with other metadata: %s", manifest.dataset_id, conflict)
+    return {"manifest_uri": conflict.existing_uri, "reused": {"fields_differ": list(conflict.differ)}}
 
 
 def dedup_index_prefix(name: str, dataset_id: str) -> str:

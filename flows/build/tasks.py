@@ -235,9 +235,9 @@ def manifest_task(
 
 
 @task(name="publish", task_run_name="manifest: publish", cache_policy=NO_CACHE, **IO_RETRIES)
-def commit_task(ctx: dict[str, Any], tokenizer_key: str, manifest: dict[str, Any]) -> str:
-    """Upload the tokenizer files and the data card, then write the manifest (create-only) and ``latest.json``: the dataset is
-    visible from here on. Returns the manifest URI."""
+def commit_task(ctx: dict[str, Any], tokenizer_key: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Upload the tokenizer files and the data card, then write the manifest (create-only) and ``latest.json``: the
+    dataset is visible from here on. Returns the manifest URI and whether a published dataset was reused."""
     return hand_over(steps.commit, ctx, tokenizer_key, manifest)
 
 

@@ -13,6 +13,10 @@ where every unit is still reused.
 the flow's), and when the dataset is published records the run through Prefect's REST API
 (:func:`record_unchanged`): the same completed run, artifacts, summary and ``latest.json`` as the flow would
 leave, for a fraction of a CPU-second instead of three.
+
+A build whose inputs changed but whose dataset id (a content hash) is already published, say a new document the
+build drops, reuses that dataset as it is (:func:`reused_dataset`): its summary, card and artifacts report the
+published manifest, ``reused`` says so, and its record makes the next rebuild of the same inputs a no-change one.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from flows.runtime.prefect_rest import completed_run
 from flows.runtime.profile import BuildProfile
 from flows.ui import build_artifacts, run_names
 from pipeline.corpus_config import CorpusConfig, load_corpus_config
-from pipeline.manifest import LATEST_KEY, MANIFEST_KEY, dataset_prefix, point_latest
+from pipeline.manifest import LATEST_KEY, MANIFEST_KEY, dataset_prefix, load_manifest, point_latest
 from pipeline.storage import ObjectStore, join_key, open_store, read_object
+from pipeline.units import StageStats
 
 RECORD = "published.json"
 
@@ -92,7 +97,10 @@ def unchanged_summary(
     summary = dict(record["summary"])
     reused = summary.get("reused_units", {})
     summary["reused_units"] = {step: [counts[1], counts[1]] for step, counts in reused.items()}
-    summary["nothing_changed"] = {"published_by": summary.get("lineage", {}).get("prefect_flow_run_id")}
+    # a recorded build that reused a published dataset did not publish it: the run that did is named
+    publisher = summary.pop("reused", {}).get("published_by")
+    by = publisher or summary.get("lineage", {}).get("prefect_flow_run_id")
+    summary["nothing_changed"] = {"published_by": by}
     summary["lineage"] = {"prefect_flow_run_id": flow_run_id, "build_key": build_key}
     summary["seconds"] = round(seconds, 2)
     return summary
@@ -129,6 +137,31 @@ def republished(
         "workers_started": workers_started,
     }
     return summary
+
+
+def reused_dataset(
+    manifest_uri: str, cfg: CorpusConfig, stats: dict[str, StageStats], reused: dict[str, Any]
+) -> tuple[dict[str, StageStats], dict[str, Any]]:
+    """A build whose inputs changed but whose shards came out as a published dataset's (``reused``: what the
+    commit step found differs). Returns the published dataset's stats, which the summary, card and artifacts
+    then report (its manifest lists them, not this run's), and the summary's ``reused`` note: the fields that
+    differ, the flow run that published the dataset and the documents this run read."""
+    manifest, _ = load_manifest(manifest_uri, cfg.s3)
+    published = {k: StageStats.from_json(manifest.stats[k]) for k in stats if k in manifest.stats}
+    note = reused | {
+        "published_by": manifest.lineage.get("prefect_flow_run_id"),
+        "docs_in_this_run": stats["ingest"].docs_in if "ingest" in stats else None,
+    }
+    return published, note
+
+
+def reused_line(summary: dict[str, Any]) -> str:
+    reused = summary["reused"]
+    return (
+        f"inputs changed but the dataset's content did not: reusing dataset {summary['dataset_id']} published "
+        f"at {summary['manifest_uri']} (by flow run {reused['published_by']}), unchanged; this build's "
+        f"{', '.join(reused['fields_differ']) or 'metadata'} differ from its manifest's"
+    )
 
 
 def nothing_changed_line(summary: dict[str, Any]) -> str:

@@ -166,7 +166,11 @@ def build_next_commands(summary: dict[str, Any]) -> list[str]:
 def finish_build(summary: dict[str, Any], as_json: bool) -> None:
     from flows.cli.report import finish
 
-    said = "nothing changed: dataset" if summary.get("nothing_changed") else "published dataset"
+    said = "published dataset"
+    if summary.get("nothing_changed"):
+        said = "nothing changed: dataset"
+    elif summary.get("reused"):  # the inputs changed, the content did not: the published dataset is the build
+        said = "inputs changed, same content: reused dataset"
     lines = [
         f"{said} {summary['name']} {summary['dataset_id']} "
         f"({summary['docs_out']} documents, {sum(summary['tokens'].values()):,} tokens)",

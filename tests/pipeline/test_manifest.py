@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pipeline.card import CARD_KEY, attach_card
 from pipeline.manifest import (
     LATEST_KEY,
     MANIFEST_KEY,
@@ -18,6 +19,7 @@ from pipeline.manifest import (
     TokenizerInfo,
     compute_dataset_id,
     load_manifest,
+    object_hashes,
     publish_dataset,
 )
 from pipeline.shards import ShardInfo
@@ -288,6 +290,26 @@ def test_republish_identical_is_a_noop_and_different_content_conflicts(tmp_path:
     with pytest.raises(DatasetConflictError, match="fields that differ: stats") as info:
         publish_dataset(store, "tiny", folder, other)
     assert info.value.existing_uri == first
+
+
+def test_a_republish_with_other_metadata_leaves_the_published_card_and_manifest_as_they_are(
+    tmp_path: Path, tiny
+) -> None:
+    """Same content, other stats: the card (not part of the id) differs too, and must not replace the one the
+    published manifest lists."""
+    manifest, folder = tiny
+    store = FileStore(tmp_path / "store")
+    first = publish_dataset(store, "tiny", folder, manifest)
+    prefix = (tmp_path / "store" / first.split("/store/", 1)[1]).parent
+    before = {p.name: p.read_bytes() for p in prefix.glob("*.json")}
+    tokenize = manifest.stats["tokenize"] | {"docs_out": manifest.stats["tokenize"]["docs_out"] + 1}
+    other = dataclasses.replace(manifest, stats=manifest.stats | {"tokenize": tokenize})
+    (tmp_path / CARD_KEY).write_bytes(attach_card(other))
+    staged = {key: folder / key for key in object_hashes(other)} | {CARD_KEY: tmp_path / CARD_KEY}
+    with pytest.raises(DatasetConflictError) as info:
+        publish_dataset(store, "tiny", staged, other)
+    assert info.value.differ == ("card", "stats")
+    assert {p.name: p.read_bytes() for p in prefix.glob("*.json")} == before
 
 
 def test_racing_publishers_leave_one_manifest_and_a_clear_error(store: ObjectStore, tiny) -> None:

@@ -82,6 +82,48 @@ def test_rebuild_is_incremental(prefect_harness, tiny_corpus: Path, tmp_path: Pa
     assert warm["docs_in"] == cold["docs_in"] - 1
 
 
+def test_a_rebuild_whose_new_document_is_dropped_reuses_the_published_dataset(
+    prefect_harness, tiny_corpus: Path, tmp_path: Path
+) -> None:
+    """Inputs changed, shards did not (the new document is an exact duplicate): the published dataset is reused as
+    it is, becomes ``latest`` again, and everything after publish reports it; the next rebuild is a no-change one."""
+    from flows.build.unchanged import find_published
+    from flows.runtime.profile import BuildProfile
+    from pipeline.card import read_card
+
+    store, part0, part1 = tmp_path / "store", tiny_corpus / "part-0.jsonl", tiny_corpus / "part-1.jsonl"
+    cold = _build(tiny_corpus, store)
+    dataset = store / "datasets" / "tiny" / cold["dataset_id"]
+    published = {p.name: p.read_bytes() for p in dataset.glob("*.json")}  # manifest, card, tokenizer files
+    kept = part1.read_text()
+    part1.write_text("".join(kept.splitlines(keepends=True)[:-1]))  # another dataset becomes latest
+    assert _build(tiny_corpus, store)["dataset_id"] != cold["dataset_id"]
+    part1.write_text(kept)
+    part0.write_text(part0.read_text() + part0.read_text().splitlines(keepends=True)[0])
+
+    reused = _build(tiny_corpus, store)
+    assert (reused["dataset_id"], reused["manifest_uri"]) == (cold["dataset_id"], cold["manifest_uri"])
+    assert reused["reused"]["published_by"] == cold["lineage"]["prefect_flow_run_id"]
+    assert {"inputs", "stats"} <= set(reused["reused"]["fields_differ"])
+    assert reused["reused"]["docs_in_this_run"] == cold["docs_in"] + 1
+    # the summary is the published dataset's, as its manifest and card list it
+    assert (reused["docs_in"], reused["stages"], reused["shard_table"]) == (
+        cold["docs_in"],
+        cold["stages"],
+        cold["shard_table"],
+    )
+    assert {p.name: p.read_bytes() for p in dataset.glob("*.json")} == published  # immutable
+    assert read_card(*load_manifest(reused["manifest_uri"], None))["docs_in"] == cold["docs_in"]
+    latest = json.loads((store / "datasets" / "tiny" / "latest.json").read_text())
+    assert latest["dataset_id"] == cold["dataset_id"]
+
+    parameters = {"config_path": None, "inputs": [str(tiny_corpus)], "output": str(store), "name": None}
+    assert find_published(parameters | {"overrides": TINY_OVERRIDES}, BuildProfile()) is not None
+    again = _build(tiny_corpus, store)
+    assert again["dataset_id"] == cold["dataset_id"] and "reused" not in again
+    assert again["nothing_changed"] == {"published_by": cold["lineage"]["prefect_flow_run_id"]}
+
+
 class ChildProcesses:
     """The child processes this process started while the block ran (sampled every 20 ms)."""
 
