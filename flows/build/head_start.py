@@ -23,7 +23,20 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from flows.build import steps, unchanged
+from flows.build.context import BuildContext, take_build_lease
+from flows.build.inputs import (
+    build_key,
+    ingest_keys,
+    keep_listing,
+    list_and_plan,
+    pin_model,
+    take_listing,
+)
+from flows.build.plan import chunks, sizing
 from flows.runtime import pool
+from pipeline.corpus_config import load_corpus_config
+from pipeline.storage import open_store
 
 log = logging.getLogger("pileworks")
 
@@ -58,20 +71,6 @@ def start(parameters: dict[str, Any], workers: int) -> HeadStart | None:
 
 
 def _start(parameters: dict[str, Any], workers: int) -> HeadStart | None:
-    from flows.build import steps, unchanged
-    from flows.build.context import BuildContext, take_build_lease
-    from flows.build.inputs import (
-        build_key,
-        ingest_keys,
-        keep_listing,
-        list_and_plan,
-        pin_model,
-        take_listing,
-    )
-    from flows.build.plan import chunks, sizing
-    from pipeline.corpus_config import load_corpus_config
-    from pipeline.storage import open_store
-
     cfg = load_corpus_config(
         parameters["config_path"],
         inputs=parameters["inputs"],
