@@ -22,7 +22,7 @@ import numpy as np
 
 from flows.build.context import BuildContext, build_context, run_unit, stage_errors
 from flows.build.inputs import list_and_plan, take_listing
-from flows.build.tokenizer_process import train_in_child
+from flows.build.tokenizer_process import train_where_cheapest
 from flows.runtime import profile
 from pipeline import decontam, publish, tokenize, unitcache
 from pipeline.dedup import candidates, clusters, exact, near, signatures
@@ -474,11 +474,13 @@ def train_tokenizer(
     _wait: list[Any],
     sizes: list[int] | None = None,
     threads: int = 0,
+    in_process: bool = False,
 ) -> dict[str, Any]:
     """Train (or load) the tokenizer; returns its key and the sample it was trained on. A trained tokenizer is
     pinned per dataset name and tokenizer config, so a scheduled rebuild keeps its token ids and re-tokenizes
     only the parts that changed. ``sizes``: every input part's bytes, from the units' results. Training runs in
-    a child process of ``threads`` threads (0: this machine's cores), whose CPU counts as this step's."""
+    a child process of ``threads`` threads (0: this machine's cores), whose CPU counts as this step's, or, a
+    small sample, here when this is the flow's one worker (``in_process``; ``flows/build/tokenizer_process.py``)."""
     with stage_errors("train-tokenizer"), profile.measure("train-tokenizer") as measured:
         c = build_context(ctx)
         store, cfg = c.store(), c.cfg
@@ -493,7 +495,7 @@ def train_tokenizer(
             _copy_tokenizer(store, pin, key)
             log.info("reusing the pinned tokenizer of dataset %s (%s)", cfg.name, store.uri_of(pin))
         if cfg.tokenize.tokenizer is None and not store.exists(key):
-            sha = train_in_child(ctx, in_folder, num_parts, key, sizes, threads, measured)
+            sha = train_where_cheapest(ctx, in_folder, num_parts, key, sizes, threads, measured, in_process)
         else:  # nothing to train: the given or pinned tokenizer, read here
             sha = tokenize.run_train_tokenizer(store, in_folder, num_parts, key, cfg.tokenize, cfg.s3, sizes)
         if cfg.tokenize.tokenizer is None and not store.exists(pin):

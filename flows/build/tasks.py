@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.build import steps
 from flows.build.context import IO_RETRIES
+from flows.runtime.runners import workers_in_process
 from flows.runtime.workers import hand_over
 from flows.ui import run_names
 
@@ -182,8 +183,10 @@ def tokenizer_task(
     """Train (or load) the tokenizer; returns its key and the sample it was trained on. A trained tokenizer is
     pinned per dataset name and tokenizer config, so a scheduled rebuild keeps its token ids and re-tokenizes
     only the parts that changed. ``sizes``: every input part's bytes, from the units' results. Trained in a
-    process of its own with ``threads`` threads (0: the cores where it runs)."""
-    return hand_over(steps.train_tokenizer, ctx, in_folder, num_parts, _wait, sizes, threads)
+    process of its own with ``threads`` threads (0: the cores where it runs), or, a small sample, in the flow's
+    process when the body runs there (the flow's one local worker: no process start for a small training)."""
+    in_process = workers_in_process() == 1
+    return hand_over(steps.train_tokenizer, ctx, in_folder, num_parts, _wait, sizes, threads, in_process)
 
 
 @task(name="shard-plan", task_run_name="shards: plan", cache_policy=NO_CACHE, **IO_RETRIES)

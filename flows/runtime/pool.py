@@ -59,11 +59,26 @@ def set_one_thread_env() -> None:
         os.environ.setdefault(name, value)
 
 
+# The pid of this process once :func:`init_worker` ran in it (0: not a worker), for :func:`in_pool_worker`.
+_worker_pid = 0
+
+
 def init_worker() -> None:
     """In each worker process, first: Ctrl-C reaches the whole process group, and the flow's process handles it
-    (it shuts the pool down); a worker finishes or drops the call at hand instead of printing a traceback."""
+    (it shuts the pool down); a worker finishes or drops the call at hand instead of printing a traceback. The
+    process is marked as a worker (:func:`in_pool_worker`)."""
+    global _worker_pid
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     set_one_thread_env()
+    _worker_pid = os.getpid()
+
+
+def in_pool_worker() -> bool:
+    """Whether this process is a worker of a pool of :func:`start_pool` (not a process forked from one). A worker
+    may fork a child that starts with the stage modules loaded (``flows/build/tokenizer_process.py``): it runs
+    one thread and imports no Prefect, unlike the flow's process or a Dask or Ray worker, whose other threads a
+    fork would leave behind, holding their locks."""
+    return _worker_pid == os.getpid()
 
 
 def start_pool(size: int) -> ProcessPoolExecutor:

@@ -113,9 +113,10 @@ _USER_RAYON = os.environ.get("RAYON_NUM_THREADS")  # a user's own setting wins
 
 
 def training_threads() -> int:
-    """The threads of the running flow's tokenizer training (a process of its own): the user's
-    ``RAYON_NUM_THREADS`` if set, else the flow's workers when they are this machine's (local workers or
-    threads; at most the cores here), else 0: the cores of the machine where a Dask or Ray worker runs it."""
+    """The threads of the running flow's tokenizer training (a process of its own, except a small sample on one
+    in-process worker: ``flows/build/tokenizer_process.py``): the user's ``RAYON_NUM_THREADS`` if set, else the
+    flow's workers when they are this machine's (local workers or threads; at most the cores here), else 0: the
+    cores of the machine where a Dask or Ray worker runs it."""
     if _USER_RAYON is not None and _USER_RAYON.strip().isdigit():
         return max(1, int(_USER_RAYON))
     runner = _flow_task_runner()
