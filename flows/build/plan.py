@@ -73,5 +73,8 @@ def sizing(plans: list[dict[str, Any]], workers: int, fit: Any = None) -> tuple[
     least = min_parts_per_task([sum(p["weight"] for p in plan["pieces"]) for plan in plans], min_task_bytes())
     widest = len(chunks(list(range(n)), parts_per_task(n, workers, min_parts=least)))
     used = fit(widest) if fit is not None else max(1, min(workers, widest))
-    size, light = (parts_per_task(n, used, per_worker=k, min_parts=least) for k in (4, 1))
+    # several heavy tasks per worker so none idles at the end; one worker has nothing to balance, and each task
+    # run costs the flow's process ~25 ms of CPU and the Prefect server as much again
+    heavy = 4 if used > 1 else 1
+    size, light = (parts_per_task(n, used, per_worker=k, min_parts=least) for k in (heavy, 1))
     return used, size, light

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 
-from flows.build.plan import MIN_TASK_BYTES, chunks, min_parts_per_task, parts_per_task, unchunk
+import pytest
+
+from flows.build.plan import MIN_TASK_BYTES, chunks, min_parts_per_task, parts_per_task, sizing, unchunk
 
 
 def test_parts_are_dealt_round_robin_and_gathered_back_in_order() -> None:
@@ -51,3 +53,24 @@ def test_a_small_build_runs_one_task_per_pass_and_a_large_one_is_unchanged() -> 
     assert parts_per_task(10, 2, min_parts=2) == 2  # five tasks: both workers busy
     assert parts_per_task(1000, 2, max_parts=8, min_parts=100) == 8  # the cap still wins
     assert min_parts_per_task([]) == 1 and min_parts_per_task([0, 0]) == 2  # nothing planned: one task
+
+
+def _plans(part_bytes: list[int]) -> list[dict]:
+    return [{"pieces": [{"weight": b}]} for b in part_bytes]
+
+
+def test_sizing_gives_one_worker_one_task_per_pass_and_several_workers_several_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At one worker a heavy pass is one task (up to ``max_parts`` parts): there is nothing to balance and every
+    task run costs the flow and the server. At two, about four tasks per worker; the flow's ``fit`` decides
+    the workers from the widest pass's chunk count."""
+    monkeypatch.delenv("PILEWORKS_MIN_TASK_BYTES", raising=False)
+    mib = 1024 * 1024
+    plans = _plans([4 * mib] * 10)  # 40 MB: at least two parts a task
+    assert sizing(plans, 1) == (1, 10, 10)
+    used, size, light = sizing(plans, 2)
+    assert used == 2 and len(chunks(list(range(10)), size)) == 5 and light == 5  # 2 parts a task (the floor)
+    assert sizing(plans, 8, fit=lambda widest: min(8, widest)) == (5, 2, 2)  # five chunks of two parts
+    assert sizing(_plans([32 * mib] * 200), 1) == (1, 64, 64)  # the cap: a large build still has many tasks
+    assert sizing(_plans([700_000, 650_000, 720_000]), 2) == (1, 3, 3)  # the sample: one worker

@@ -44,3 +44,10 @@ def test_the_marks_check_fails_on_a_planted_change():
         c_marks(source.replace("MARK_HASH,", "MARK_HASH = 1,"))
     with pytest.raises(ValueError, match="no `enum"):
         c_marks(source.replace("MARKS }", "MARK_COUNT }"))
+
+
+def test_the_non_ascii_spaces_are_every_code_point_python_calls_a_space() -> None:
+    """The table is written out (computing it cost every importing process 90 ms): it must stay what
+    ``str.isspace`` says over the whole code space, for this Python's Unicode version."""
+    spaces = [c for c in range(0x80, 0x110000) if chr(c).isspace()]
+    assert wordscan._NON_ASCII_SPACES.tolist() == spaces
