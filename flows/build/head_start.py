@@ -114,9 +114,9 @@ def take(config: dict[str, Any], work: str) -> str | None:
     return head.lease
 
 
-def close() -> None:
+def close(wait: bool = True) -> None:
     """Forget the head start (the command ends); its pool, unless the flow's task runner adopted it, stops once
-    its calls finish."""
+    its calls finish, or at once without ``wait`` (:func:`flows.runtime.pool.close_early`)."""
     global _HEAD
     _HEAD = None
-    pool.close_early()
+    pool.close_early(wait)

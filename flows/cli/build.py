@@ -85,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
             if args.task_runner in ("local", "process"):  # the first pass starts while Prefect imports
                 head_start.start(parameters, args.workers or cores())
             summary = run_flow(args, parameters)
+    except BaseException:
+        head_start.close(wait=False)  # Ctrl-C or a failure: no waiting on the head start's queued calls
+        raise
     finally:
         head_start.close()  # a pool the flow did not adopt stops once its calls finish
         forget_listing()  # a listing the flow did not take is not for a later command in this process

@@ -164,13 +164,14 @@ def early_summary() -> dict[str, Any] | None:
     return {"start": early.started, "calls": early.claimed + len(early.calls), "claimed": early.claimed}
 
 
-def close_early() -> None:
+def close_early(wait: bool = True) -> None:
     """Forget the early pool; unless a task runner adopted it, shut it down once its calls finish (their units
-    are then complete: a later build reuses them)."""
+    are then complete: a later build reuses them), or at once without ``wait`` (Ctrl-C, a failure: queued calls
+    dropped, a running one finishes in its worker, which then exits)."""
     global _EARLY
     early, _EARLY = _EARLY, None
     if early is not None and not early.adopted:
-        early.pool.shutdown(wait=True, cancel_futures=False)
+        early.pool.shutdown(wait=wait, cancel_futures=not wait)
 
 
 def ready() -> int:

@@ -180,3 +180,19 @@ def test_an_early_pool_of_another_size_is_closed_not_adopted() -> None:
     assert pool.adopt_early(3) is None  # the flow sized its runner otherwise
     assert future.done() and future.result()["result"][0] == 7  # finished before it was closed
     assert pool.early_summary() is None
+
+
+def test_an_interrupted_command_does_not_wait_for_the_early_calls_queued() -> None:
+    """Ctrl-C before the flow adopted the head start's pool: the queued calls are dropped, not waited for."""
+    from flows.runtime import pool
+
+    early = pool.start_early(2, [(time.sleep, (1.5,)) for _ in range(8)])
+    futures = list(early.calls.values())
+    started = time.monotonic()
+    pool.close_early(wait=False)
+    assert time.monotonic() - started < 1.0  # did not wait for eight calls of 1.5 s on two workers
+    deadline = time.monotonic() + 30
+    while not all(f.done() for f in futures) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert any(f.cancelled() for f in futures)  # the calls still queued never ran
+    assert pool.early_summary() is None
