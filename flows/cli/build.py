@@ -59,7 +59,31 @@ def corpus_and_train_overrides(args: argparse.Namespace) -> tuple[dict[str, Any]
 def precheck(args: argparse.Namespace) -> None:
     from flows.cli.precheck import check_build
 
+    if local_workers(args) >= 2:
+        one_thread_before_numpy()
     check_build(args.config, args.inputs, args.output, args.name, corpus_overrides(args))
+
+
+def local_workers(args: argparse.Namespace) -> int:
+    """The local worker processes a build of ``args`` may start (0: another task runner)."""
+    from flows.runtime.pool import cores
+
+    return (args.workers or cores()) if args.task_runner in ("local", "process") else 0
+
+
+_ADDED_ENV: list[str] = []  # the names one_thread_before_numpy set, taken out when the command ends
+
+
+def one_thread_before_numpy() -> None:
+    """The workers' one-thread env (``flows.runtime.pool.ONE_THREAD``) in this process before numpy loads its
+    BLAS: the head start forks the workers from here (``flows/build/head_start.py``), and each must start with
+    one BLAS thread as the fork server's do. With two or more workers this process computes nothing itself."""
+    import os
+
+    from flows.runtime.pool import ONE_THREAD
+
+    _ADDED_ENV[:] = [name for name in ONE_THREAD if name not in os.environ]
+    os.environ.update({name: ONE_THREAD[name] for name in _ADDED_ENV})
 
 
 def flow_parameters(args: argparse.Namespace) -> dict[str, Any]:
@@ -74,6 +98,8 @@ def flow_parameters(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+
     from flows.build import head_start
     from flows.build.inputs import forget_listing
     from flows.runtime.pool import cores
@@ -91,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         head_start.close()  # a pool the flow did not adopt stops once its calls finish
         forget_listing()  # a listing the flow did not take is not for a later command in this process
+        for name in _ADDED_ENV:  # nor the one-thread env of its workers
+            os.environ.pop(name, None)
+        _ADDED_ENV.clear()
     if not args.json:
         print_summary(summary)
     finish_build(summary, args.json)

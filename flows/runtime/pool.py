@@ -63,14 +63,21 @@ def set_one_thread_env() -> None:
 _worker_pid = 0
 
 
-def init_worker() -> None:
+def init_worker(forked: bool = False) -> None:
     """In each worker process, first: Ctrl-C reaches the whole process group, and the flow's process handles it
     (it shuts the pool down); a worker finishes or drops the call at hand instead of printing a traceback. The
-    process is marked as a worker (:func:`in_pool_worker`)."""
+    process is marked as a worker (:func:`in_pool_worker`). A worker ``forked`` from the command's process
+    (:func:`start_pool`) drops the logging it inherited, as a fresh interpreter has none: its log lines go back
+    to the task run (:func:`run_captured`), not straight to the command's terminal as well."""
     global _worker_pid
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     set_one_thread_env()
     _worker_pid = os.getpid()
+    if forked:
+        root = logging.getLogger()
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        root.setLevel(logging.WARNING)
 
 
 def in_pool_worker() -> bool:
@@ -81,9 +88,16 @@ def in_pool_worker() -> bool:
     return _worker_pid == os.getpid()
 
 
-def start_pool(size: int) -> ProcessPoolExecutor:
+def start_pool(size: int, fork: bool = False) -> ProcessPoolExecutor:
     """A pool of ``size`` worker processes, forked on demand from the fork server (started here if none runs
-    yet: one per flow process, shared by every later pool)."""
+    yet: one per flow process, shared by every later pool); with ``fork``, forked from this process at the
+    first call, all at once (multiprocessing never forks a "fork" pool's workers later). Only a process with no
+    other thread may fork (another thread's locks would stay held in the child): ``pileworks build`` before it
+    imports Prefect (:func:`start_early`), whose imports the workers then share instead of the fork server
+    starting an interpreter and importing the stages again (~0.6 CPU-s)."""
+    if fork:
+        forks = multiprocessing.get_context("fork")
+        return ProcessPoolExecutor(size, mp_context=forks, initializer=init_worker, initargs=(True,))
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)  # used when the fork server starts, ignored once it runs
     return ProcessPoolExecutor(size, mp_context=context, initializer=init_worker)
@@ -100,6 +114,7 @@ class Early:
     pool: ProcessPoolExecutor
     workers: int
     started: float  # when the first call was submitted (epoch seconds)
+    forked: bool  # the workers are forks of this process (else of the fork server)
     calls: dict[str, Future[Any]] = field(default_factory=dict)  # call_key -> the future of run_captured
     claimed: int = 0
     adopted: bool = False  # a task runner owns (and shuts down) the pool from then on
@@ -115,11 +130,13 @@ def call_key(fn: Callable[..., Any], args: tuple[Any, ...]) -> str:
 
 
 def start_early(size: int, calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> Early:
-    """Start a pool of ``size`` workers and submit ``calls`` (each as :func:`run_captured`) to it now."""
+    """Start a pool of ``size`` workers and submit ``calls`` (each as :func:`run_captured`) to it now: forks of
+    this process while it runs no other thread (:func:`start_pool`), else from the fork server."""
     global _EARLY
     close_early()
-    pool = start_pool(size)
-    early = Early(pool, size, time.time())
+    forked = threading.active_count() == 1
+    pool = start_pool(size, fork=forked)
+    early = Early(pool, size, time.time(), forked)
     for fn, args in calls:
         early.calls[call_key(fn, args)] = pool.submit(run_captured, fn, args)
     _EARLY = early
@@ -161,7 +178,8 @@ def early_summary() -> dict[str, Any] | None:
     early = _EARLY
     if early is None:
         return None
-    return {"start": early.started, "calls": early.claimed + len(early.calls), "claimed": early.claimed}
+    calls = early.claimed + len(early.calls)
+    return {"start": early.started, "calls": calls, "claimed": early.claimed, "forked": early.forked}
 
 
 def close_early(wait: bool = True) -> None:

@@ -9,6 +9,8 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
+MIN_TASK = {"PILEWORKS_MIN_TASK_BYTES": "1"}
+
 
 def test_cli_build_prints_the_summary(
     prefect_harness, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -186,16 +188,21 @@ def test_a_rebuild_after_a_change_lists_its_inputs_once(
 
 
 def test_a_build_on_local_workers_starts_its_first_pass_before_prefect(
-    prefect_harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    prefect_harness,
+    server_home: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """With two workers the command starts the ingest tasks before it imports Prefect; the flow's ingest task runs
-    collect exactly those calls (none computed twice), and the dataset is the one a single worker builds."""
+    collect exactly those calls (none computed twice), and the dataset is the one a single worker builds. The
+    ``pileworks`` command, one thread until it imports Prefect, forks the workers from itself."""
     from flows.build import head_start
     from flows.cli.main import main
     from flows.runtime import pool
     from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
 
-    monkeypatch.setenv("PILEWORKS_MIN_TASK_BYTES", "1")  # the tiny corpus in several tasks per pass
+    monkeypatch.setenv(*next(iter(MIN_TASK.items())))  # the tiny corpus in several tasks per pass
     write_tiny_corpus(tmp_path / "raw")
     sets = [f"--set={k}={v}" for k, v in TINY_OVERRIDES.items() if k != "name"]
     summaries = {}
@@ -213,3 +220,14 @@ def test_a_build_on_local_workers_starts_its_first_pass_before_prefect(
     assert summaries[2]["reused_units"]["ingest"][0] == 0  # each unit computed once, by the head start
     assert two["workers_started"] == 2 and one["head_start"] is None  # one worker: a thread, no head start
     assert summaries[2]["dataset_id"] == summaries[1]["dataset_id"]
+
+    from tests.flows.cli.conftest import cli_env, run_cli
+
+    argv = ["build", "--input", str(tmp_path / "raw"), "--output", str(tmp_path / "store3"), "--name", "tiny"]
+    done = run_cli([*argv, *sets, "--json", "--workers", "2"], cli_env(server_home, **MIN_TASK), tmp_path)
+    assert done.code == 0, done.err[-3000:]
+    forked = json.loads(done.out)
+    assert forked["profile"]["head_start"]["forked"] is True
+    assert forked["profile"]["head_start"]["claimed"] == ingest["task_runs"]
+    assert forked["dataset_id"] == summaries[1]["dataset_id"]
+    assert done.err.count("head start: ") == 1

@@ -3,11 +3,13 @@ a task's body runs in a worker process, its logs reach the task run, and a dead 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -162,7 +164,12 @@ def test_calls_started_before_the_runner_are_claimed_once_and_others_wait_for_th
             first = pool.claim_early(echo_pid, (1,))
             assert first is not None and first.result()["result"][0] == 1
             assert runner.call(echo_pid, (2,), "test")[0] == 2  # through the runner: claimed
-            assert pool.early_summary() == {"start": early.started, "calls": 3, "claimed": 2}
+            assert pool.early_summary() == {
+                "start": early.started,
+                "calls": 3,
+                "claimed": 2,
+                "forked": early.forked,
+            }
             unclaimed = early.calls[pool.call_key(echo_pid, (3,))]
             assert runner.call(echo_pid, (4,), "test")[0] == 4  # not started early: submitted
             assert unclaimed.done() and not early.calls  # after the early call it waited for
@@ -196,3 +203,44 @@ def test_an_interrupted_command_does_not_wait_for_the_early_calls_queued() -> No
         time.sleep(0.1)
     assert any(f.cancelled() for f in futures)  # the calls still queued never ran
     assert pool.early_summary() is None
+
+
+FORK_CHECK = """
+import json, logging, os
+from flows.runtime import pool
+logging.getLogger().addHandler(logging.StreamHandler())
+early = pool.start_early(2, [(pool.ready, ()), (logging.getLogger().hasHandlers, ())])
+pid, handlers = (f.result()["result"] for f in early.calls.values())
+print(json.dumps([early.forked, pid != os.getpid(), handlers]))
+pool.close_early()
+"""
+
+
+def test_early_workers_are_forks_of_a_one_thread_process_else_come_from_the_fork_server() -> None:
+    """Forking a process whose other threads may hold locks is unsafe: with a second thread running, the early
+    pool falls back to the fork server. A process of one thread (the command before Prefect; a fresh Python
+    here) forks its workers, which drop the logging they inherited (their lines go back to the task run, not to
+    the command's handlers as well)."""
+    import subprocess
+    import sys
+    import threading
+
+    from flows.runtime import pool
+
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    out = subprocess.run(
+        [sys.executable, "-c", FORK_CHECK], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout) == [True, True, False]  # forked; in another process; no inherited handler
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, args=(30,), daemon=True)
+    other.start()
+    try:
+        early = pool.start_early(2, [(pool.ready, ())])
+        assert (
+            not early.forked and early.calls[pool.call_key(pool.ready, ())].result()["result"] != os.getpid()
+        )
+    finally:
+        stop.set()
+        pool.close_early()
