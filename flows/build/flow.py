@@ -212,6 +212,7 @@ def tokenize_parts(run: Passes, folder: str, step: str, stats: dict[str, StageSt
     sizes = [u["stats"]["bytes_out"] for u in units] if len(units) == run.n else None
     threads = training_threads()  # training, a process of its own, gets the build's cores
     tokenizer = run.on_worker("train-tokenizer", tokenizer_task, run.ctx, folder, run.n, [], sizes, threads)
+    run.profile.passes[-1]["threads"] = threads  # the pass just timed: the Rayon threads it was given
     tok_key, sample = tokenizer["key"], tokenizer["sample"]
     stats["train_tokenizer"] = StageStats(
         stage="train_tokenizer",

@@ -61,7 +61,11 @@ def precheck(args: argparse.Namespace) -> None:
 
     if local_workers(args) >= 2:
         one_thread_before_numpy()
-    check_build(args.config, args.inputs, args.output, args.name, corpus_overrides(args))
+    try:
+        check_build(args.config, args.inputs, args.output, args.name, corpus_overrides(args))
+    except BaseException:
+        restore_env()  # the command ends here
+        raise
 
 
 def local_workers(args: argparse.Namespace) -> int:
@@ -74,15 +78,26 @@ def local_workers(args: argparse.Namespace) -> int:
 _ADDED_ENV: list[str] = []  # the names one_thread_before_numpy set, taken out when the command ends
 
 
+def restore_env() -> None:
+    """Take out what :func:`one_thread_before_numpy` set (a later command in this process starts clean)."""
+    import os
+
+    for name in _ADDED_ENV:
+        os.environ.pop(name, None)
+    _ADDED_ENV.clear()
+
+
 def one_thread_before_numpy() -> None:
-    """The workers' one-thread env (``flows.runtime.pool.ONE_THREAD``) in this process before numpy loads its
-    BLAS: the head start forks the workers from here (``flows/build/head_start.py``), and each must start with
-    one BLAS thread as the fork server's do. With two or more workers this process computes nothing itself."""
+    """One BLAS thread (``OMP_NUM_THREADS=1``, as ``flows.runtime.pool.ONE_THREAD`` says) in this process before
+    numpy loads its BLAS, which reads it then: the head start forks the workers from here
+    (``flows/build/head_start.py``), and each must start with one BLAS thread as the fork server's do. With two
+    or more workers this process computes nothing itself. Only that name: the workers set the others when they
+    start, and this process reads ``RAYON_NUM_THREADS`` as the user's choice of training threads."""
     import os
 
     from flows.runtime.pool import ONE_THREAD
 
-    _ADDED_ENV[:] = [name for name in ONE_THREAD if name not in os.environ]
+    _ADDED_ENV[:] = [name for name in ("OMP_NUM_THREADS",) if name not in os.environ]
     os.environ.update({name: ONE_THREAD[name] for name in _ADDED_ENV})
 
 
@@ -98,8 +113,6 @@ def flow_parameters(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
     from flows.build import head_start
     from flows.build.inputs import forget_listing
     from flows.runtime.pool import cores
@@ -117,9 +130,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         head_start.close()  # a pool the flow did not adopt stops once its calls finish
         forget_listing()  # a listing the flow did not take is not for a later command in this process
-        for name in _ADDED_ENV:  # nor the one-thread env of its workers
-            os.environ.pop(name, None)
-        _ADDED_ENV.clear()
+        restore_env()  # nor the one-thread BLAS env of its workers
     if not args.json:
         print_summary(summary)
     finish_build(summary, args.json)

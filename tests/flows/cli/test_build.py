@@ -228,6 +228,38 @@ def test_a_build_on_local_workers_starts_its_first_pass_before_prefect(
     assert done.code == 0, done.err[-3000:]
     forked = json.loads(done.out)
     assert forked["profile"]["head_start"]["forked"] is True
+    training = next(p for p in forked["profile"]["passes"] if p["name"] == "train-tokenizer")
+    assert training["threads"] == 2  # the build's workers, not the one thread each worker encodes with
     assert forked["profile"]["head_start"]["claimed"] == ingest["task_runs"]
     assert forked["dataset_id"] == summaries[1]["dataset_id"]
     assert done.err.count("head start: ") == 1
+
+
+def test_a_build_on_local_workers_sets_one_blas_thread_before_numpy_and_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head start forks its workers from the command, so the command sets ``OMP_NUM_THREADS=1`` before numpy
+    loads; never ``RAYON_NUM_THREADS``, which it reads as the user's choice of training threads (a tokenizer
+    trained on one thread at two workers). The name is taken out again, also when the precheck fails."""
+    import os
+
+    from flows.cli import build
+    from flows.cli.main import build_parser
+    from tests.flows.tiny_corpus import write_tiny_corpus
+
+    for name in ("OMP_NUM_THREADS", "RAYON_NUM_THREADS", "PILEWORKS_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    write_tiny_corpus(tmp_path / "raw")
+    args = build_parser().parse_args(["build", "--input", str(tmp_path / "raw"), "--workers", "2"])
+    build.precheck(args)
+    assert os.environ.get("OMP_NUM_THREADS") == "1"
+    assert "RAYON_NUM_THREADS" not in os.environ and "PILEWORKS_THREADS" not in os.environ
+    build.restore_env()
+    assert "OMP_NUM_THREADS" not in os.environ
+    missing = build_parser().parse_args(["build", "--input", str(tmp_path / "none"), "--workers", "2"])
+    with pytest.raises(Exception, match="none"):
+        build.precheck(missing)
+    assert "OMP_NUM_THREADS" not in os.environ
+    one = build_parser().parse_args(["build", "--input", str(tmp_path / "raw"), "--workers", "1"])
+    build.precheck(one)
+    assert "OMP_NUM_THREADS" not in os.environ  # one worker: a thread of this process, nothing forked
