@@ -9,6 +9,7 @@ stage modules) once per flow process, about 0.75 CPU-s, instead of 2-3 CPU-s of 
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import logging
@@ -135,6 +136,10 @@ def start_early(size: int, calls: list[tuple[Callable[..., Any], tuple[Any, ...]
     global _EARLY
     close_early()
     forked = threading.active_count() == 1
+    if forked:  # what the fork server would import, loaded here once and shared by the forks
+        for name in PRELOAD:
+            if name not in ("flows.runtime.pool_env", "__main__"):  # not the workers' env: this process's
+                importlib.import_module(name)
     pool = start_pool(size, fork=forked)
     early = Early(pool, size, time.time(), forked)
     for fn, args in calls:

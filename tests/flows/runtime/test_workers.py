@@ -206,12 +206,16 @@ def test_an_interrupted_command_does_not_wait_for_the_early_calls_queued() -> No
 
 
 FORK_CHECK = """
-import json, logging, os
+import json, logging, os, sys
 from flows.runtime import pool
+
+def loaded():
+    return sorted(name for name in pool.PRELOAD[2:] if name not in sys.modules)
+
 logging.getLogger().addHandler(logging.StreamHandler())
-early = pool.start_early(2, [(pool.ready, ()), (logging.getLogger().hasHandlers, ())])
-pid, handlers = (f.result()["result"] for f in early.calls.values())
-print(json.dumps([early.forked, pid != os.getpid(), handlers]))
+early = pool.start_early(2, [(pool.ready, ()), (logging.getLogger().hasHandlers, ()), (loaded, ())])
+pid, handlers, missing = (f.result()["result"] for f in early.calls.values())
+print(json.dumps([early.forked, pid != os.getpid(), handlers, missing]))
 pool.close_early()
 """
 
@@ -220,7 +224,7 @@ def test_early_workers_are_forks_of_a_one_thread_process_else_come_from_the_fork
     """Forking a process whose other threads may hold locks is unsafe: with a second thread running, the early
     pool falls back to the fork server. A process of one thread (the command before Prefect; a fresh Python
     here) forks its workers, which drop the logging they inherited (their lines go back to the task run, not to
-    the command's handlers as well)."""
+    the command's handlers as well) and find the stage modules loaded, as the fork server's do."""
     import subprocess
     import sys
     import threading
@@ -232,7 +236,8 @@ def test_early_workers_are_forks_of_a_one_thread_process_else_come_from_the_fork
         [sys.executable, "-c", FORK_CHECK], capture_output=True, text=True, env=env, timeout=60
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout) == [True, True, False]  # forked; in another process; no inherited handler
+    # forked; in another process; no inherited handler; the stage modules loaded before the fork, once
+    assert json.loads(out.stdout) == [True, True, False, []]
     stop = threading.Event()
     other = threading.Thread(target=stop.wait, args=(30,), daemon=True)
     other.start()
