@@ -27,6 +27,7 @@ from flows.build import steps, unchanged
 from flows.build.context import BuildContext, take_build_lease
 from flows.build.inputs import (
     build_key,
+    corpus_config,
     ingest_keys,
     keep_listing,
     list_and_plan,
@@ -35,7 +36,6 @@ from flows.build.inputs import (
 )
 from flows.build.plan import chunks, sizing
 from flows.runtime import pool
-from pipeline.corpus_config import load_corpus_config
 from pipeline.storage import open_store
 
 log = logging.getLogger("pileworks")
@@ -71,13 +71,7 @@ def start(parameters: dict[str, Any], workers: int) -> HeadStart | None:
 
 
 def _start(parameters: dict[str, Any], workers: int) -> HeadStart | None:
-    cfg = load_corpus_config(
-        parameters["config_path"],
-        inputs=parameters["inputs"],
-        output=parameters["output"],
-        name=parameters["name"],
-        overrides=parameters["overrides"],
-    )
+    cfg = corpus_config(parameters)
     cfg = pin_model(cfg)
     config = cfg.to_dict()
     planned = take_listing(config) or list_and_plan(config)

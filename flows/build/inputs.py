@@ -13,9 +13,21 @@ from dataclasses import replace
 from typing import Any
 
 from pipeline import unitcache
-from pipeline.corpus_config import CorpusConfig, config_from_dict
+from pipeline.corpus_config import CorpusConfig, config_from_dict, load_corpus_config
 from pipeline.ingest import config as ingest_config
 from pipeline.ingest import stage as ingest
+
+
+def corpus_config(parameters: dict[str, Any]) -> CorpusConfig:
+    """The corpus config of the build_corpus flow's ``parameters``, loaded as the flow loads it (for the
+    command's work before the flow: the unchanged rebuild, the head start)."""
+    return load_corpus_config(
+        parameters["config_path"],
+        inputs=parameters["inputs"],
+        output=parameters["output"],
+        name=parameters["name"],
+        overrides=parameters["overrides"],
+    )
 
 
 def pin_model(cfg: CorpusConfig) -> CorpusConfig:

@@ -4,6 +4,7 @@ and gathered back (tested over grids of sizes in ``tests/flows/build/test_plan.p
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 
@@ -63,7 +64,9 @@ def min_task_bytes() -> int:
     return int(text)
 
 
-def sizing(plans: list[dict[str, Any]], workers: int, fit: Any = None) -> tuple[int, int, int]:
+def sizing(
+    plans: list[dict[str, Any]], workers: int, fit: Callable[[int], int] | None = None
+) -> tuple[int, int, int]:
     """``(workers, size, light)`` of a build over the part ``plans`` on at most ``workers``: no more workers than
     its widest pass has task chunks, each of at least :func:`min_task_bytes` of input (a small build: one chunk
     per pass, on one worker), and the parts per task of its heavy and light passes. ``fit`` (the flow's: it

@@ -36,21 +36,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from flows.build.context import build_context
-from flows.runtime.pool import in_pool_worker
+from flows.runtime.pool import cores, in_pool_worker
 from pipeline import tokenize
 from pipeline.errors import StageFailed
 from pipeline.storage.retry import STATS
 
 # The largest training sample (the sampled parts' bytes) that trains in the flow's process (:func:`train_here`).
 IN_PROCESS_SAMPLE_BYTES = 64 * 1024 * 1024
-
-
-def cores_here() -> int:
-    """The cores this process may use (the affinity mask on Linux, else the CPU count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def train_where_cheapest(
@@ -70,7 +62,14 @@ def train_where_cheapest(
     if where == "here":
         return train_here(ctx, in_folder, num_parts, key, sizes)
     in_child = train_in_fork if where == "fork" else train_in_child
-    return in_child(ctx, in_folder, num_parts, key, sizes, threads, measured)
+    return in_child(training_args(ctx, in_folder, num_parts, key, sizes), threads, measured)
+
+
+def training_args(
+    ctx: dict[str, Any], in_folder: str, num_parts: int, key: str, sizes: list[int] | None
+) -> dict[str, Any]:
+    """What a training child is asked (:func:`train`): JSON-able, for a pipe or a fresh interpreter's stdin."""
+    return {"ctx": ctx, "in_folder": in_folder, "num_parts": num_parts, "key": key, "sizes": sizes}
 
 
 def where_to_train(
@@ -92,18 +91,10 @@ def train_here(ctx: dict[str, Any], in_folder: str, num_parts: int, key: str, si
     return tokenize.run_train_tokenizer(c.store(), in_folder, num_parts, key, cfg.tokenize, cfg.s3, sizes)
 
 
-def train_in_child(
-    ctx: dict[str, Any],
-    in_folder: str,
-    num_parts: int,
-    key: str,
-    sizes: list[int] | None,
-    threads: int,
-    measured: dict[str, Any],
-) -> str:
-    """Train in a fresh interpreter of ``threads`` Rayon threads (0: this machine's cores); returns the sha256."""
-    args = {"ctx": ctx, "in_folder": in_folder, "num_parts": num_parts, "key": key, "sizes": sizes}
-    env = os.environ | {"RAYON_NUM_THREADS": str(threads or cores_here())}
+def train_in_child(args: dict[str, Any], threads: int, measured: dict[str, Any]) -> str:
+    """Train as ``args`` (:func:`training_args`) say in a fresh interpreter of ``threads`` Rayon threads (0: this
+    machine's cores); returns the sha256."""
+    env = os.environ | {"RAYON_NUM_THREADS": str(threads or cores())}
     proc = subprocess.run(
         [sys.executable, "-m", __name__],
         input=json.dumps(args),
@@ -117,24 +108,15 @@ def train_in_child(
     return took(json.loads(proc.stdout.strip().splitlines()[-1]), "exec", measured)
 
 
-def train_in_fork(
-    ctx: dict[str, Any],
-    in_folder: str,
-    num_parts: int,
-    key: str,
-    sizes: list[int] | None,
-    threads: int,
-    measured: dict[str, Any],
-) -> str:
-    """Train in a fork of this process (a local pool worker) of ``threads`` Rayon threads (0: this machine's
-    cores); returns the sha256. The result comes back through a pipe; the child returns its memory by exiting
+def train_in_fork(args: dict[str, Any], threads: int, measured: dict[str, Any]) -> str:
+    """Train as ``args`` (:func:`training_args`) say in a fork of this process (a local pool worker) of
+    ``threads`` Rayon threads (0: this machine's cores); returns the sha256. The result comes back through a pipe; the child returns its memory by exiting
     (``multiprocessing``'s exit: ``os._exit`` after flushing the std streams, which were flushed before the
     fork, so nothing the worker buffered is written twice; the worker's profile records die with the child)."""
-    args = {"ctx": ctx, "in_folder": in_folder, "num_parts": num_parts, "key": key, "sizes": sizes}
     fork = multiprocessing.get_context("fork")
     receiving, sending = fork.Pipe(duplex=False)
     child = fork.Process(
-        target=forked_child, args=(args, threads or cores_here(), sending), name="pileworks-tokenizer"
+        target=forked_child, args=(args, threads or cores(), sending), name="pileworks-tokenizer"
     )
     child.start()
     sending.close()  # the child holds the only sending end now: a child that dies unheard reads as EOF here

@@ -27,12 +27,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from flows.build.inputs import build_key, keep_listing, list_and_plan, pin_model
+from flows.build.inputs import build_key, corpus_config, keep_listing, list_and_plan, pin_model
 from flows.runtime import profile
 from flows.runtime.prefect_rest import completed_run
 from flows.runtime.profile import BuildProfile
 from flows.ui import build_artifacts, run_names
-from pipeline.corpus_config import CorpusConfig, load_corpus_config
+from pipeline.corpus_config import CorpusConfig
 from pipeline.manifest import LATEST_KEY, MANIFEST_KEY, dataset_prefix, load_manifest, point_latest
 from pipeline.storage import ObjectStore, join_key, open_store, read_object
 from pipeline.units import StageStats
@@ -174,13 +174,7 @@ def nothing_changed_line(summary: dict[str, Any]) -> str:
 def find_published(parameters: dict[str, Any], build_profile: BuildProfile) -> Published | None:
     """Before the flow runs: the build of the flow's ``parameters`` when its dataset is published from the same
     inputs and config (listed and keyed as the flow does), else None (run the flow)."""
-    cfg = load_corpus_config(
-        parameters["config_path"],
-        inputs=parameters["inputs"],
-        output=parameters["output"],
-        name=parameters["name"],
-        overrides=parameters["overrides"],
-    )
+    cfg = corpus_config(parameters)
     if config_files(cfg) is None:  # no record is ever written for it
         return None
     store = open_store(cfg.output, cfg.s3)

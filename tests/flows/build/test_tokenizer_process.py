@@ -12,7 +12,12 @@ import pytest
 
 from flows.build import steps
 from flows.build.context import BuildContext
-from flows.build.tokenizer_process import IN_PROCESS_SAMPLE_BYTES, train_in_child, where_to_train
+from flows.build.tokenizer_process import (
+    IN_PROCESS_SAMPLE_BYTES,
+    train_in_child,
+    training_args,
+    where_to_train,
+)
 from flows.runtime import profile
 from flows.runtime.pool import in_pool_worker, run_captured, start_pool
 from pipeline.corpus_config import load_corpus_config
@@ -65,7 +70,7 @@ def pool():
 def test_a_fresh_interpreter_gives_the_same_tokenizer(tmp_path: Path) -> None:
     ctx = build_ctx(tmp_path)
     measured: dict[str, Any] = {}
-    train_in_child(ctx, "docs", PARTS, "child.json", None, 2, measured)
+    train_in_child(training_args(ctx, "docs", PARTS, "child.json", None), 2, measured)
     store = FileStore(tmp_path / "store")
     assert store.get_bytes("child.json") == reference(tmp_path, ctx)  # the dataset id does not change
     assert measured["child_pid"] != os.getpid() and measured["child_cpu_s"] > 0
@@ -113,7 +118,7 @@ def test_a_failed_training_names_the_step_every_way(tmp_path: Path, pool: Any) -
     cause = "UnitNotDone: .*missing/part-00000 has no .done marker"
     in_child = f"stage 'train-tokenizer' failed in its training process \\(exit 1\\): (.|\n)*{cause}"
     with pytest.raises(StageFailed, match=in_child):
-        train_in_child(ctx, "missing", 2, "tok.json", [10, 10], 1, {})
+        train_in_child(training_args(ctx, "missing", 2, "tok.json", [10, 10]), 1, {})
     out = pool.submit(run_captured, steps.train_tokenizer, (ctx, "missing", 2, [], [10, 10], 1)).result()
     with pytest.raises(StageFailed, match=in_child):
         raise out["error"][0]
