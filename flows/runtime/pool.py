@@ -117,6 +117,7 @@ class Early:
     started: float  # when the first call was submitted (epoch seconds)
     forked: bool  # the workers are forks of this process (else of the fork server)
     calls: dict[str, Future[Any]] = field(default_factory=dict)  # call_key -> the future of run_captured
+    submitted: int = 0
     claimed: int = 0
     adopted: bool = False  # a task runner owns (and shuts down) the pool from then on
 
@@ -144,6 +145,7 @@ def start_early(size: int, calls: list[tuple[Callable[..., Any], tuple[Any, ...]
     early = Early(pool, size, time.time(), forked)
     for fn, args in calls:
         early.calls[call_key(fn, args)] = pool.submit(run_captured, fn, args)
+    early.submitted = len(calls)
     _EARLY = early
     return early
 
@@ -179,12 +181,12 @@ def claim_early(fn: Callable[..., Any], args: tuple[Any, ...]) -> Future[Any] | 
 
 
 def early_summary() -> dict[str, Any] | None:
-    """When the first early call was submitted (epoch seconds), and the early calls and those claimed."""
+    """When the first early call was submitted (epoch seconds), and the early calls (claimed, or waited for by a
+    call of another plan) and those claimed."""
     early = _EARLY
     if early is None:
         return None
-    calls = early.claimed + len(early.calls)
-    return {"start": early.started, "calls": calls, "claimed": early.claimed, "forked": early.forked}
+    return {"start": early.started, "calls": early.submitted, "claimed": early.claimed, "forked": early.forked}
 
 
 def close_early(wait: bool = True) -> None:
