@@ -186,7 +186,12 @@ def early_summary() -> dict[str, Any] | None:
     early = _EARLY
     if early is None:
         return None
-    return {"start": early.started, "calls": early.submitted, "claimed": early.claimed, "forked": early.forked}
+    return {
+        "start": early.started,
+        "calls": early.submitted,
+        "claimed": early.claimed,
+        "forked": early.forked,
+    }
 
 
 def close_early(wait: bool = True) -> None:
