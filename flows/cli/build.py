@@ -58,7 +58,10 @@ def corpus_and_train_overrides(args: argparse.Namespace) -> tuple[dict[str, Any]
 
 def precheck(args: argparse.Namespace) -> None:
     from flows.cli.precheck import check_build
+    from flows.runtime import profile
+    from pipeline.storage.retry import STATS
 
+    profile.COMMAND_STORAGE0 = STATS.snapshot()  # the build's S3 calls count from here (listing, lease)
     if local_workers(args) >= 2:
         one_thread_before_numpy()
     try:
@@ -79,9 +82,13 @@ _ADDED_ENV: list[str] = []  # the names one_thread_before_numpy set, taken out w
 
 
 def restore_env() -> None:
-    """Take out what :func:`one_thread_before_numpy` set (a later command in this process starts clean)."""
+    """Take out what :func:`one_thread_before_numpy` set, and where :func:`precheck` started the build's S3
+    count (a later command in this process starts clean)."""
     import os
 
+    from flows.runtime import profile
+
+    profile.COMMAND_STORAGE0 = None
     for name in _ADDED_ENV:
         os.environ.pop(name, None)
     _ADDED_ENV.clear()
@@ -130,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         head_start.close()  # a pool the flow did not adopt stops once its calls finish
         forget_listing()  # a listing the flow did not take is not for a later command in this process
-        restore_env()  # nor the one-thread BLAS env of its workers
+        restore_env()  # nor the one-thread BLAS env of its workers, nor where its S3 count started
     if not args.json:
         print_summary(summary)
     finish_build(summary, args.json)

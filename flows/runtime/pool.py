@@ -26,6 +26,7 @@ from typing import Any
 
 from flows.runtime import profile
 from pipeline.errors import StageFailed
+from pipeline.storage.retry import STATS
 
 # Each worker process encodes with one thread: N workers use N cores, with no oversubscription.
 ONE_THREAD = {"PILEWORKS_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -64,14 +65,19 @@ def set_one_thread_env() -> None:
 _worker_pid = 0
 
 
-def init_worker(forked: bool = False) -> None:
+def init_worker(forked: bool = False, env: dict[str, str] | None = None) -> None:
     """In each worker process, first: Ctrl-C reaches the whole process group, and the flow's process handles it
     (it shuts the pool down); a worker finishes or drops the call at hand instead of printing a traceback. The
-    process is marked as a worker (:func:`in_pool_worker`). A worker ``forked`` from the command's process
-    (:func:`start_pool`) drops the logging it inherited, as a fresh interpreter has none: its log lines go back
-    to the task run (:func:`run_captured`), not straight to the command's terminal as well."""
+    process is marked as a worker (:func:`in_pool_worker`), with ``env``, the environment of the process that
+    started its pool then (a fork server started earlier has an older one: credentials set since would be
+    missing). A worker ``forked`` from the command's process (:func:`start_pool`) drops the logging it
+    inherited, as a fresh interpreter has none: its log lines go back to the task run (:func:`run_captured`),
+    not straight to the command's terminal as well."""
     global _worker_pid
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
     set_one_thread_env()
     _worker_pid = os.getpid()
     if forked:
@@ -101,7 +107,8 @@ def start_pool(size: int, fork: bool = False) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(size, mp_context=forks, initializer=init_worker, initargs=(True,))
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)  # used when the fork server starts, ignored once it runs
-    return ProcessPoolExecutor(size, mp_context=context, initializer=init_worker)
+    env = dict(os.environ)  # this process's now, not the fork server's from when it started
+    return ProcessPoolExecutor(size, mp_context=context, initializer=init_worker, initargs=(False, env))
 
 
 # ---------------------------------------------------------------- calls submitted before the task runner exists
@@ -233,12 +240,21 @@ def capture_logs(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, li
 
 
 def run_captured(fn: Callable[..., Any], args: tuple[Any, ...]) -> dict[str, Any]:
-    """In a worker process: ``fn(*args)`` with its profile records and log lines. A failure comes back as its
-    exception chain (pickling an exception drops its ``__cause__``, which the retry policy reads)."""
-    start = len(profile.LOCAL_RECORDS)
+    """In a worker process: ``fn(*args)`` with its profile records, log lines and the S3 calls it made outside
+    its steps (the records count those inside). A failure comes back as its exception chain (pickling an exception drops its ``__cause__``, which the retry policy reads)."""
+    start, storage0, measured0 = (
+        len(profile.LOCAL_RECORDS),
+        STATS.snapshot(),
+        profile.counters(profile.MEASURED),
+    )
     try:
         result, logs = capture_logs(fn, args)
-        return {"result": result, "logs": logs, "profile": profile.LOCAL_RECORDS[start:]}
+        return {
+            "result": result,
+            "logs": logs,
+            "profile": profile.LOCAL_RECORDS[start:],
+            "storage": profile.unmeasured_since(storage0, measured0),  # S3 calls outside its steps
+        }
     except Exception as exc:
         return {"error": exception_chain(exc)}
     finally:

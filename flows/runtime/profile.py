@@ -7,7 +7,11 @@ their records with their results; global steps, which run in the flow's own proc
 :data:`LOCAL_RECORDS`. The flow folds both into :class:`BuildProfile`, whose JSON goes into the build summary
 (``summary["profile"]``): what ``tests/bench/bench_scale.py`` reads to separate stage work from orchestration.
 ``profile["storage"]`` counts the build's S3 calls over every process: attempts, retries by reason and
-give-ups (``pipeline.storage.retry.STATS``, per process: worker processes report theirs with each unit).
+give-ups (``pipeline.storage.retry.STATS``, per process: worker processes report theirs with each unit, and a
+local worker those its task body made outside a unit with the body's result; ``pileworks build`` counts from
+its start, so its listing and lease before the flow are in). Not counted: what the flow does after it wrote the
+profile (its artifacts read the manifest, card and a cluster sample; the published record; the lease released:
+six calls for the test corpus), and the calls a Dask or Ray worker makes outside a step.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import contextlib
 import os
 import resource
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,6 +29,16 @@ from typing import Any
 from pipeline.storage.retry import STATS
 
 LOCAL_RECORDS: list[dict[str, Any]] = []
+
+# S3 counters beside the steps'. A worker process reports the calls its steps made in their records, and the
+# calls a task body made outside any step (reading its context, done markers, stats) with its result
+# (``flows/runtime/pool.py``): this process adds those to WORKERS_UNMEASURED. MEASURED counts this process's
+# calls inside steps, for a worker to tell the two apart. COMMAND_STORAGE0: this process's counters when
+# ``pileworks build`` started (the listing and lease it does before the flow are the build's calls too).
+_LOCK = threading.Lock()
+MEASURED: dict[str, int] = {}
+WORKERS_UNMEASURED: dict[str, int] = {}
+COMMAND_STORAGE0: dict[str, int] | None = None
 
 
 def peak_rss_mb() -> float:
@@ -54,6 +69,8 @@ def measure(step: str, sink: list[dict[str, Any]] | None = None) -> Iterator[dic
             rss_mb=round(peak_rss_mb(), 1),
         )
         storage = counter_delta(storage0, STATS.snapshot())
+        with _LOCK:
+            add_counts(MEASURED, storage)  # this process's own calls (a child's are in its own counters)
         add_counts(storage, child_storage)
         if storage:
             record["storage"] = storage  # S3 calls, retries by reason, give-ups made in the block
@@ -67,6 +84,31 @@ def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, in
 def add_counts(total: dict[str, int], more: dict[str, int]) -> None:
     for k, v in more.items():
         total[k] = total.get(k, 0) + v
+
+
+def counters(counts: dict[str, int]) -> dict[str, int]:
+    """A copy of ``counts`` (:data:`MEASURED` or :data:`WORKERS_UNMEASURED`), taken under their lock."""
+    with _LOCK:
+        return dict(counts)
+
+
+def unmeasured_since(storage0: dict[str, int], measured0: dict[str, int]) -> dict[str, int]:
+    """This process's S3 calls since ``storage0`` (:data:`STATS`) that no step measured since ``measured0``."""
+    total = counter_delta(storage0, STATS.snapshot())
+    inside = counter_delta(measured0, counters(MEASURED))
+    return {k: v - inside.get(k, 0) for k, v in total.items() if v != inside.get(k, 0)}
+
+
+def add_worker_unmeasured(counts: dict[str, int]) -> None:
+    """A worker process's calls outside its steps (:func:`unmeasured_since` there), into this process's count."""
+    with _LOCK:
+        add_counts(WORKERS_UNMEASURED, counts)
+
+
+def command_storage0() -> dict[str, int]:
+    """Where a build's count of this process's S3 calls starts: when ``pileworks build`` started, if it runs
+    this build, else now."""
+    return dict(COMMAND_STORAGE0) if COMMAND_STORAGE0 is not None else STATS.snapshot()
 
 
 def drain_local() -> list[dict[str, Any]]:
@@ -86,7 +128,9 @@ class BuildProfile:
     # S3 calls made by units in worker processes (the flow's own process is counted whole, at the end).
     worker_storage: dict[str, int] = field(default_factory=dict)
     flow_pid: int = field(default_factory=os.getpid)
-    flow_storage0: dict[str, int] = field(default_factory=STATS.snapshot)
+    flow_storage0: dict[str, int] = field(default_factory=command_storage0)
+    # and those the worker processes' task bodies made outside their steps
+    workers_unmeasured0: dict[str, int] = field(default_factory=lambda: counters(WORKERS_UNMEASURED))
     flow_cpu0: float = field(
         default_factory=time.process_time
     )  # after start-up: the flow's own CPU from here
@@ -110,6 +154,7 @@ class BuildProfile:
         """The build's S3 calls, retries (by reason) and give-ups, over every process (all zero on a local store)."""
         total = counter_delta(self.flow_storage0, STATS.snapshot())
         add_counts(total, self.worker_storage)
+        add_counts(total, counter_delta(self.workers_unmeasured0, counters(WORKERS_UNMEASURED)))
         return dict(sorted(total.items()))
 
     @contextlib.contextmanager

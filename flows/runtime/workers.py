@@ -127,6 +127,7 @@ class LocalWorkers(TaskRunner[Any]):
         if "error" in out:
             raise relinked(out["error"])
         profile.LOCAL_RECORDS.extend(out["profile"])
+        profile.add_worker_unmeasured(out["storage"])
         emit(out["logs"])
         return out["result"]
 

@@ -245,6 +245,7 @@ def test_a_build_on_local_workers_sets_one_blas_thread_before_numpy_and_nothing_
 
     from flows.cli import build
     from flows.cli.main import build_parser
+    from flows.runtime import profile
     from tests.flows.tiny_corpus import write_tiny_corpus
 
     for name in ("OMP_NUM_THREADS", "RAYON_NUM_THREADS", "PILEWORKS_THREADS"):
@@ -254,12 +255,52 @@ def test_a_build_on_local_workers_sets_one_blas_thread_before_numpy_and_nothing_
     build.precheck(args)
     assert os.environ.get("OMP_NUM_THREADS") == "1"
     assert "RAYON_NUM_THREADS" not in os.environ and "PILEWORKS_THREADS" not in os.environ
+    assert profile.COMMAND_STORAGE0 is not None  # the build's S3 count starts with the command
     build.restore_env()
-    assert "OMP_NUM_THREADS" not in os.environ
+    assert "OMP_NUM_THREADS" not in os.environ and profile.COMMAND_STORAGE0 is None
     missing = build_parser().parse_args(["build", "--input", str(tmp_path / "none"), "--workers", "2"])
     with pytest.raises(Exception, match="none"):
         build.precheck(missing)
-    assert "OMP_NUM_THREADS" not in os.environ
+    assert "OMP_NUM_THREADS" not in os.environ and profile.COMMAND_STORAGE0 is None
     one = build_parser().parse_args(["build", "--input", str(tmp_path / "raw"), "--workers", "1"])
     build.precheck(one)
     assert "OMP_NUM_THREADS" not in os.environ  # one worker: a thread of this process, nothing forked
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("workers", [2, 1])
+def test_a_build_s_profile_counts_every_s3_call_but_those_after_it(
+    prefect_harness,
+    s3_server: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    workers: int,
+) -> None:
+    """The build's S3 count (``profile["storage"]``) is what the store saw, through a counting proxy: the calls
+    of the command before the flow (its listing, the head start's lease), of the worker processes' task bodies
+    outside their steps (contexts, done markers, stats) and inside them; all but the few the flow makes after
+    it wrote the profile (its artifacts' reads, the published record, the lease released: six here, one more
+    should a lease refresh fall there)."""
+    from flows.cli.main import main
+    from tests.fixtures.fault_proxy import FaultProxy
+    from tests.fixtures.s3_corpus import FAST_BUILD, upload_corpus, write_corpus
+
+    monkeypatch.setenv(*next(iter(MIN_TASK.items())))  # several tasks per pass on two workers
+    write_corpus(tmp_path / "raw", megabytes=0.5)
+    inputs = upload_corpus(tmp_path / "raw", s3_server, f"pw-count{workers}")
+    proxy = FaultProxy(s3_server)
+    overrides = FAST_BUILD | {"ingest.target_part_bytes": 100_000, "s3.endpoint_url": proxy.url}
+    argv = ["build", "--input", inputs, "--output", f"s3://pw-count{workers}/store", "--json"]
+    argv += ["--workers", str(workers), "--set=s3.region=us-east-1"]
+    argv += [f"--set={k}={v}" for k, v in overrides.items()]
+    try:
+        assert main(argv) == 0
+        requests = proxy.counts()["requests"]
+    finally:
+        proxy.close()
+    profile = json.loads(capsys.readouterr().out)["profile"]
+    assert profile["workers_started"] == (2 if workers == 2 else 0)  # one worker: in the flow's process
+    assert (profile["head_start"] is not None) is (workers == 2)
+    assert requests > 1000  # hundreds of parts' reads and writes
+    assert 0 <= requests - profile["storage"]["attempts"] <= 7, (requests, profile["storage"])

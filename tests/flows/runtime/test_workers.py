@@ -206,6 +206,30 @@ def test_an_interrupted_command_does_not_wait_for_the_early_calls_queued() -> No
     assert pool.early_summary() is None
 
 
+def env_value(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def test_workers_have_the_env_of_the_process_when_their_pool_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fork server keeps the environment it started with; a later pool's workers get this process's as it
+    is when the pool starts (credentials set after an earlier build, say), then the one-thread settings."""
+    from flows.runtime import pool
+
+    first = pool.start_pool(1)
+    try:
+        assert first.submit(env_value, "PILEWORKS_SET_LATER").result(timeout=60) is None
+    finally:
+        first.shutdown()  # the fork server runs on, with the environment it started with
+    monkeypatch.setenv("PILEWORKS_SET_LATER", "yes")
+    monkeypatch.delenv("PILEWORKS_THREADS", raising=False)
+    second = pool.start_pool(1)
+    try:
+        assert second.submit(env_value, "PILEWORKS_SET_LATER").result(timeout=60) == "yes"
+        assert second.submit(env_value, "PILEWORKS_THREADS").result(timeout=60) == "1"
+    finally:
+        second.shutdown()
+
+
 FORK_CHECK = """
 import json, logging, os, sys
 from flows.runtime import pool
