@@ -241,12 +241,10 @@ def capture_logs(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, li
 
 def run_captured(fn: Callable[..., Any], args: tuple[Any, ...]) -> dict[str, Any]:
     """In a worker process: ``fn(*args)`` with its profile records, log lines and the S3 calls it made outside
-    its steps (the records count those inside). A failure comes back as its exception chain (pickling an exception drops its ``__cause__``, which the retry policy reads)."""
-    start, storage0, measured0 = (
-        len(profile.LOCAL_RECORDS),
-        STATS.snapshot(),
-        profile.counters(profile.MEASURED),
-    )
+    its steps (the records count those inside). A failure comes back as its exception chain (pickling an
+    exception drops its ``__cause__``, which the retry policy reads)."""
+    start = len(profile.LOCAL_RECORDS)
+    storage0, measured0 = STATS.snapshot(), profile.counters(profile.MEASURED)
     try:
         result, logs = capture_logs(fn, args)
         return {
