@@ -110,9 +110,10 @@ def train_in_child(args: dict[str, Any], threads: int, measured: dict[str, Any])
 
 def train_in_fork(args: dict[str, Any], threads: int, measured: dict[str, Any]) -> str:
     """Train as ``args`` (:func:`training_args`) say in a fork of this process (a local pool worker) of
-    ``threads`` Rayon threads (0: this machine's cores); returns the sha256. The result comes back through a pipe; the child returns its memory by exiting
-    (``multiprocessing``'s exit: ``os._exit`` after flushing the std streams, which were flushed before the
-    fork, so nothing the worker buffered is written twice; the worker's profile records die with the child)."""
+    ``threads`` Rayon threads (0: this machine's cores); returns the sha256. The result comes back through a
+    pipe; the child returns its memory by exiting (``multiprocessing``'s exit: ``os._exit`` after flushing the
+    std streams, which were flushed before the fork, so nothing the worker buffered is written twice; the
+    worker's profile records die with the child)."""
     fork = multiprocessing.get_context("fork")
     receiving, sending = fork.Pipe(duplex=False)
     child = fork.Process(

@@ -94,9 +94,9 @@ def counters(counts: dict[str, int]) -> dict[str, int]:
 
 def unmeasured_since(storage0: dict[str, int], measured0: dict[str, int]) -> dict[str, int]:
     """This process's S3 calls since ``storage0`` (:data:`STATS`) that no step measured since ``measured0``."""
-    total = counter_delta(storage0, STATS.snapshot())
-    inside = counter_delta(measured0, counters(MEASURED))
-    return {k: v - inside.get(k, 0) for k, v in total.items() if v != inside.get(k, 0)}
+    return counter_delta(
+        counter_delta(measured0, counters(MEASURED)), counter_delta(storage0, STATS.snapshot())
+    )
 
 
 def add_worker_unmeasured(counts: dict[str, int]) -> None:
