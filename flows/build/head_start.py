@@ -1,24 +1,30 @@
 """The head start: a local build's first pass, started by ``pileworks build`` before it imports Prefect.
 
 Importing Prefect and starting the flow run take about two seconds of one core, in which a build with work to do
-would otherwise compute nothing. When the build runs on two or more local worker processes, the command lists and
-plans the inputs (it does so anyway, to find an unchanged rebuild), takes the build's lease, starts the worker
-pool and submits the ingest chunks (``flows/runtime/pool.py``, no Prefect), exactly as the flow deals them
-(:func:`flows.build.plan.sizing`, the same context and unit keys). The flow, in the same process, takes the
-lease (:func:`take`), its task runner adopts the pool, and its ingest task runs collect these calls' results
-(:func:`flows.runtime.pool.claim_early`) instead of submitting them again: the same bodies with the same
-arguments, so the same units, profile records and log lines, reported in the same task runs. A call the flow
-does not claim (its plan came out otherwise) is waited for before anything else runs on the pool, and its
-units are then simply reused.
+would otherwise compute nothing. For a build on local workers, the command lists and plans the inputs (it does
+so anyway, to find an unchanged rebuild), takes the build's lease, starts the worker pool and submits the ingest
+chunks (``flows/runtime/pool.py``, no Prefect), exactly as the flow deals them (:func:`flows.build.plan.sizing`,
+the same context and unit keys). The flow, in the same process, takes the lease (:func:`take`), and its ingest
+task runs collect these calls' results (:func:`flows.runtime.pool.claim_early`) instead of submitting them
+again: the same bodies with the same arguments, so the same units, profile records and log lines, reported in
+the same task runs. A call the flow does not claim (its plan came out otherwise) is waited for before anything
+else runs, and its units are then simply reused.
 
-Nothing of it runs for one worker (that worker is a thread of the flow's process, which is busy importing), for
-other task runners, or when the dataset is already published.
+With two or more workers the flow's task runner adopts the pool. One worker is a thread of the flow's process,
+which is busy importing Prefect meanwhile: its head start is one worker process, forked from the command, that
+computes the ingest on the other core and exits once the flow has its result (a thread beside the imports
+would only take turns with them on the GIL: tried, no faster). One worker gets it only where the command can
+fork (it runs no other thread: starting a fork server instead would cost more than it gains) and has a second
+core.
+
+Nothing of it runs for other task runners, or when the dataset is already published.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -56,12 +62,10 @@ _HEAD: HeadStart | None = None
 
 def start(parameters: dict[str, Any], workers: int) -> HeadStart | None:
     """Start the first pass of the build of the flow's ``parameters`` on up to ``workers`` local worker
-    processes, when it has work for two or more; returns it (kept for :func:`take`), else None. Any failure
-    leaves everything to the flow, which reports it in its run."""
+    processes, when it has work; returns it (kept for :func:`take`), else None. Any failure leaves everything
+    to the flow, which reports it in its run."""
     global _HEAD
     close()
-    if workers < 2:
-        return None
     try:
         _HEAD = _start(parameters, workers)
     except Exception as exc:  # the flow lists, plans and fails (or not) in its run, with its retries
@@ -78,8 +82,10 @@ def _start(parameters: dict[str, Any], workers: int) -> HeadStart | None:
     keep_listing(config, planned)  # the flow's plan-inputs step starts from it, as without a head start
     plans = planned["plans"]
     used, size, _light = sizing(plans, workers)
-    if used < 2:
-        return None
+    if used == 1 and (threading.active_count() > 1 or pool.cores() < 2):
+        return (
+            None  # a fork server's start and imports (~0.6 CPU-s) cost more than it gains; no core to spare
+        )
     store = open_store(cfg.output, cfg.s3)
     work = f"work/{build_key(cfg, planned['inputs'], plans)}"
     if unchanged.published_record(store, work, cfg) is not None:

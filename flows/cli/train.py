@@ -67,19 +67,21 @@ def train_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_train(args: argparse.Namespace) -> int:
     from flows.cli.report import flow_run_outcome
+    from flows.runtime.runners import prefect_api
     from flows.train.flow import train
 
-    state = train(
-        args.manifest,
-        args.train_config,
-        args.nproc,
-        train_overrides(args),
-        args.timeout,
-        args.allow_dataset_change,
-        args.max_restarts,
-        args.allow_change,
-        return_state=True,
-    )
+    with prefect_api():
+        state = train(
+            args.manifest,
+            args.train_config,
+            args.nproc,
+            train_overrides(args),
+            args.timeout,
+            args.allow_dataset_change,
+            args.max_restarts,
+            args.allow_change,
+            return_state=True,
+        )
     result, run_id = flow_run_outcome(state)
     result = {k: v for k, v in result.items() if k != "history"}
     result["flow_run_url"] = args.api.run_url(run_id)

@@ -117,7 +117,8 @@ def start_pool(size: int, fork: bool = False) -> ProcessPoolExecutor:
 @dataclass
 class Early:
     """A pool started, and calls submitted to it, before the flow's task runner existed (``pileworks build``'s
-    head start, ``flows/build/head_start.py``); the runner adopts the pool and its task runs claim the calls."""
+    head start, ``flows/build/head_start.py``); the task runs claim the calls, and a runner of as many worker
+    processes adopts the pool (one worker runs in the flow's process: the pool stops after its calls)."""
 
     pool: ProcessPoolExecutor
     workers: int
@@ -173,7 +174,8 @@ def adopt_early(size: int) -> ProcessPoolExecutor | None:
 def claim_early(fn: Callable[..., Any], args: tuple[Any, ...]) -> Future[Any] | None:
     """The early future of ``fn(*args)``, once; None when no such call was submitted early (the caller submits
     it). A call that finds unclaimed early calls but is not one of them waits for them first: what they write
-    is then complete, and reused, never computed twice at the same time."""
+    is then complete, and reused, never computed twice at the same time. A pool no task runner adopted (the
+    flow's one worker is a thread of its process) stops once its last call is claimed and done."""
     with _EARLY_LOCK:
         early = _EARLY
         if early is None or not early.calls:
@@ -181,10 +183,14 @@ def claim_early(fn: Callable[..., Any], args: tuple[Any, ...]) -> Future[Any] | 
         future = early.calls.pop(call_key(fn, args), None)
         if future is not None:
             early.claimed += 1
-            return future
-        wait(list(early.calls.values()))
-        early.calls.clear()
-        return None
+        else:
+            wait(list(early.calls.values()))
+            early.calls.clear()
+        if not early.calls and not early.adopted:  # no task runner took the pool (one worker): it stops
+            early.pool.shutdown(
+                wait=False
+            )  # once the claimed call is done; its worker exits, freeing its heap
+        return future
 
 
 def early_summary() -> dict[str, Any] | None:

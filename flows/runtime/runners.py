@@ -133,23 +133,32 @@ def with_task_runner(flow: Any, spec: str = "local", workers: int | None = None)
 
 @contextlib.contextmanager
 def prefect_api() -> Iterator[str]:
-    """The Prefect API for a flow and all its workers: the configured one, else one local server started here.
+    """The Prefect API for a flow and all its workers: the configured one, else one local server started here;
+    and no flow-run heartbeat of Prefect's unless the user's settings ask for one (:data:`NO_PREFECT_HEARTBEAT`).
 
     Without this, Prefect starts a temporary server lazily in each process that needs a client, so every
     worker process would run (and pay for) a server of its own and the UI would see none of their task runs.
     """
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    url = PREFECT_API_URL.value()
-    if url:
-        yield url
-        return
-    from prefect.server.api.server import SubprocessASGIServer
+    with temporary_settings(set_defaults=NO_PREFECT_HEARTBEAT):
+        url = PREFECT_API_URL.value()
+        if url:
+            yield url
+            return
+        from prefect.server.api.server import SubprocessASGIServer
 
-    server = SubprocessASGIServer()  # the instance Prefect's own client would start: one per process
-    server.start()
-    with temporary_settings({PREFECT_API_URL: server.api_url}):
-        yield server.api_url
+        server = SubprocessASGIServer()  # the instance Prefect's own client would start: one per process
+        server.start()
+        with temporary_settings({PREFECT_API_URL: server.api_url}):
+            yield server.api_url
+
+
+# Prefect's flow engine sends a heartbeat event every ``flows.heartbeat_frequency`` seconds (180 by default) from a
+# thread that sleeps in one-second steps, and a run's end waits for that thread: 0-1 s (0.5 on average) of every
+# flow run, about 5% of a small build. Our own heartbeat (``flows/runtime/heartbeat.py``) is what ``pileworks
+# reap`` reads. A value set by the user (environment, profile, ``prefect.toml``) still wins: ``set_defaults``.
+NO_PREFECT_HEARTBEAT: dict[Any, Any] = {"flows.heartbeat_frequency": None}
 
 
 def worker_count() -> int:

@@ -112,12 +112,14 @@ class LocalWorkers(TaskRunner[Any]):
         return pool
 
     def call(self, fn: Callable[..., R], args: tuple[Any, ...], where: str) -> R:
-        """``fn(*args)`` in a worker process; its profile records join this process's, its log lines come back."""
+        """``fn(*args)`` in a worker process (or, for one worker, in this thread unless the head start runs it
+        already); its profile records join this process's, its log lines come back."""
         self.runner()
-        if self.processes is None:  # one worker: in this thread
+        early = claim_early(fn, args)  # started by the command's head start, in a worker process already
+        if early is None and self.processes is None:  # one worker: in this thread
             return in_line(fn, args)
         try:
-            future = claim_early(fn, args) or self.processes.submit(run_captured, fn, args)
+            future = early or self.processes.submit(run_captured, fn, args)  # type: ignore[union-attr]
             out = future.result()
         except BrokenProcessPool as exc:
             raise WorkerDied(

@@ -196,7 +196,8 @@ def test_a_build_on_local_workers_starts_its_first_pass_before_prefect(
 ) -> None:
     """With two workers the command starts the ingest tasks before it imports Prefect; the flow's ingest task runs
     collect exactly those calls (none computed twice), and the dataset is the one a single worker builds. The
-    ``pileworks`` command, one thread until it imports Prefect, forks the workers from itself."""
+    ``pileworks`` command, one thread until it imports Prefect, forks the workers from itself; with one worker
+    (a thread of the flow's process) it forks one for the ingest, only where it can fork."""
     from flows.build import head_start
     from flows.cli.main import main
     from flows.runtime import pool
@@ -218,7 +219,9 @@ def test_a_build_on_local_workers_starts_its_first_pass_before_prefect(
     assert ingest["task_runs"] >= 2 and early["calls"] == early["claimed"] == ingest["task_runs"]
     assert early["start"] < two["passes"][0]["start"]  # working before the flow's first step
     assert summaries[2]["reused_units"]["ingest"][0] == 0  # each unit computed once, by the head start
-    assert two["workers_started"] == 2 and one["head_start"] is None  # one worker: a thread, no head start
+    assert (
+        two["workers_started"] == 2 and one["head_start"] is None
+    )  # one worker in a process of many threads
     assert summaries[2]["dataset_id"] == summaries[1]["dataset_id"]
 
     from tests.flows.cli.conftest import cli_env, run_cli
@@ -233,6 +236,18 @@ def test_a_build_on_local_workers_starts_its_first_pass_before_prefect(
     assert forked["profile"]["head_start"]["claimed"] == ingest["task_runs"]
     assert forked["dataset_id"] == summaries[1]["dataset_id"]
     assert done.err.count("head start: ") == 1
+
+    # one worker: the flow's thread, but its ingest ran before Prefect, in a fork of the command
+    argv[argv.index(str(tmp_path / "store3"))] = str(tmp_path / "store4")
+    done = run_cli([*argv, *sets, "--json", "--workers", "1"], cli_env(server_home, **MIN_TASK), tmp_path)
+    assert done.code == 0, done.err[-3000:]
+    alone = json.loads(done.out)
+    head, passes = alone["profile"]["head_start"], alone["profile"]["passes"]
+    assert head["forked"] is True and head["calls"] == head["claimed"] == 1
+    assert head["start"] < passes[0]["start"]  # working before the flow's first step
+    assert alone["profile"]["workers_started"] == 0 and alone["profile"]["workers_in_process"] == 1
+    assert alone["reused_units"]["ingest"][0] == 0  # each unit computed once, by the head start
+    assert alone["dataset_id"] == summaries[1]["dataset_id"]
 
 
 def test_a_build_on_local_workers_sets_one_blas_thread_before_numpy_and_nothing_else(

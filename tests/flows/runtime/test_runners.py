@@ -53,6 +53,25 @@ def test_runner_choice_and_sizes() -> None:
         make_task_runner("spark")
 
 
+def test_a_flow_run_of_ours_has_no_prefect_heartbeat_unless_the_user_sets_one(prefect_harness) -> None:
+    """Prefect's flow-run heartbeat thread sleeps in one-second steps and each run's end waits for it: our flows
+    run without it (``pileworks reap`` reads our own heartbeat), and a frequency the user set is kept."""
+    from prefect import flow
+    from prefect.settings import get_current_settings, temporary_settings
+
+    from flows.runtime.runners import prefect_api
+
+    @flow
+    def beats() -> int | None:  # what Prefect's flow engine reads to start its heartbeat thread, or not
+        return get_current_settings().flows.heartbeat_frequency
+
+    assert beats() == 180  # Prefect's default, outside our commands' flow runs
+    with prefect_api():
+        assert beats() is None
+    with temporary_settings(updates={"flows.heartbeat_frequency": 45}), prefect_api():
+        assert beats() == 45  # the user's choice
+
+
 def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_dataset(
     prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -180,6 +180,44 @@ def test_calls_started_before_the_runner_are_claimed_once_and_others_wait_for_th
     assert pool.early_summary() is None
 
 
+def stopped(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # exited, not yet waited for
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_one_worker_takes_the_early_calls_from_their_process_which_then_stops() -> None:
+    """One worker is a thread of the flow's process: nothing adopts the head start's pool of one process, yet its
+    calls are claimed from it, a call it did not make waits for the others and runs here, and the pool stops."""
+    from flows.runtime import pool
+
+    early = pool.start_early(1, [(echo_pid, (1,)), (echo_pid, (2,))])
+    try:
+        runner = make_task_runner("local", 1).duplicate()
+        with runner:
+            runner.runner()
+            assert runner.processes is None and runner.in_process == 1
+            value, worker = runner.call(echo_pid, (1,), "test")
+            assert value == 1 and worker != os.getpid()  # claimed: computed by the head start's process
+            waited = early.calls[pool.call_key(echo_pid, (2,))]
+            assert runner.call(echo_pid, (3,), "test") == (3, os.getpid())  # not started early: here
+            assert waited.done() and not early.calls and not early.adopted
+            assert pool.early_summary() == {
+                "start": early.started,
+                "calls": 2,
+                "claimed": 1,
+                "forked": early.forked,
+            }
+            deadline = time.monotonic() + 30
+            while not stopped(worker):
+                assert time.monotonic() < deadline, "the head start's worker process did not stop"
+                time.sleep(0.05)
+    finally:
+        pool.close_early()
+    assert pool.early_summary() is None
+
+
 def test_an_early_pool_of_another_size_is_closed_not_adopted() -> None:
     from flows.runtime import pool
 
