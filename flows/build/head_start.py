@@ -83,9 +83,8 @@ def _start(parameters: dict[str, Any], workers: int) -> HeadStart | None:
     plans = planned["plans"]
     used, size, _light = sizing(plans, workers)
     if used == 1 and (threading.active_count() > 1 or pool.cores() < 2):
-        return (
-            None  # a fork server's start and imports (~0.6 CPU-s) cost more than it gains; no core to spare
-        )
+        # one worker: a fork server's start and imports (~0.6 CPU-s) would cost more than it gains; one core
+        return None
     store = open_store(cfg.output, cfg.s3)
     work = f"work/{build_key(cfg, planned['inputs'], plans)}"
     if unchanged.published_record(store, work, cfg) is not None:

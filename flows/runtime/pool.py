@@ -187,9 +187,7 @@ def claim_early(fn: Callable[..., Any], args: tuple[Any, ...]) -> Future[Any] | 
             wait(list(early.calls.values()))
             early.calls.clear()
         if not early.calls and not early.adopted:  # no task runner took the pool (one worker): it stops
-            early.pool.shutdown(
-                wait=False
-            )  # once the claimed call is done; its worker exits, freeing its heap
+            early.pool.shutdown(wait=False)  # once the claimed call is done, its worker exiting
         return future
 
 
