@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from flows.build.context import build_context
-from flows.runtime.pool import cores, in_pool_worker
+from flows.runtime.pool import cores, die_with_parent, in_pool_worker
 from pipeline import tokenize
 from pipeline.errors import StageFailed
 from pipeline.storage.retry import STATS
@@ -117,7 +117,9 @@ def train_in_fork(args: dict[str, Any], threads: int, measured: dict[str, Any]) 
     fork = multiprocessing.get_context("fork")
     receiving, sending = fork.Pipe(duplex=False)
     child = fork.Process(
-        target=forked_child, args=(args, threads or cores(), sending), name="pileworks-tokenizer"
+        target=forked_child,
+        args=(args, threads or cores(), sending, os.getpid()),
+        name="pileworks-tokenizer",
     )
     child.start()
     sending.close()  # the child holds the only sending end now: a child that dies unheard reads as EOF here
@@ -168,10 +170,11 @@ def train(args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def forked_child(args: dict[str, Any], threads: int, sending: Connection) -> None:
-    """The forked child: its threads set before ``tokenizers`` first starts Rayon's pool, its S3 counters from
-    zero (they were the worker's), then :func:`train`; the result, or the error's traceback, goes back through
-    ``sending``."""
+def forked_child(args: dict[str, Any], threads: int, sending: Connection, worker: int) -> None:
+    """The forked child: it ends with its ``worker`` (:func:`flows.runtime.pool.die_with_parent`), its threads
+    set before ``tokenizers`` first starts Rayon's pool, its S3 counters from zero (they were the worker's), then
+    :func:`train`; the result, or the error's traceback, goes back through ``sending``."""
+    die_with_parent(worker)
     os.environ["RAYON_NUM_THREADS"] = str(threads)
     STATS.reset()
     try:

@@ -9,6 +9,8 @@ stage modules) once per flow process, about 0.75 CPU-s, instead of 2-3 CPU-s of 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib
 import itertools
 import json
@@ -17,6 +19,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -65,7 +68,24 @@ def set_one_thread_env() -> None:
 _worker_pid = 0
 
 
-def init_worker(forked: bool = False, env: dict[str, str] | None = None) -> None:
+PR_SET_PDEATHSIG = 1  # Linux's prctl(2) option
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """On Linux, end this process (SIGKILL) when the process that forked it ends. A pool's worker waits for its
+    next call on a pipe whose write end it holds itself, so a command that leaves at once (``os._exit`` after
+    Ctrl-C, or killed) would otherwise leave it waiting for ever, holding the command's stdout and stderr; its
+    units are written whole or not at all, so a kill loses nothing a rerun needs. ``parent``: that process's pid
+    when known, checked after (it may have ended before this ran)."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
+def init_worker(forked: bool = False, env: dict[str, str] | None = None, parent: int | None = None) -> None:
     """In each worker process, first: Ctrl-C reaches the whole process group, and the flow's process handles it
     (it shuts the pool down); a worker finishes or drops the call at hand instead of printing a traceback. The
     process is marked as a worker (:func:`in_pool_worker`), with ``env``, the environment of the process that
@@ -74,6 +94,7 @@ def init_worker(forked: bool = False, env: dict[str, str] | None = None) -> None
     inherited, as a fresh interpreter has none: its log lines go back to the task run (:func:`run_captured`),
     not straight to the command's terminal as well."""
     global _worker_pid
+    die_with_parent(parent)  # ``parent``: the command, for a pool forked from it (else the fork server)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if env is not None:
         os.environ.clear()
@@ -104,7 +125,8 @@ def start_pool(size: int, fork: bool = False) -> ProcessPoolExecutor:
     starting an interpreter and importing the stages again (~0.6 CPU-s)."""
     if fork:
         forks = multiprocessing.get_context("fork")
-        return ProcessPoolExecutor(size, mp_context=forks, initializer=init_worker, initargs=(True,))
+        initargs = (True, None, os.getpid())
+        return ProcessPoolExecutor(size, mp_context=forks, initializer=init_worker, initargs=initargs)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)  # used when the fork server starts, ignored once it runs
     env = dict(os.environ)  # this process's now, not the fork server's from when it started

@@ -312,3 +312,33 @@ def test_early_workers_are_forks_of_a_one_thread_process_else_come_from_the_fork
     finally:
         stop.set()
         pool.close_early()
+
+
+ABANDON = """
+import os, sys, time
+from flows.runtime import pool
+
+forked = pool.start_pool(1, fork=True)
+print(forked.submit(os.getpid).result(timeout=60), flush=True)
+forked.submit(time.sleep, 600)  # a call at work, then one waiting: the worker is busy, then blocked on its queue
+forked.submit(time.sleep, 600)
+os._exit(0)  # as the command leaves after Ctrl-C: no shutdown of the pool
+"""
+
+
+def test_a_worker_ends_with_the_process_that_forked_it() -> None:
+    """A command that leaves at once (``os._exit`` after Ctrl-C, or killed) takes its forked workers with it: one
+    left waiting would hold the command's stdout and stderr open (and a terminal's caller waiting on them)."""
+    import subprocess
+    import sys
+
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    out = subprocess.run(
+        [sys.executable, "-c", ABANDON], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    worker = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while not stopped(worker):
+        assert time.monotonic() < deadline, "the worker outlived the process that forked it"
+        time.sleep(0.05)
