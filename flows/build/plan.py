@@ -76,8 +76,10 @@ def sizing(
     least = min_parts_per_task([sum(p["weight"] for p in plan["pieces"]) for plan in plans], min_task_bytes())
     widest = len(chunks(list(range(n)), parts_per_task(n, workers, min_parts=least)))
     used = fit(widest) if fit is not None else max(1, min(workers, widest))
-    # several heavy tasks per worker so none idles at the end; one worker has nothing to balance, and each task
-    # run costs the flow's process ~25 ms of CPU and the Prefect server as much again
-    heavy = 4 if used > 1 else 1
+    # up to four heavy tasks per worker so none idles at the end, in as many whole rounds as tasks of the least
+    # size fill (a small build: one round, not a second of tasks near the least size, each ~0.1 s of the pass's
+    # wall on two cores); one worker has nothing to balance, and each task run costs the flow's process ~25 ms of
+    # CPU and the Prefect server as much again
+    heavy = max(1, min(4, n // (used * min(least, n)))) if used > 1 else 1
     size, light = (parts_per_task(n, used, per_worker=k, min_parts=least) for k in (heavy, 1))
     return used, size, light
