@@ -76,7 +76,10 @@ def test_sizing_gives_one_worker_one_task_per_pass_and_several_workers_several_e
     # of two parts, 6 and 4); 40 rounds' worth of parts, four tasks per worker, as many as it gets
     assert [len(c) for c in chunks(list(range(10)), size)] == [3, 3, 2, 2]
     assert len(chunks(list(range(400)), sizing(_plans([4 * mib] * 400), 2)[1])) == 8
-    assert [len(c) for c in chunks(list(range(10)), sizing(_plans([3 * mib] * 10), 2)[1])] == [5, 5]  # one round
+    assert [len(c) for c in chunks(list(range(10)), sizing(_plans([3 * mib] * 10), 2)[1])] == [
+        5,
+        5,
+    ]  # one round
     assert sizing(plans, 8, fit=lambda widest: min(8, widest)) == (5, 2, 2)  # five chunks of two parts
     assert sizing(_plans([32 * mib] * 200), 1) == (1, 64, 64)  # the cap: a large build still has many tasks
     assert sizing(_plans([700_000, 650_000, 720_000]), 2) == (1, 3, 3)  # the sample: one worker
