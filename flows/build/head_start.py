@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +81,7 @@ def _start(parameters: dict[str, Any], workers: int) -> HeadStart | None:
     keep_listing(config, planned)  # the flow's plan-inputs step starts from it, as without a head start
     plans = planned["plans"]
     used, size, _light = sizing(plans, workers)
-    if used == 1 and (threading.active_count() > 1 or pool.cores() < 2):
+    if used == 1 and not (pool.can_fork() and pool.cores() >= 2):
         # one worker: a fork server's start and imports (~0.6 CPU-s) would cost more than it gains; one core
         return None
     store = open_store(cfg.output, cfg.s3)

@@ -80,6 +80,6 @@ def sizing(
     # size fill (a small build: one round, not a second of tasks near the least size, each ~0.1 s of the pass's
     # wall on two cores); one worker has nothing to balance, and each task run costs the flow's process ~25 ms of
     # CPU and the Prefect server as much again
-    heavy = max(1, min(4, n // (used * min(least, n)))) if used > 1 else 1
+    heavy = max(1, min(4, n // (used * max(1, min(least, n))))) if used > 1 else 1
     size, light = (parts_per_task(n, used, per_worker=k, min_parts=least) for k in (heavy, 1))
     return used, size, light

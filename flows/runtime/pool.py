@@ -161,12 +161,18 @@ def call_key(fn: Callable[..., Any], args: tuple[Any, ...]) -> str:
     return json.dumps([fn.__module__, fn.__qualname__, list(args)], sort_keys=True, default=repr)
 
 
+def can_fork() -> bool:
+    """Whether this process may fork its workers from itself: it runs no other thread (whose locks a fork would
+    leave held in the child)."""
+    return threading.active_count() == 1
+
+
 def start_early(size: int, calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> Early:
     """Start a pool of ``size`` workers and submit ``calls`` (each as :func:`run_captured`) to it now: forks of
     this process while it runs no other thread (:func:`start_pool`), else from the fork server."""
     global _EARLY
     close_early()
-    forked = threading.active_count() == 1
+    forked = can_fork()
     if forked:  # what the fork server would import, loaded here once and shared by the forks
         for name in PRELOAD:
             if name not in ("flows.runtime.pool_env", "__main__"):  # not the workers' env: this process's
