@@ -8,6 +8,7 @@ extra: without it the test is skipped, except on CI (``CI`` set), where ``make t
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shutil
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ pytestmark = [
     pytest.mark.skipif(not HAS_RAY and not os.environ.get("CI"), reason="needs pip install pileworks[ray]"),
 ]
 REPO = Path(__file__).resolve().parents[3]
+LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
 
 
 def free_port() -> int:
@@ -53,7 +56,11 @@ def start_ray_head(client_port: int, temp: str) -> subprocess.Popen[bytes]:
     its workers importing this checkout, its files in ``temp``."""
     # The head starts a client server per connection and gives it 30 s by default: on a busy 2-core CI machine its
     # start (a Python process importing Ray) took longer once, so it gets 120 s.
+    # Ray turns --node-ip-address=127.0.0.1 into the machine's own address (its GCS, raylet and client servers then
+    # listen there and on every interface) unless it runs as a one-node cluster, which its switch for Windows and
+    # macOS makes of it on Linux too: every port of the head on 127.0.0.1 only.
     env = os.environ | {
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
         "PYTHONPATH": str(REPO),
         "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S": "120",
@@ -80,8 +87,49 @@ def start_ray_head(client_port: int, temp: str) -> subprocess.Popen[bytes]:
             if s.connect_ex(("127.0.0.1", client_port)) == 0:
                 return head
         time.sleep(0.5)
-    os.killpg(head.pid, signal.SIGTERM)
+    stop_ray_head(head)
     raise RuntimeError("the Ray head's client server did not come up in 120 s")
+
+
+def stop_ray_head(head: subprocess.Popen[bytes]) -> None:
+    """``ray start --block`` stops its node on SIGTERM (its GCS still up, so the drain is quick; SIGTERM to the
+    whole group at once leaves it waiting 30 s for a GCS already gone), then anything left in its session goes."""
+    head.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        head.wait(timeout=60)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(head.pid, signal.SIGKILL)
+    head.wait(timeout=30)
+
+
+def listening_addresses(head: subprocess.Popen[bytes]) -> set[str]:
+    """The addresses on which the head's processes (``ray start`` and all it started) accept connections."""
+    import psutil  # Ray's own dependency
+
+    found = set()
+    root = psutil.Process(head.pid)
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found |= {c.laddr.ip for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    return found
+
+
+def ray_head_report(temp: str) -> str:
+    """What to read when a Ray head did not serve its client: the tails of its own logs of errors (the client
+    server's ``ray_client_server_*.err`` first of all), and the busiest processes on the machine."""
+    lines = []
+    for log in sorted(Path(temp).glob("session_*/logs/*")):
+        if log.suffix == ".err" or log.name.startswith(("gcs_server", "raylet", "runtime_env_agent")):
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            if tail:
+                lines += [f"--- {log.name}", *tail]
+    ps = subprocess.run(
+        ["ps", "-eo", "pid,ppid,pcpu,rss,etime,args", "--sort=-pcpu"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return "\n".join([*lines, "--- busiest processes", *ps.stdout.splitlines()[:12]])
 
 
 def test_a_build_on_a_ray_head_publishes_the_dataset_of_a_local_build(
@@ -90,15 +138,28 @@ def test_a_build_on_a_ray_head_publishes_the_dataset_of_a_local_build(
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     inputs = write_tiny_corpus(tmp_path / "raw")
     local = build("local", 2, inputs, tmp_path / "store-local")
-    client_port = free_port()
-    temp = tempfile.mkdtemp(prefix="pw-ray-", dir="/tmp")  # Ray's socket paths must stay short
-    head = start_ray_head(client_port, temp)
-    try:
-        on_ray = build(f"ray://127.0.0.1:{client_port}", None, inputs, tmp_path / "store-ray")
-    finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        head.wait(timeout=60)
-        shutil.rmtree(temp, ignore_errors=True)
+    # The head is Ray's, started here on a 2-core machine running the suite: once on CI its client server did not
+    # start for the client (Ray's own start, before any of our work reached it). A head that fails so is reported
+    # and replaced once; a build that fails any other way fails the test at once.
+    on_ray, reports = None, []
+    for attempt in range(2):
+        client_port = free_port()
+        temp = tempfile.mkdtemp(prefix="pw-ray-", dir="/tmp")  # Ray's socket paths must stay short
+        head = start_ray_head(client_port, temp)
+        try:
+            assert listening_addresses(head) <= LOOPBACK, listening_addresses(
+                head
+            )  # a test's head: 127.0.0.1 only
+            on_ray = build(f"ray://127.0.0.1:{client_port}", None, inputs, tmp_path / f"store-ray-{attempt}")
+        except ConnectionError as e:  # ray.init's client: "Initialization failure from server", or no channel
+            reports.append(f"attempt {attempt}: {e!r}\n{ray_head_report(temp)}")
+            warnings.warn(f"the Ray head did not serve its client:\n{reports[-1]}", stacklevel=1)
+        finally:
+            stop_ray_head(head)
+            shutil.rmtree(temp, ignore_errors=True)
+        if on_ray is not None:
+            break
+    assert on_ray is not None, "\n\n".join(reports)
     assert on_ray["dataset_id"] == local["dataset_id"]
     assert on_ray["shard_table"] == local["shard_table"] and on_ray["stages"] == local["stages"]
     assert on_ray["exact_duplicates"] == 1 and on_ray["near_duplicates"] == 1
