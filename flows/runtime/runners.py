@@ -226,11 +226,19 @@ def _threads_runner(workers: int) -> Any:
 
 # Ray's workers run one task each at a time: one encoder thread each, as the Dask workers (make_task_runner).
 RAY_WORKER_ENV = {"PILEWORKS_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # 0: a local instance of one node, on 127.0.0.1
 
 
 def _ray_runner(spec: str, workers: int) -> Any:
     """prefect-ray's task runner: a local Ray instance of ``workers`` CPUs (``ray``), or the Ray cluster whose
-    client server is at ``ray://host:port`` (its workers need pileworks installed and the store, as Dask's)."""
+    client server is at ``ray://host:port`` (its workers need pileworks installed and the store, as Dask's).
+
+    The local instance serves this machine only: Ray would otherwise listen on the machine's network address (its
+    GCS and raylet on every interface, with no authentication), letting anyone who reaches it run code here. Ray
+    keeps a one-node instance on 127.0.0.1 with its switch for Windows and macOS, read when Ray is first imported
+    (so this holds where this is that import, as in ``pileworks build``; a user's own setting of it wins)."""
+    if spec == "ray":
+        os.environ.setdefault(RAY_LOOPBACK_ENV, "0")
     try:
         from prefect_ray import RayTaskRunner
     except ImportError as exc:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -59,12 +60,16 @@ def start_ray_head(client_port: int, temp: str) -> subprocess.Popen[bytes]:
     # Ray turns --node-ip-address=127.0.0.1 into the machine's own address (its GCS, raylet and client servers then
     # listen there and on every interface) unless it runs as a one-node cluster, which its switch for Windows and
     # macOS makes of it on Linux too: every port of the head on 127.0.0.1 only.
-    env = os.environ | {
-        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-        "PYTHONPATH": str(REPO),
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S": "120",
-    }
+    env = (
+        os.environ
+        | {
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_AUTH_MODE": "disabled",  # as the client: not by whether a token lies in ~/.ray (a local ray.init's)
+            "PYTHONPATH": str(REPO),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S": "120",
+        }
+    )
     cmd = [
         str(Path(sys.executable).with_name("ray")),
         "start",
@@ -136,6 +141,7 @@ def test_a_build_on_a_ray_head_publishes_the_dataset_of_a_local_build(
     prefect_harness: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     inputs = write_tiny_corpus(tmp_path / "raw")
     local = build("local", 2, inputs, tmp_path / "store-local")
     # The head is Ray's, started here on a 2-core machine running the suite: once on CI its client server did not
@@ -169,14 +175,51 @@ def test_a_build_on_a_ray_head_publishes_the_dataset_of_a_local_build(
     assert on_ray["profile"]["workers"] == 2  # the head's CPUs, as Ray counts them
 
 
-def test_ray_runner_specs() -> None:
+# Run in a process of its own: Ray reads its switch once, on its first import.
+LOCAL_RAY = """
+import contextlib, json, psutil
+from flows.runtime.runners import make_task_runner
+with make_task_runner("ray", 1):
+    me = psutil.Process()
+    found = set()
+    for proc in [me, *me.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found |= {c.laddr.ip for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    print(json.dumps(sorted(found)))
+"""
+
+
+def test_a_local_ray_instance_listens_on_127_0_0_1_only(tmp_path: Path) -> None:
+    """``--task-runner ray`` starts Ray on this machine: its GCS, raylet, driver and agents accept connections on
+    127.0.0.1 only, not on the machine's network address (Ray's default, with no authentication)."""
+    from flows.runtime.runners import RAY_LOOPBACK_ENV
+
+    env = {k: v for k, v in os.environ.items() if k != RAY_LOOPBACK_ENV}
+    # HOME: a local ray.init writes its authentication token to ~/.ray, here not the user's
+    env |= {"PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", LOCAL_RAY], env=env, cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = set(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert found and found <= LOOPBACK, found
+    assert (tmp_path / ".ray" / "auth_token").is_file()  # and with Ray's token, as Ray starts one by default
+
+
+def test_ray_runner_specs(monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect_ray import RayTaskRunner
 
-    from flows.runtime.runners import RAY_WORKER_ENV, make_task_runner
+    from flows.runtime.runners import RAY_LOOPBACK_ENV, RAY_WORKER_ENV, make_task_runner
 
+    monkeypatch.setenv(RAY_LOOPBACK_ENV, "1")  # the user's own setting stays
+    make_task_runner("ray", 3)
+    assert os.environ[RAY_LOOPBACK_ENV] == "1"
+    monkeypatch.delenv(RAY_LOOPBACK_ENV)
+    remote = make_task_runner("ray://10.0.0.5:10001")
+    assert remote.address == "ray://10.0.0.5:10001" and "num_cpus" not in remote.init_kwargs
+    assert RAY_LOOPBACK_ENV not in os.environ  # a client of a cluster elsewhere starts no Ray here
     local = make_task_runner("ray", 3)
+    assert os.environ[RAY_LOOPBACK_ENV] == "0"
     assert isinstance(local, RayTaskRunner) and local.address is None
     assert local.init_kwargs["num_cpus"] == 3
     assert local.init_kwargs["runtime_env"] == {"env_vars": RAY_WORKER_ENV}
-    remote = make_task_runner("ray://10.0.0.5:10001")
-    assert remote.address == "ray://10.0.0.5:10001" and "num_cpus" not in remote.init_kwargs
