@@ -60,10 +60,12 @@ def start_ray_head(client_port: int, temp: str) -> subprocess.Popen[bytes]:
     # Ray turns --node-ip-address=127.0.0.1 into the machine's own address (its GCS, raylet and client servers then
     # listen there and on every interface) unless it runs as a one-node cluster, which its switch for Windows and
     # macOS makes of it on Linux too: every port of the head on 127.0.0.1 only.
+    from flows.runtime.runners import RAY_LOOPBACK_ENV
+
     env = (
         os.environ
         | {
-            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            RAY_LOOPBACK_ENV: "0",
             "RAY_AUTH_MODE": "disabled",  # as the client: not by whether a token lies in ~/.ray (a local ray.init's)
             "PYTHONPATH": str(REPO),
             "RAY_USAGE_STATS_ENABLED": "0",
@@ -107,12 +109,13 @@ def stop_ray_head(head: subprocess.Popen[bytes]) -> None:
     head.wait(timeout=30)
 
 
-def listening_addresses(head: subprocess.Popen[bytes]) -> set[str]:
-    """The addresses on which the head's processes (``ray start`` and all it started) accept connections."""
+def listening_addresses(pid: int) -> set[str]:
+    """The addresses on which a process and all it started (a Ray head, a local Ray instance's driver) accept
+    connections."""
     import psutil  # Ray's own dependency
 
     found = set()
-    root = psutil.Process(head.pid)
+    root = psutil.Process(pid)
     for proc in [root, *root.children(recursive=True)]:
         with contextlib.suppress(psutil.NoSuchProcess):
             found |= {c.laddr.ip for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
@@ -153,9 +156,8 @@ def test_a_build_on_a_ray_head_publishes_the_dataset_of_a_local_build(
         temp = tempfile.mkdtemp(prefix="pw-ray-", dir="/tmp")  # Ray's socket paths must stay short
         head = start_ray_head(client_port, temp)
         try:
-            assert listening_addresses(head) <= LOOPBACK, listening_addresses(
-                head
-            )  # a test's head: 127.0.0.1 only
+            listening = listening_addresses(head.pid)
+            assert listening <= LOOPBACK, listening  # a test's head: 127.0.0.1 only
             on_ray = build(f"ray://127.0.0.1:{client_port}", None, inputs, tmp_path / f"store-ray-{attempt}")
         except ConnectionError as e:  # ray.init's client: "Initialization failure from server", or no channel
             reports.append(f"attempt {attempt}: {e!r}\n{ray_head_report(temp)}")
@@ -177,15 +179,11 @@ def test_a_build_on_a_ray_head_publishes_the_dataset_of_a_local_build(
 
 # Run in a process of its own: Ray reads its switch once, on its first import.
 LOCAL_RAY = """
-import contextlib, json, psutil
+import json, os
 from flows.runtime.runners import make_task_runner
+from tests.flows.runtime.test_ray_runner import listening_addresses
 with make_task_runner("ray", 1):
-    me = psutil.Process()
-    found = set()
-    for proc in [me, *me.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            found |= {c.laddr.ip for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
-    print(json.dumps(sorted(found)))
+    print(json.dumps(sorted(listening_addresses(os.getpid()))))
 """
 
 
