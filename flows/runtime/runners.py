@@ -134,14 +134,14 @@ def with_task_runner(flow: Any, spec: str = "local", workers: int | None = None)
 @contextlib.contextmanager
 def prefect_api() -> Iterator[str]:
     """The Prefect API for a flow and all its workers: the configured one, else one local server started here;
-    and no flow-run heartbeat of Prefect's unless the user's settings ask for one (:data:`NO_PREFECT_HEARTBEAT`).
+    and no flow-run heartbeat of Prefect's unless the user's settings ask for one (:func:`no_prefect_heartbeat`).
 
     Without this, Prefect starts a temporary server lazily in each process that needs a client, so every
     worker process would run (and pay for) a server of its own and the UI would see none of their task runs.
     """
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with temporary_settings(set_defaults=NO_PREFECT_HEARTBEAT):
+    with temporary_settings(set_defaults=no_prefect_heartbeat()):
         url = PREFECT_API_URL.value()
         if url:
             yield url
@@ -158,7 +158,14 @@ def prefect_api() -> Iterator[str]:
 # thread that sleeps in one-second steps, and a run's end waits for that thread: 0-1 s (0.5 on average) of every
 # flow run, about 5% of a small build. Our own heartbeat (``flows/runtime/heartbeat.py``) is what ``pileworks
 # reap`` reads. A value set by the user (environment, profile, ``prefect.toml``) still wins: ``set_defaults``.
-NO_PREFECT_HEARTBEAT: dict[Any, Any] = {"flows.heartbeat_frequency": None}
+# Keyed by Prefect's public setting object (string keys there are newer than Prefect 3.4); a Prefect without the
+# setting sends no such heartbeat, so there is nothing to turn off.
+def no_prefect_heartbeat() -> dict[Any, Any]:
+    """The ``set_defaults`` of :func:`prefect_api` that turns Prefect's flow-run heartbeat off."""
+    import prefect.settings
+
+    setting = getattr(prefect.settings, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
+    return {setting: None} if setting is not None else {}
 
 
 def worker_count() -> int:
