@@ -1,10 +1,19 @@
-"""The worker processes of a local build, without Prefect: a pool forked from a server that loaded the stages once.
+"""The worker processes of a local build, on standard parts: ``concurrent.futures``' ``ProcessPoolExecutor`` and
+``logging``'s queue handlers, without Prefect.
 
 A task's body runs here as a plain call (:func:`run_captured`): its profile records (``profile.LOCAL_RECORDS``)
-and its log records come back with its result, and the Prefect task in the flow's process that handed it over
-re-emits the log in its task run (``flows/runtime/workers.py``). Nothing here imports Prefect or Dask: a worker
-costs a fork of the ``forkserver`` process, which imported :data:`PRELOAD` (the one-thread env first, then the
-stage modules) once per flow process, about 0.75 CPU-s, instead of 2-3 CPU-s of imports per worker process.
+come back with its result, and every log record of the call (any module's: ``pipeline.*``, a library's) goes
+through a ``QueueHandler`` to the command, where a ``QueueListener`` hands it to the sink of the call's task run
+(:data:`ROUTER`; ``flows/runtime/workers.py`` registers a sink that writes into the Prefect task run's log).
+Nothing here imports Prefect or Dask: a worker costs a fork of the ``forkserver`` process, which imported
+:data:`PRELOAD` (the one-thread env first, then the stage modules) once per flow process, about 0.75 CPU-s,
+instead of 2-3 CPU-s of imports per worker process; or, before the command has a second thread, a fork of the
+command itself (``fork=True``).
+
+A pool remembers its processes (:class:`WorkerPool`), so that when one dies under a task (the OOM killer, a stray
+``kill``) the caller can say which and of what signal, and run the task again on a fresh pool
+(``flows/runtime/workers.py``): ``concurrent.futures`` marks the whole pool broken then, and a retry on it could
+never succeed.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import importlib
 import itertools
 import json
 import logging
+import logging.handlers
 import multiprocessing
 import os
 import pickle
@@ -22,16 +32,23 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from flows.runtime import profile
+from flows.runtime.cores import cores
 from pipeline.errors import StageFailed
 from pipeline.storage.retry import STATS
 
-# Each worker process encodes with one thread: N workers use N cores, with no oversubscription.
+__all__ = ["ONE_THREAD", "PRELOAD", "WorkerDied", "WorkerPool", "cores", "start_pool"]
+
+# The one-thread environment, defined here only: each local worker process (and each Dask or Ray worker) encodes
+# with one thread, so N workers use N cores with no oversubscription. Set in a worker before numpy, OpenMP or
+# the tokenizers' Rayon pool first read it (:func:`set_one_thread_env`, from ``flows/runtime/pool_env.py`` in the
+# fork server, from the command before numpy for forked workers).
 ONE_THREAD = {"PILEWORKS_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
 
 # What the fork server imports before it forks a worker: the env before numpy and tokenizers read it, then the
@@ -49,13 +66,9 @@ PRELOAD = [
     "pipeline.publish",
 ]
 
-
-def cores() -> int:
-    """The cores this process may use (the affinity mask on Linux, else the CPU count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+# Loggers whose level the workers copy from the process that starts the pool (its root's, and the libraries the
+# command quiets): a worker logs what the command would have logged, had the call run there.
+COPIED_LEVELS = ("", "httpx", "httpcore", "botocore", "urllib3", "asyncio", "s3transfer")
 
 
 def set_one_thread_env() -> None:
@@ -66,6 +79,9 @@ def set_one_thread_env() -> None:
 
 # The pid of this process once :func:`init_worker` ran in it (0: not a worker), for :func:`in_pool_worker`.
 _worker_pid = 0
+# In a worker: the queue its log records go to, and the call whose body runs now (stamped on each record).
+_log_queue: Any = None
+_current_call = ""
 
 
 PR_SET_PDEATHSIG = 1  # Linux's prctl(2) option
@@ -85,15 +101,35 @@ def die_with_parent(parent: int | None = None) -> None:
         os._exit(1)
 
 
-def init_worker(forked: bool = False, env: dict[str, str] | None = None, parent: int | None = None) -> None:
+class _QueueHandler(logging.handlers.QueueHandler):
+    """A worker's records to the command, each stamped with the call it belongs to, written synchronously (a
+    ``SimpleQueue``: a record is in the pipe before the call's result, so the command has it before the task
+    run ends)."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        record = super().prepare(record)
+        record.pileworks_call = _current_call
+        return record
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        cast(Any, self.queue).put(record)
+
+
+def init_worker(
+    forked: bool = False,
+    env: dict[str, str] | None = None,
+    parent: int | None = None,
+    logs: Any = None,
+    levels: dict[str, int] | None = None,
+) -> None:
     """In each worker process, first: Ctrl-C reaches the whole process group, and the flow's process handles it
     (it shuts the pool down); a worker finishes or drops the call at hand instead of printing a traceback. The
     process is marked as a worker (:func:`in_pool_worker`), with ``env``, the environment of the process that
     started its pool then (a fork server started earlier has an older one: credentials set since would be
-    missing). A worker ``forked`` from the command's process (:func:`start_pool`) drops the logging it
-    inherited, as a fresh interpreter has none: its log lines go back to the task run (:func:`run_captured`),
-    not straight to the command's terminal as well."""
-    global _worker_pid
+    missing). Its logging is one handler that sends every record to ``logs`` (the command routes it to the
+    call's task run), at the ``levels`` of the command: a forked worker drops the handlers it inherited, which
+    would write to the command's terminal as well."""
+    global _worker_pid, _log_queue
     die_with_parent(parent)  # ``parent``: the command, for a pool forked from it (else the fork server)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if env is not None:
@@ -101,11 +137,14 @@ def init_worker(forked: bool = False, env: dict[str, str] | None = None, parent:
         os.environ.update(env)
     set_one_thread_env()
     _worker_pid = os.getpid()
-    if forked:
-        root = logging.getLogger()
-        for handler in list(root.handlers):
-            root.removeHandler(handler)
-        root.setLevel(logging.WARNING)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    if logs is not None:
+        _log_queue = logs
+        root.addHandler(_QueueHandler(logs))
+    for name, level in (levels or {"": logging.WARNING}).items():
+        logging.getLogger(name or None).setLevel(level)
 
 
 def in_pool_worker() -> bool:
@@ -116,21 +155,143 @@ def in_pool_worker() -> bool:
     return _worker_pid == os.getpid()
 
 
-def start_pool(size: int, fork: bool = False) -> ProcessPoolExecutor:
-    """A pool of ``size`` worker processes, forked on demand from the fork server (started here if none runs
-    yet: one per flow process, shared by every later pool); with ``fork``, forked from this process at the
-    first call, all at once (multiprocessing never forks a "fork" pool's workers later). Only a process with no
-    other thread may fork (another thread's locks would stay held in the child): ``pileworks build`` before it
-    imports Prefect (:func:`start_early`), whose imports the workers then share instead of the fork server
-    starting an interpreter and importing the stages again (~0.6 CPU-s)."""
-    if fork:
-        forks = multiprocessing.get_context("fork")
-        initargs = (True, None, os.getpid())
-        return ProcessPoolExecutor(size, mp_context=forks, initializer=init_worker, initargs=initargs)
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)  # used when the fork server starts, ignored once it runs
-    env = dict(os.environ)  # this process's now, not the fork server's from when it started
-    return ProcessPoolExecutor(size, mp_context=context, initializer=init_worker, initargs=(False, env))
+# ---------------------------------------------------------------- log records, from the workers to the task runs
+
+START, END = "pileworks.pool.start", "pileworks.pool.end"  # the names of a call's first and last marks
+Sink = Callable[[logging.LogRecord], None]
+
+
+class Router(logging.Handler):
+    """In the command: the handler of every pool's ``QueueListener``. It hands each record to the sink of its
+    call (a task run's log; records of a call not yet claimed wait for it, as the head start's do), knows which
+    call each worker process runs (to name the task a dead worker ran), and tells a caller when a call's last
+    record is through (:meth:`wait_done`)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.guard = threading.Lock()
+        self.sinks: dict[str, Sink] = {}
+        self.where: dict[str, str] = {}
+        self.waiting: dict[str, list[logging.LogRecord]] = {}
+        self.done: dict[str, threading.Event] = {}
+        self.running: dict[int, str] = {}  # worker pid -> the call it runs
+
+    def route(self, call: str, sink: Sink, where: str) -> None:
+        with self.guard:
+            self.sinks[call], self.where[call] = sink, where
+            backlog = self.waiting.pop(call, [])
+        for record in backlog:
+            sink(record)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        call = getattr(record, "pileworks_call", "")
+        if record.name in (START, END):
+            with self.guard:
+                if record.name == START:
+                    self.running[record.process or 0] = call
+                else:
+                    self.running.pop(record.process or 0, None)
+                    self.done.setdefault(call, threading.Event()).set()
+            return
+        with self.guard:
+            sink = self.sinks.get(call)
+            if sink is None:
+                self.waiting.setdefault(call, []).append(record)
+                return
+        sink(record)
+
+    def wait_done(self, call: str, timeout_s: float = 10.0) -> None:
+        """Until the call's last record is through its sink (its end mark, written after them), then forget it."""
+        with self.guard:
+            event = self.done.setdefault(call, threading.Event())
+        event.wait(timeout_s)
+        self.forget(call)
+
+    def forget(self, call: str) -> None:
+        with self.guard:
+            for table in (self.sinks, self.where, self.waiting, self.done):
+                table.pop(call, None)
+
+    def running_where(self, pid: int) -> str | None:
+        """The task (as its caller named it) that worker ``pid`` ran last, if it had not finished."""
+        with self.guard:
+            call = self.running.get(pid)
+            return self.where.get(call) if call is not None else None
+
+
+ROUTER = Router()
+
+
+class _QueueListener(logging.handlers.QueueListener):
+    """``QueueListener`` over a ``SimpleQueue`` (no ``get(block)`` nor ``put_nowait``: the overridable hooks)."""
+
+    def dequeue(self, block: bool) -> logging.LogRecord:
+        return cast(Any, self.queue).get()
+
+    def enqueue_sentinel(self) -> None:
+        cast(Any, self.queue).put(None)  # the listener's sentinel is None
+
+
+# ---------------------------------------------------------------- a pool
+
+
+def start_pool(size: int, fork: bool = False) -> WorkerPool:
+    """A pool of ``size`` worker processes, all started now. They are forks of the fork server (started here if
+    none runs yet: one per flow process, shared by every later pool), or with ``fork`` forks of this process.
+    Only a process with no other thread may fork (another thread's locks would stay held in the child):
+    ``pileworks build`` before it imports Prefect (:func:`start_early`), whose imports the workers then share
+    instead of the fork server starting an interpreter and importing the stages again (~0.6 CPU-s)."""
+    return WorkerPool(size, fork)
+
+
+class WorkerPool:
+    """A ``ProcessPoolExecutor`` of ``size`` one-thread workers, the queue their log records come back on (and its
+    listener here), and the worker processes themselves (:meth:`died`)."""
+
+    def __init__(self, size: int, fork: bool = False) -> None:
+        context = multiprocessing.get_context("fork" if fork else "forkserver")
+        if not fork:
+            context.set_forkserver_preload(PRELOAD)  # used when the fork server starts, ignored once it runs
+        self.size, self.forked, self.broken = size, fork, False
+        self.logs = context.SimpleQueue()
+        levels = {name: logging.getLogger(name or None).level for name in COPIED_LEVELS}
+        # a forked worker has this process's environment; the fork server's would be that of its own start
+        env = None if fork else dict(os.environ)
+        initargs = (fork, env, os.getpid() if fork else None, self.logs, levels)
+        self.executor = ProcessPoolExecutor(
+            size, mp_context=context, initializer=init_worker, initargs=initargs
+        )
+        before = set(multiprocessing.active_children())
+        for _ in range(size):  # one call each starts them all (a fork pool forks every worker at the first)
+            self.executor.submit(ready)
+        self.processes = [p for p in multiprocessing.active_children() if p not in before]
+        # started after the workers were forked: a fork pool's process must have no other thread then
+        self.listener = _QueueListener(cast(Any, self.logs), ROUTER)
+        self.listener.start()
+
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], call: str = "") -> Future[Any]:
+        """``fn(*args)`` as :func:`run_captured` in a worker; its log records go to ``call``'s sink."""
+        return self.executor.submit(run_captured, fn, args, call)
+
+    def died(self) -> list[tuple[int, str]]:
+        """The workers that ended abnormally: (pid, how), e.g. ``(1234, "SIGKILL")``."""
+        dead = []
+        for process in self.processes:
+            code = process.exitcode
+            if code is not None and code != 0:
+                how = signal.Signals(-code).name if code < 0 else f"exit code {code}"
+                dead.append((process.pid or 0, how))
+        return dead
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        """Stop the workers (``wait``: after the calls at hand), then the listener once their last records are in.
+        A pool that broke, or one left without waiting, leaves its listener to end by itself (a killed worker may
+        have died holding the queue's lock)."""
+        self.executor.shutdown(wait=wait, cancel_futures=cancel_futures)
+        if wait and not self.broken:
+            self.listener.stop()
+        else:
+            threading.Thread(target=self.listener.enqueue_sentinel, daemon=True).start()
 
 
 # ---------------------------------------------------------------- calls submitted before the task runner exists
@@ -142,14 +303,23 @@ class Early:
     head start, ``flows/build/head_start.py``); the task runs claim the calls, and a runner of as many worker
     processes adopts the pool (one worker runs in the flow's process: the pool stops after its calls)."""
 
-    pool: ProcessPoolExecutor
+    pool: WorkerPool
     workers: int
     started: float  # when the first call was submitted (epoch seconds)
     forked: bool  # the workers are forks of this process (else of the fork server)
-    calls: dict[str, Future[Any]] = field(default_factory=dict)  # call_key -> the future of run_captured
+    calls: dict[str, Claimed] = field(default_factory=dict)  # call_key -> its future and log call
     submitted: int = 0
     claimed: int = 0
     adopted: bool = False  # a task runner owns (and shuts down) the pool from then on
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A call submitted early: its future (of :func:`run_captured`), its log call id and its pool."""
+
+    future: Future[Any]
+    call: str
+    pool: WorkerPool
 
 
 _EARLY: Early | None = None
@@ -159,6 +329,11 @@ _EARLY_LOCK = threading.Lock()  # the task runs of a pass claim from their threa
 def call_key(fn: Callable[..., Any], args: tuple[Any, ...]) -> str:
     """A body and its arguments (JSON: contexts, plans, keys), as a task would hand them over."""
     return json.dumps([fn.__module__, fn.__qualname__, list(args)], sort_keys=True, default=repr)
+
+
+def new_call() -> str:
+    """The id that ties a call's log records to its task run."""
+    return uuid.uuid4().hex
 
 
 def can_fork() -> bool:
@@ -180,13 +355,14 @@ def start_early(size: int, calls: list[tuple[Callable[..., Any], tuple[Any, ...]
     pool = start_pool(size, fork=forked)
     early = Early(pool, size, time.time(), forked)
     for fn, args in calls:
-        early.calls[call_key(fn, args)] = pool.submit(run_captured, fn, args)
+        call = new_call()
+        early.calls[call_key(fn, args)] = Claimed(pool.submit(fn, args, call), call, pool)
     early.submitted = len(calls)
     _EARLY = early
     return early
 
 
-def adopt_early(size: int) -> ProcessPoolExecutor | None:
+def adopt_early(size: int) -> WorkerPool | None:
     """The early pool for a task runner of ``size`` workers, which shuts it down from now on; None when there is
     none (a pool of another size is closed once its calls finish)."""
     early = _EARLY
@@ -199,8 +375,8 @@ def adopt_early(size: int) -> ProcessPoolExecutor | None:
     return early.pool
 
 
-def claim_early(fn: Callable[..., Any], args: tuple[Any, ...]) -> Future[Any] | None:
-    """The early future of ``fn(*args)``, once; None when no such call was submitted early (the caller submits
+def claim_early(fn: Callable[..., Any], args: tuple[Any, ...]) -> Claimed | None:
+    """The early call of ``fn(*args)``, once; None when no such call was submitted early (the caller submits
     it). A call that finds unclaimed early calls but is not one of them waits for them first: what they write
     is then complete, and reused, never computed twice at the same time. A pool no task runner adopted (the
     flow's one worker is a thread of its process) stops once its last call is claimed and done."""
@@ -208,15 +384,17 @@ def claim_early(fn: Callable[..., Any], args: tuple[Any, ...]) -> Future[Any] | 
         early = _EARLY
         if early is None or not early.calls:
             return None
-        future = early.calls.pop(call_key(fn, args), None)
-        if future is not None:
+        claimed = early.calls.pop(call_key(fn, args), None)
+        if claimed is not None:
             early.claimed += 1
         else:
-            wait(list(early.calls.values()))
+            wait([c.future for c in early.calls.values()])
+            for other in early.calls.values():
+                ROUTER.forget(other.call)
             early.calls.clear()
         if not early.calls and not early.adopted:  # no task runner took the pool (one worker): it stops
             early.pool.shutdown(wait=False)  # once the claimed call is done, its worker exiting
-        return future
+        return claimed
 
 
 def early_summary() -> dict[str, Any] | None:
@@ -239,7 +417,11 @@ def close_early(wait: bool = True) -> None:
     dropped, a running one finishes in its worker, which then exits)."""
     global _EARLY
     early, _EARLY = _EARLY, None
-    if early is not None and not early.adopted:
+    if early is None:
+        return
+    for claimed in early.calls.values():
+        ROUTER.forget(claimed.call)
+    if not early.adopted:
         early.pool.shutdown(wait=wait, cancel_futures=not wait)
 
 
@@ -248,40 +430,41 @@ def ready() -> int:
     return os.getpid()
 
 
-class Collected(logging.Handler):
-    """The log records of one thread (a task's body), as (level, message) pairs."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.thread = threading.get_ident()
-        self.lines: list[tuple[int, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.thread == self.thread:
-            self.lines.append((record.levelno, record.getMessage()))
+# ---------------------------------------------------------------- a call in a worker
 
 
-def capture_logs(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, list[tuple[int, str]]]:
-    """``fn(*args)`` with the records its module's logger gets meanwhile on this thread."""
-    logger, handler = logging.getLogger(fn.__module__), Collected()
-    logger.addHandler(handler)
-    try:
-        return fn(*args), handler.lines
-    finally:
-        logger.removeHandler(handler)
+def _mark(name: str, call: str) -> None:
+    """A call's start or end, through the log queue (:class:`Router` learns which worker runs what, and when a
+    call's last record is through)."""
+    if _log_queue is not None:
+        _log_queue.put(logging.makeLogRecord({"name": name, "pileworks_call": call, "process": os.getpid()}))
 
 
-def run_captured(fn: Callable[..., Any], args: tuple[Any, ...]) -> dict[str, Any]:
-    """In a worker process: ``fn(*args)`` with its profile records, log lines and the S3 calls it made outside
-    its steps (the records count those inside). A failure comes back as its exception chain (pickling an
-    exception drops its ``__cause__``, which the retry policy reads)."""
+def _own_logging() -> None:
+    """The worker's root logger writes to the log queue only, also after a call's module configured logging when
+    it was imported (Prefect does, on import: its handlers would print to the command's terminal and drop ours)."""
+    root = logging.getLogger()
+    if _log_queue is None or [type(h) for h in root.handlers] == [_QueueHandler]:
+        return
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(_QueueHandler(_log_queue))
+
+
+def run_captured(fn: Callable[..., Any], args: tuple[Any, ...], call: str = "") -> dict[str, Any]:
+    """In a worker process: ``fn(*args)`` with its profile records and the S3 calls it made outside its steps
+    (the records count those inside); its log records go to the command as they come, stamped with ``call``. A
+    failure comes back as its exception chain (pickling an exception drops its ``__cause__``, which the retry
+    policy reads)."""
+    global _current_call
     start = len(profile.LOCAL_RECORDS)
     storage0, measured0 = STATS.snapshot(), profile.counters(profile.MEASURED)
+    _current_call = call
+    _own_logging()
+    _mark(START, call)
     try:
-        result, logs = capture_logs(fn, args)
         return {
-            "result": result,
-            "logs": logs,
+            "result": fn(*args),
             "profile": profile.LOCAL_RECORDS[start:],
             "storage": profile.unmeasured_since(storage0, measured0),  # S3 calls outside its steps
         }
@@ -289,6 +472,33 @@ def run_captured(fn: Callable[..., Any], args: tuple[Any, ...]) -> dict[str, Any
         return {"error": exception_chain(exc)}
     finally:
         del profile.LOCAL_RECORDS[start:]
+        _mark(END, call)
+        _current_call = ""
+
+
+class ThreadRecords(logging.Handler):
+    """Every log record of one thread (a task's body run in the flow's process), to a sink, while installed on
+    the root logger (:func:`records_to`)."""
+
+    def __init__(self, sink: Sink) -> None:
+        super().__init__(logging.DEBUG)
+        self.thread, self.sink = threading.get_ident(), sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        # a record the sink handed on comes round again where that logger propagates to the root: once only
+        if record.thread == self.thread and not getattr(record, "pileworks_routed", False):
+            self.sink(record)
+
+
+@contextlib.contextmanager
+def records_to(sink: Sink) -> Any:
+    """This thread's log records, of any module, go to ``sink`` too while the block runs."""
+    handler, root = ThreadRecords(sink), logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
 
 
 def exception_chain(exc: BaseException) -> list[BaseException]:
@@ -313,5 +523,5 @@ def relinked(chain: list[BaseException]) -> BaseException:
 
 
 class WorkerDied(StageFailed):
-    """A worker process died under a task (killed, out of memory): the pool is gone, and so is the build (a
-    retry would find the pool broken too)."""
+    """A worker process died under a task (killed, out of memory) on every fresh pool the task was given, or
+    while the command stops."""

@@ -39,7 +39,8 @@ RUNNERS = ("local", "process", "dask", "threads")
 
 
 def default_workers() -> int:
-    """The cores this process may use (the affinity mask on Linux, else the CPU count)."""
+    """The cores this process may use (the affinity mask on Linux, else the CPU count; at most its cgroup's CPU
+    quota: ``flows/runtime/cores.py``)."""
     return cores()
 
 
@@ -232,7 +233,7 @@ def _threads_runner(workers: int) -> Any:
 
 
 # Ray's workers run one task each at a time: one encoder thread each, as the Dask workers (make_task_runner).
-RAY_WORKER_ENV = {"PILEWORKS_THREADS": "1", "RAYON_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+RAY_WORKER_ENV = dict(ONE_THREAD)
 RAY_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # 0: a local instance of one node, on 127.0.0.1
 
 

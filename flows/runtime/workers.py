@@ -4,8 +4,10 @@ Prefect's task runs stay in the flow's process, on a ``ThreadPoolTaskRunner`` of
 threads (a task run costs about 9 ms of its CPU there); each task's body, a plain function of
 ``flows/build/steps.py``, is handed by :func:`hand_over` to a pool of as many worker processes
 (``flows/runtime/pool.py``), forked from a server that imported the stage modules once. A worker imports no
-Prefect and no Dask, and nothing rebuilds a Prefect context or client per task: it computes, and returns its
-result, its profile records and its log lines, which the task re-emits in its task run.
+Prefect and no Dask, and nothing rebuilds a Prefect context or client per task: it computes and returns its
+result and profile records; every log record it makes (any module's) comes back through the pool's log queue
+and is handled in this process as a record of the task run (:func:`task_run_sink`), so it shows in the UI. A
+worker that dies under a task (killed, out of memory) costs a fresh pool, not the build (:meth:`LocalWorkers.renew`).
 
 A build that finds its dataset already published submits nothing and starts no process. At most
 :attr:`LocalWorkers.size` workers start: the cores it may use, fewer when the flow says its passes have fewer
@@ -16,30 +18,39 @@ one busy thread beside a waiting flow has the GIL to itself. Under another task 
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from prefect import get_run_logger
 from prefect.context import FlowRunContext, TaskRunContext
+from prefect.exceptions import MissingContextError
 from prefect.task_runners import TaskRunner, ThreadPoolTaskRunner
 
-from flows.runtime import profile
+from flows.runtime import profile, shutdown
 from flows.runtime.pool import (
+    ROUTER,
+    Claimed,
+    Sink,
     WorkerDied,
+    WorkerPool,
     adopt_early,
-    capture_logs,
     claim_early,
-    ready,
+    new_call,
+    records_to,
     relinked,
-    run_captured,
     start_pool,
 )
 
 R = TypeVar("R")
+
+# Fresh pools a call is given when the worker under it dies: a task that kills its worker every time (out of
+# memory on one huge document) fails then, naming the signal, instead of looping.
+FRESH_POOLS = 2
 
 
 class LocalWorkers(TaskRunner[Any]):
@@ -53,7 +64,7 @@ class LocalWorkers(TaskRunner[Any]):
         self.env = dict(env or {})
         self.limit: int | None = None  # the flow's count of task chunks (:meth:`fit`)
         self.pool: Any = None  # Prefect's ThreadPoolTaskRunner, once started
-        self.processes: ProcessPoolExecutor | None = None  # the worker processes (none for one worker)
+        self.processes: WorkerPool | None = None  # the worker processes (none for one worker)
         self.started_workers = 0  # the worker processes it started (0: nothing submitted, or in-process)
         self.in_process = 0  # the workers it runs as threads of this process (1 or 0)
         self.env_added: list[str] = []  # the names of ``env`` the in-process worker set in this process
@@ -104,8 +115,6 @@ class LocalWorkers(TaskRunner[Any]):
         self.processes = adopt_early(self.size)  # the pool of the command's head start, working already
         if self.processes is None:
             self.processes = start_pool(self.size)
-            for _ in range(self.size):
-                self.processes.submit(ready)
         self.started_workers = self.size
         pool: ThreadPoolTaskRunner[Any] = ThreadPoolTaskRunner(max_workers=self.size)
         pool.__enter__()
@@ -113,25 +122,67 @@ class LocalWorkers(TaskRunner[Any]):
 
     def call(self, fn: Callable[..., R], args: tuple[Any, ...], where: str) -> R:
         """``fn(*args)`` in a worker process (or, for one worker, in this thread unless the head start runs it
-        already); its profile records join this process's, its log lines come back."""
+        already); its profile records join this process's, its log records reach the task run as they come. A
+        worker that dies under it: the call runs again on a fresh pool (:meth:`renew`)."""
         self.runner()
+        sink = task_run_sink()
         early = claim_early(fn, args)  # started by the command's head start, in a worker process already
-        if early is None and self.processes is None:  # one worker: in this thread
-            return in_line(fn, args)
+        for fresh in range(FRESH_POOLS + 1):
+            if early is None and self.processes is None:  # one worker: in this thread
+                return in_line(fn, args, sink)
+            claimed = early or self.submit_call(fn, args)
+            early = None
+            ROUTER.route(claimed.call, sink, where)
+            try:
+                out = claimed.future.result()
+            except BrokenProcessPool:
+                ROUTER.forget(claimed.call)
+                self.renew(claimed.pool, where, last=fresh == FRESH_POOLS)
+                continue
+            ROUTER.wait_done(claimed.call)
+            if "error" in out:
+                raise relinked(out["error"])
+            profile.LOCAL_RECORDS.extend(out["profile"])
+            profile.add_worker_unmeasured(out["storage"])
+            return cast(R, out["result"])
+        raise AssertionError("unreachable: renew raises on the last fresh pool")
+
+    def submit_call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Claimed:
+        pool = self.processes
+        assert pool is not None
+        call = new_call()
         try:
-            future = early or self.processes.submit(run_captured, fn, args)  # type: ignore[union-attr]
-            out = future.result()
-        except BrokenProcessPool as exc:
+            return Claimed(pool.submit(fn, args, call), call, pool)
+        except BrokenProcessPool:  # broken since: the caller renews it like one that broke under the call
+            future: Future[Any] = Future()
+            future.set_exception(BrokenProcessPool("the pool broke before the call was submitted"))
+            return Claimed(future, call, pool)
+
+    def renew(self, broken: WorkerPool, where: str, last: bool) -> None:
+        """After a worker died under ``where``: unless the command stops or this was the call's ``last`` pool,
+        replace the broken pool (once, whichever of its callers comes first) with a fresh one of the same size,
+        saying once which worker died of what under which task. The broken pool's other calls run again too:
+        their units are written whole or not at all."""
+        dead = ", ".join(
+            f"{pid} ({how}, running {ROUTER.running_where(pid) or where})" for pid, how in broken.died()
+        )
+        what = f"{where} failed: the worker process running it died ({dead or 'killed'})"
+        if shutdown.STOPPING.is_set():
+            raise WorkerDied(f"{what} while the command stops")
+        if last:
             raise WorkerDied(
-                f"{where} failed: the worker process running it died (killed, or out of memory?); "
-                "rerun the same command to continue"
-            ) from exc
-        if "error" in out:
-            raise relinked(out["error"])
-        profile.LOCAL_RECORDS.extend(out["profile"])
-        profile.add_worker_unmeasured(out["storage"])
-        emit(out["logs"])
-        return out["result"]
+                f"{what} on {FRESH_POOLS + 1} pools in a row (out of memory?); see the log above"
+            )
+        with self.lock:
+            if broken.broken:
+                return  # another caller renewed it
+            broken.broken = True
+            broken.shutdown(wait=False)
+            get_run_logger().warning(
+                "worker process %s died; its tasks run again on a fresh pool", dead or "?"
+            )
+            if self.processes is broken:
+                self.processes = start_pool(self.size)
 
     def submit(
         self,
@@ -166,18 +217,36 @@ class LocalWorkers(TaskRunner[Any]):
         super().__exit__(exc_type, exc_value, traceback)
 
 
-def in_line(fn: Callable[..., R], args: tuple[Any, ...]) -> R:
-    """``fn(*args)`` here, its log lines re-emitted in the task run's log (its profile records stay here)."""
-    result, logs = capture_logs(fn, args)
-    emit(logs)
-    return result
+def in_line(fn: Callable[..., R], args: tuple[Any, ...], sink: Sink) -> R:
+    """``fn(*args)`` here, every log record of it also in the task run's log (its profile records stay here)."""
+    if sink is local_sink:  # no run to log to: its records are this process's as they are
+        return fn(*args)
+    with records_to(sink):
+        return fn(*args)
 
 
-def emit(lines: list[tuple[int, str]]) -> None:
-    if lines:
-        logger = get_run_logger()
-        for level, message in lines:
-            logger.log(level, "%s", message)
+def task_run_sink() -> Sink:
+    """Where the log records of this task run's body go: its Prefect task run log (shown in the UI), under the
+    record's own logger name and level, from whichever thread hands them on (the pools' listener). Outside a
+    run (a test's call): :func:`local_sink`."""
+    try:
+        adapter: Any = get_run_logger()
+    except MissingContextError:
+        return local_sink
+    extra = dict(adapter.extra or {})
+    runs_logger = adapter.logger
+
+    def sink(record: logging.LogRecord) -> None:
+        record.__dict__.update(extra)
+        record.pileworks_routed = True
+        runs_logger.handle(record)
+
+    return sink
+
+
+def local_sink(record: logging.LogRecord) -> None:
+    """A worker's record handled in this process as if logged here."""
+    logging.getLogger(record.name).handle(record)
 
 
 def hand_over(fn: Callable[..., R], *args: Any) -> R:
@@ -191,4 +260,4 @@ def hand_over(fn: Callable[..., R], *args: Any) -> R:
         task = TaskRunContext.get()
         where = f"task {task.task_run.name!r}" if task is not None else f"step {fn.__name__!r}"
         return runner.call(fn, args, where)
-    return in_line(fn, args)
+    return in_line(fn, args, task_run_sink())
