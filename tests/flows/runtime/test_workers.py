@@ -172,7 +172,9 @@ def test_a_body_logs_to_its_task_run_and_a_dead_worker_costs_a_fresh_pool(
     assert len(died) == 1 and "SIGKILL" in died[0] and "'crash part 7'" in died[0], died
 
     started = time.monotonic()
-    with pytest.raises(WorkerDied, match=r"'doomed part 9' failed: the worker process running it died .*SIGKILL"):
+    with pytest.raises(
+        WorkerDied, match=r"'doomed part 9' failed: the worker process running it died .*SIGKILL"
+    ):
         die()
     assert time.monotonic() - started < 90  # failed after its fresh pools, not hung
 
