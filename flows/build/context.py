@@ -16,6 +16,7 @@ from typing import Any
 
 from flows.runtime import profile
 from flows.runtime.heartbeat import beat_also, current_flow_run_id
+from flows.runtime.pool import WorkerDied
 from pipeline import unitcache
 from pipeline.corpus_config import CorpusConfig, config_from_dict
 from pipeline.errors import StageFailed
@@ -29,8 +30,10 @@ log = logging.getLogger(__name__)
 
 def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
     """Prefect's retry condition: a whole-unit retry for transient trouble only; a missing input, missing
-    credentials, access denied, a missing bucket, a bad config or a full disk fail the run at once."""
-    return not is_permanent(state.result(raise_on_failure=False))
+    credentials, access denied, a missing bucket, a bad config or a full disk fail the run at once, and so does
+    a task whose worker died on every fresh pool it was given (``flows/runtime/workers.py``)."""
+    exc = state.result(raise_on_failure=False)
+    return not (is_permanent(exc) or isinstance(exc, WorkerDied))
 
 
 # Each S3 call already retries its own transient errors (pipeline.storage.retry); these are for whole units.

@@ -18,9 +18,9 @@ from prefect import flow, get_run_logger
 from flows.build import head_start, unchanged
 from flows.build.context import BuildContext, build_context, take_build_lease
 from flows.build.decontam import run_decontam
-from flows.build.inputs import build_key, ingest_keys, pin_model
+from flows.build.inputs import build_key, pin_model
 from flows.build.passes import Passes
-from flows.build.plan import chunks, sizing
+from flows.build.prepare import prepare
 from flows.build.steps import dedup_index_prefix
 from flows.build.tasks import (
     bands_task,
@@ -67,7 +67,6 @@ from pipeline.dedup import exact
 from pipeline.errors import StageFailed
 from pipeline.manifest import MANIFEST_KEY, dataset_prefix
 from pipeline.shards import ShardInfo
-from pipeline.storage import open_store
 from pipeline.storage.uploads import release_lease
 from pipeline.units import StageStats
 
@@ -78,12 +77,15 @@ __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
 
 
 def ingest_and_clean(
-    run: Passes, cfg: CorpusConfig, planned: dict[str, Any], stats: dict[str, StageStats]
+    run: Passes,
+    cfg: CorpusConfig,
+    ingest_calls: list[tuple[Any, list[Any], list[str]]],
+    stats: dict[str, StageStats],
 ) -> None:
-    """Ingest + count every part, merge the boilerplate counts, clean + hash every part."""
-    c, plans = build_context(run.ctx), planned["plans"]
-    keys = ingest_keys(cfg, plans, planned["inputs"])
-    run.fan_out("ingest+count", ingest_chunk_task, chunks(plans, run.size), chunks(keys, run.size))
+    """Ingest + count every part (``ingest_calls``: :meth:`Prepared.ingest_calls`), merge the boilerplate counts,
+    clean + hash every part."""
+    c = build_context(run.ctx)
+    run.fan_out("ingest+count", ingest_chunk_task, [a[1] for a in ingest_calls], [a[2] for a in ingest_calls])
     run.note_reuse("ingest", "boilerplate")
     stats["ingest"] = run.merged("ingest")
     run.mark_done(c.folder("ingest"), "ingest")
@@ -303,22 +305,24 @@ def build_corpus(
     stage_progress.stage("listing inputs")
     with build_profile.run_pass("plan-inputs"):
         planned = plan_inputs(cfg.to_dict())
-    n, store = len(planned["plans"]), open_store(cfg.output, cfg.s3)
+    # one preparation, the head start's when the command made one (its context, lease and first calls as they
+    # are), else this flow's: the work folder, and no more workers than the widest pass has task chunks, each of
+    # at least MIN_TASK_BYTES of input (a small build: one chunk per pass, run in this process)
+    prepared = prepare(cfg, planned, worker_count(), fit=fit_workers)
+    head = head_start.take(cfg.to_dict(), prepared.work)
+    work, store, n, workers = prepared.work, prepared.store, prepared.parts, prepared.workers
     # The uploads and temp files of earlier runs that died go now rather than after an hour; this run's lease
     # keeps a janitor or another build off its own.
-    work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
-    lease = take_build_lease(store, cfg.s3, run=head_start.take(cfg.to_dict(), work))
+    lease = take_build_lease(store, cfg.s3, run=head.lease if head is not None else None)
     record = unchanged.published_record(store, work, cfg)
     if record is not None:  # published before from the same inputs and config: no worker starts
         release_lease(store, lease)
         found = unchanged.Published(cfg=cfg, store=store, work=work, record=record)
         return nothing_changed(found, build_profile, started)
-    ctx = BuildContext(store_uri=store.uri, work=work, config=cfg.to_dict(), parts=n, lease=lease).to_json()
-    # no more workers than the widest pass has task chunks, each of at least MIN_TASK_BYTES of input (a small
-    # build: one chunk per pass, run in this process); they start while the flow prepares its first pass
-    workers, size, light = sizing(planned["plans"], worker_count(), fit=fit_workers)
-    start_workers_soon()
-    run = Passes(ctx, n, size, light, build_profile)
+    ctx = head.ctx if head is not None else prepared.context(lease)
+    ingest_calls = head.calls if head is not None else prepared.ingest_calls(ctx)
+    start_workers_soon()  # they start while the flow prepares its first pass
+    run = Passes(ctx, n, prepared.size, prepared.light, build_profile)
     get_run_logger().info(
         "build %s: %d input object(s) in %d part(s), %d per task, %d worker(s); work folder %s",
         cfg.name,
@@ -340,7 +344,7 @@ def build_corpus(
     stage_progress.start_units({s: 1 if s == "publish" else n for s in stages})
     progress = RunProgress(stages, key="build-progress")
     stats: dict[str, StageStats] = {}
-    ingest_and_clean(run, cfg, planned, stats)
+    ingest_and_clean(run, cfg, ingest_calls, stats)
     progress.finished("ingest", "boilerplate", "clean")
     dedup_folder, step = run_dedup(run, cfg, stats)
     dedup_folder, step = run_decontam(run, cfg, dedup_folder, step, stats)

@@ -29,31 +29,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from flows.build import steps, unchanged
-from flows.build.context import BuildContext, take_build_lease
-from flows.build.inputs import (
-    build_key,
-    corpus_config,
-    ingest_keys,
-    keep_listing,
-    list_and_plan,
-    pin_model,
-    take_listing,
-)
-from flows.build.plan import chunks, sizing
+from flows.build.context import take_build_lease
+from flows.build.inputs import corpus_config, keep_listing, list_and_plan, pin_model, take_listing
+from flows.build.prepare import Prepared, prepare
 from flows.runtime import pool
-from pipeline.storage import open_store
+from flows.ui.progress import display
 
 log = logging.getLogger("pileworks")
 
 
 @dataclass(frozen=True)
 class HeadStart:
-    """The build the command started before the flow: its resolved ``config`` (JSON, sorted keys), work folder
-    and lease."""
+    """The build the command prepared and started before the flow: its resolved ``config`` (JSON, sorted keys),
+    preparation, lease, task context and the first pass's calls, which the flow takes as they are."""
 
     config: str
-    work: str
+    prepared: Prepared
     lease: str
+    ctx: dict[str, Any]
+    calls: list[tuple[dict[str, Any], list[Any], list[str]]]
 
 
 _HEAD: HeadStart | None = None
@@ -74,42 +68,39 @@ def start(parameters: dict[str, Any], workers: int) -> HeadStart | None:
 
 
 def _start(parameters: dict[str, Any], workers: int) -> HeadStart | None:
-    cfg = corpus_config(parameters)
-    cfg = pin_model(cfg)
+    cfg = pin_model(corpus_config(parameters))
     config = cfg.to_dict()
     planned = take_listing(config) or list_and_plan(config)
     keep_listing(config, planned)  # the flow's plan-inputs step starts from it, as without a head start
-    plans = planned["plans"]
-    used, size, _light = sizing(plans, workers)
-    if used == 1 and not (pool.can_fork() and pool.cores() >= 2):
-        # one worker: a fork server's start and imports (~0.6 CPU-s) would cost more than it gains; one core
-        return None
-    store = open_store(cfg.output, cfg.s3)
-    work = f"work/{build_key(cfg, planned['inputs'], plans)}"
-    if unchanged.published_record(store, work, cfg) is not None:
+    prepared = prepare(cfg, planned, workers)
+    if unchanged.published_record(prepared.store, prepared.work, cfg) is not None:
         return None  # the flow finds it published and starts nothing
-    lease = take_build_lease(store, cfg.s3, run=uuid.uuid4().hex)
-    ctx = BuildContext(store_uri=store.uri, work=work, config=config, parts=len(plans), lease=lease).to_json()
-    keys = ingest_keys(cfg, plans, planned["inputs"])
-    calls = [
-        (steps.ingest_chunk, (ctx, part_plans, part_keys))
-        for part_plans, part_keys in zip(chunks(plans, size), chunks(keys, size), strict=True)
-    ]
-    pool.start_early(used, calls)
-    log.info("head start: %d ingest task(s) on %d worker(s) while Prefect starts", len(calls), used)
-    return HeadStart(json.dumps(config, sort_keys=True), work, lease)
+    # the terminal's live row runs a thread, which would keep this process from forking its workers: it stops
+    # while they fork (a few milliseconds) and carries on after
+    with display.paused():
+        if prepared.workers == 1 and not (pool.can_fork() and pool.cores() >= 2):
+            # one worker: a fork server's start and imports (~0.6 CPU-s) would cost more than it gains; one core
+            return None
+        lease = take_build_lease(prepared.store, cfg.s3, run=uuid.uuid4().hex)
+        ctx = prepared.context(lease)
+        calls = prepared.ingest_calls(ctx)
+        pool.start_early(prepared.workers, [(steps.ingest_chunk, args) for args in calls])
+    log.info(
+        "head start: %d ingest task(s) on %d worker(s) while Prefect starts", len(calls), prepared.workers
+    )
+    return HeadStart(json.dumps(config, sort_keys=True), prepared, lease, ctx, calls)
 
 
-def take(config: dict[str, Any], work: str) -> str | None:
-    """The lease of the head start of the build of ``config`` in ``work`` (the flow's), else None; a head start
-    of another build is closed (its calls finish first: their units are reused like any others)."""
+def take(config: dict[str, Any], work: str) -> HeadStart | None:
+    """The head start of the build of ``config`` in ``work`` (the flow's), else None; a head start of another
+    build is closed (its calls finish first: their units are reused like any others)."""
     head = _HEAD
     if head is None:
         return None
-    if head.config != json.dumps(config, sort_keys=True) or head.work != work:
+    if head.config != json.dumps(config, sort_keys=True) or head.prepared.work != work:
         close()
         return None
-    return head.lease
+    return head
 
 
 def close(wait: bool = True) -> None:

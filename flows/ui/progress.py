@@ -36,6 +36,8 @@ class Display:
         self._stage: str | None = None
         self._totals: dict[str, int] = {}
         self._done: dict[str, int] = {}
+        self._refresher: threading.Thread | None = None
+        self._stop_refresh = threading.Event()
 
     @property
     def live(self) -> bool:
@@ -53,16 +55,50 @@ class Display:
                 TimeRemainingColumn(compact=True, elapsed_when_finished=True),
                 console=console,
                 transient=True,
+                auto_refresh=False,  # refreshed by a thread of ours, which :meth:`paused` can join
             )
             self._row = self._progress.add_task("starting", total=None, detail="")
             self._progress.start()
+        self._start_refresher()
+
+    def _start_refresher(self) -> None:
+        self._stop_refresh.clear()
+        self._refresher = threading.Thread(target=self._refresh, name="pileworks-display", daemon=True)
+        self._refresher.start()
+
+    def _refresh(self) -> None:
+        """The spinner and the bars move four times a second, as rich's own refresh thread would move them."""
+        while not self._stop_refresh.wait(0.25):
+            with self._lock:
+                if self._progress is not None:
+                    self._progress.refresh()
+
+    def _join_refresher(self) -> None:
+        self._stop_refresh.set()
+        if self._refresher is not None:
+            self._refresher.join()
+        self._refresher = None
 
     def close(self) -> None:
+        self._join_refresher()
         with self._lock:
             if self._progress is not None:
                 self._progress.stop()
             self._progress, self._row, self._stage = None, None, None
             self._totals, self._done = {}, {}
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The live row's refresh thread stopped for the block (joined: no thread of it runs), then started again:
+        a process about to fork must run no other thread, whose locks the child would keep. The row stays on
+        the screen meanwhile, still."""
+        running = self._refresher is not None
+        self._join_refresher()
+        try:
+            yield
+        finally:
+            if running and self._progress is not None:
+                self._start_refresher()
 
     def stage(self, name: str, total: int | None = None, completed: int = 0, detail: str = "") -> None:
         """A new stage: the spinner shows its name (and a bar when ``total`` is known); logged as a plain line."""
