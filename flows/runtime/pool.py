@@ -35,6 +35,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -235,6 +236,23 @@ class _QueueListener(logging.handlers.QueueListener):
 # ---------------------------------------------------------------- a pool
 
 
+class _Recording:
+    """A multiprocessing context that keeps every ``Process`` it makes: the pool's workers, each with its exit
+    code once it ends (``multiprocessing.active_children()`` forgets a child that died before it was asked)."""
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self.made: list[Any] = []
+
+    def Process(self, *args: Any, **kwargs: Any) -> Any:
+        process = self.context.Process(*args, **kwargs)
+        self.made.append(process)
+        return process
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.context, name)
+
+
 def start_pool(size: int, fork: bool = False) -> WorkerPool:
     """A pool of ``size`` worker processes, all started now. They are forks of the fork server (started here if
     none runs yet: one per flow process, shared by every later pool), or with ``fork`` forks of this process.
@@ -258,30 +276,41 @@ class WorkerPool:
         # a forked worker has this process's environment; the fork server's would be that of its own start
         env = None if fork else dict(os.environ)
         initargs = (fork, env, os.getpid() if fork else None, self.logs, levels)
+        recording = _Recording(context)
         self.executor = ProcessPoolExecutor(
-            size, mp_context=context, initializer=init_worker, initargs=initargs
+            size, mp_context=cast(Any, recording), initializer=init_worker, initargs=initargs
         )
-        before = set(multiprocessing.active_children())
         for _ in range(size):  # one call each starts them all (a fork pool forks every worker at the first)
-            self.executor.submit(ready)
-        self.processes = [p for p in multiprocessing.active_children() if p not in before]
+            with contextlib.suppress(BrokenProcessPool):  # one killed already: its callers renew the pool
+                self.executor.submit(ready)
+        self.processes: list[Any] = recording.made
         # started after the workers were forked: a fork pool's process must have no other thread then
         self.listener = _QueueListener(cast(Any, self.logs), ROUTER)
         self.listener.start()
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], call: str = "") -> Future[Any]:
-        """``fn(*args)`` as :func:`run_captured` in a worker; its log records go to ``call``'s sink."""
-        return self.executor.submit(run_captured, fn, args, call)
+        """``fn(*args)`` as :func:`run_captured` in a worker; its log records go to ``call``'s sink. On a pool
+        that broke already, a future failed as the call would have (the caller renews the pool either way)."""
+        try:
+            return self.executor.submit(run_captured, fn, args, call)
+        except BrokenProcessPool as exc:
+            failed: Future[Any] = Future()
+            failed.set_exception(exc)
+            return failed
 
     def died(self) -> list[tuple[int, str]]:
-        """The workers that ended abnormally: (pid, how), e.g. ``(1234, "SIGKILL")``."""
-        dead = []
+        """The workers that ended abnormally: (pid, how), e.g. ``(1234, "SIGKILL")``. Once one dies,
+        ``concurrent.futures`` ends the others with SIGTERM: those are left out when another died otherwise."""
+        dead, deadline = [], time.monotonic() + 2.0
         for process in self.processes:
+            # the pool's manager thread may be reaping it this moment: its exit code is there once it has
+            process.join(max(0.0, deadline - time.monotonic()))
             code = process.exitcode
             if code is not None and code != 0:
                 how = signal.Signals(-code).name if code < 0 else f"exit code {code}"
                 dead.append((process.pid or 0, how))
-        return dead
+        first = [d for d in dead if d[1] != "SIGTERM"]
+        return first or dead
 
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         """Stop the workers (``wait``: after the calls at hand), then the listener once their last records are in.

@@ -22,7 +22,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar, cast
 
@@ -151,12 +150,7 @@ class LocalWorkers(TaskRunner[Any]):
         pool = self.processes
         assert pool is not None
         call = new_call()
-        try:
-            return Claimed(pool.submit(fn, args, call), call, pool)
-        except BrokenProcessPool:  # broken since: the caller renews it like one that broke under the call
-            future: Future[Any] = Future()
-            future.set_exception(BrokenProcessPool("the pool broke before the call was submitted"))
-            return Claimed(future, call, pool)
+        return Claimed(pool.submit(fn, args, call), call, pool)
 
     def renew(self, broken: WorkerPool, where: str, last: bool) -> None:
         """After a worker died under ``where``: unless the command stops or this was the call's ``last`` pool,
