@@ -108,12 +108,35 @@ def healthy(api_url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
 
 def prefect_settings() -> Any:
     """Prefect's settings as Prefect resolves them for this process: the environment, ``.env``, ``prefect.toml``,
-    ``pyproject.toml``, the active profile (or the one ``PREFECT_PROFILE`` names, Prefect's bundled ones
-    included), in Prefect's order, and a test harness's temporary settings over them. Imported here, not at the
-    top: ``pileworks --help`` and the commands that need no Prefect do not pay for it (about 0.7 CPU-s)."""
+    ``pyproject.toml``, the active profile, in Prefect's order, a test harness's temporary settings over them,
+    and :func:`named_profile`. Imported here, not at the top: ``pileworks --help`` and the commands that need no
+    Prefect do not pay for it (about 0.7 CPU-s)."""
     from prefect.settings import get_current_settings
 
-    return get_current_settings()
+    with named_profile():
+        return get_current_settings()
+
+
+@contextlib.contextmanager
+def named_profile() -> Iterator[None]:
+    """The profile Prefect names as active (``PREFECT_PROFILE``, else the profiles file's), applied as Prefect's
+    CLI applies a ``--profile``, where Prefect's settings left it out: one of the profiles Prefect bundles (its
+    ``local`` names ``http://127.0.0.1:4200/api``) with no user profiles file that holds it. Prefect's settings
+    then fall back to its default profile, while its context, ``prefect config view`` and ``prefect profile``
+    name the other. The environment still wins over the profile, and Prefect's test mode (as Prefect parses it)
+    reads no profile at all."""
+    from prefect.context import get_settings_context, use_profile
+    from prefect.settings import get_current_settings, load_profiles
+
+    profile = get_settings_context().profile
+    if (
+        get_current_settings().testing.test_mode
+        or profile.name in load_profiles(include_defaults=False).names
+    ):
+        yield
+        return
+    with use_profile(profile):
+        yield
 
 
 def prefect_home() -> Path:
@@ -370,10 +393,7 @@ def _ui_url(api_url: str) -> str | None:
 def using_api(api: Api) -> Iterator[Api]:
     """Run the enclosed flows against ``api``: in the environment, which subprocesses (Dask workers, the
     training ranks) read, and in this process's Prefect settings (read once, by :func:`resolve_api`: the
-    environment is too late for them now)."""
-    if api.source == "PREFECT_API_URL":
-        yield api
-        return
+    environment is too late for them now; and a URL from :func:`named_profile` is not in them)."""
     before = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = api.url
     try:
@@ -388,7 +408,7 @@ def using_api(api: Api) -> Iterator[Api]:
 
 @contextlib.contextmanager
 def _prefect_settings(url: str) -> Iterator[None]:
-    """Prefect's own settings point at ``url`` (it read the environment when :func:`resolve_api` asked it)."""
+    """Prefect's own settings point at ``url``."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: url}):
