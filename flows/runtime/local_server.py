@@ -64,6 +64,8 @@ QUIET_SERVER_SETTINGS = {
     )
 }
 WATCH_MODULE = "flows.runtime.server_watch"  # `python -m` this module watches a started server
+# pileworks 0.x before the watcher ran Prefect's CLI inside this module: such a server is still found and stopped
+LEGACY_SERVER_MODULE = "flows.runtime.local_server"
 
 
 class PrefectApiUnavailable(PileworksError, RuntimeError):
@@ -77,7 +79,6 @@ class ServerState:
     home: str
     started_at: float
     idle_stop_s: float = 0.0  # stops itself after this long without API use; 0: runs until stopped
-    watcher_pid: int = 0  # the watcher that stops it (flows/runtime/server_watch.py); 0: none recorded
 
     @property
     def url(self) -> str:
@@ -107,36 +108,35 @@ def healthy(api_url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
 
 
 def prefect_settings() -> Any:
-    """Prefect's settings as Prefect resolves them for this process: the environment, ``.env``, ``prefect.toml``,
-    ``pyproject.toml``, the active profile, in Prefect's order, a test harness's temporary settings over them,
-    and :func:`named_profile`. Imported here, not at the top: ``pileworks --help`` and the commands that need no
-    Prefect do not pay for it (about 0.7 CPU-s)."""
-    from prefect.settings import get_current_settings
+    """Prefect's settings as Prefect resolves them for this process: a test harness's temporary settings, the
+    environment, ``.env``, ``prefect.toml``, ``pyproject.toml``, the active profile, in Prefect's order.
 
-    with named_profile():
+    One gap is filled, with Prefect's own profile machinery: the API URL of the profile Prefect names as active
+    (``PREFECT_PROFILE``) when nothing else sets one and Prefect's settings left that profile out, being one it
+    bundles (its ``local`` names ``http://127.0.0.1:4200/api``) with no user profiles file that holds it. Prefect's
+    settings then fall back to its default profile, while its context, ``prefect config view`` and ``prefect
+    profile inspect`` name the other. It is applied as Prefect's CLI applies a ``--profile``; in Prefect's test
+    mode (as Prefect parses it) no profile is read, so none is here.
+
+    Imported here, not at the top: ``pileworks --help`` and the commands that need no Prefect do not pay for it
+    (about 0.7 CPU-s)."""
+    from prefect.context import get_settings_context, use_profile
+    from prefect.settings import PREFECT_API_URL, get_current_settings
+
+    settings = get_current_settings()
+    profile = get_settings_context().profile
+    if settings.api.url or settings.testing.test_mode or PREFECT_API_URL not in profile.settings:
+        return settings
+    if _in_user_profiles(profile.name):  # Prefect's settings read that file and left it out on purpose
+        return settings
+    with use_profile(profile):
         return get_current_settings()
 
 
-@contextlib.contextmanager
-def named_profile() -> Iterator[None]:
-    """The profile Prefect names as active (``PREFECT_PROFILE``, else the profiles file's), applied as Prefect's
-    CLI applies a ``--profile``, where Prefect's settings left it out: one of the profiles Prefect bundles (its
-    ``local`` names ``http://127.0.0.1:4200/api``) with no user profiles file that holds it. Prefect's settings
-    then fall back to its default profile, while its context, ``prefect config view`` and ``prefect profile``
-    name the other. The environment still wins over the profile, and Prefect's test mode (as Prefect parses it)
-    reads no profile at all."""
-    from prefect.context import get_settings_context, use_profile
-    from prefect.settings import get_current_settings, load_profiles
+def _in_user_profiles(name: str) -> bool:
+    from prefect.settings import load_profiles
 
-    profile = get_settings_context().profile
-    if (
-        get_current_settings().testing.test_mode
-        or profile.name in load_profiles(include_defaults=False).names
-    ):
-        yield
-        return
-    with use_profile(profile):
-        yield
+    return name in load_profiles(include_defaults=False).names
 
 
 def prefect_home() -> Path:
@@ -164,7 +164,9 @@ def _is_our_server(state: ServerState) -> bool:
         cmdline = " ".join(psutil.Process(state.pid).cmdline())
     except (psutil.Error, OSError):
         return False
-    return "prefect" in cmdline and "server" in cmdline and str(state.port) in cmdline
+    # `python -m prefect server start`, or LEGACY_SERVER_MODULE's (a server an earlier pileworks started)
+    ours = "prefect" in cmdline or LEGACY_SERVER_MODULE in cmdline
+    return ours and "server" in cmdline and str(state.port) in cmdline
 
 
 def _free_port(preferred: int = PREFERRED_PORT) -> int:
@@ -234,14 +236,13 @@ def start_server(
             return state
         port = _free_port(port)
         proc = _launch_server(home, port)
-        watcher = _launch_watcher(home, proc.pid, port, idle)
+        _launch_watcher(home, proc.pid, port, idle)
         state = ServerState(
             pid=proc.pid,
             port=port,
             home=str(home),
             started_at=time.time(),
             idle_stop_s=idle,
-            watcher_pid=watcher.pid,
         )
         (home / STATE_FILE).write_text(json.dumps(asdict(state)))
         try:
@@ -335,13 +336,25 @@ def _stop(state: ServerState, grace_s: float = 20.0) -> None:
         (Path(state.home) / STATE_FILE).unlink()
 
 
+def watcher_of(state: ServerState) -> Any:
+    """The watcher process (a ``psutil.Process``) of the recorded server, None when none runs. Found by its
+    command line, so that the record keeps the fields every pileworks version reads."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        args = proc.info["cmdline"] or []
+        if WATCH_MODULE in args and str(state.pid) in args and state.home in args:
+            return proc
+    return None
+
+
 def _stop_watcher(state: ServerState) -> None:
     """The watcher would end by itself at its next look; a stopped server leaves no process behind now."""
     import psutil
 
     with contextlib.suppress(psutil.Error, OSError):
-        watcher = psutil.Process(state.watcher_pid) if state.watcher_pid else None
-        if watcher is not None and WATCH_MODULE in " ".join(watcher.cmdline()):
+        watcher = watcher_of(state)
+        if watcher is not None:
             watcher.terminate()
             watcher.wait(5.0)
 
@@ -393,7 +406,7 @@ def _ui_url(api_url: str) -> str | None:
 def using_api(api: Api) -> Iterator[Api]:
     """Run the enclosed flows against ``api``: in the environment, which subprocesses (Dask workers, the
     training ranks) read, and in this process's Prefect settings (read once, by :func:`resolve_api`: the
-    environment is too late for them now; and a URL from :func:`named_profile` is not in them)."""
+    environment is too late for them now; and a profile's URL :func:`prefect_settings` found is not in them)."""
     before = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = api.url
     try:

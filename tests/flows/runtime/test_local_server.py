@@ -16,6 +16,7 @@ from flows.runtime.local_server import (
     server_status,
     start_server,
     stop_server,
+    watcher_of,
 )
 from tests.flows.prefect_server import free_port
 
@@ -71,8 +72,8 @@ def test_the_local_server_is_started_once_reused_and_stopped(
 
     server = psutil.Process(state.pid)
     assert server.cmdline()[1:4] == ["-m", "prefect", "server"]  # Prefect's own CLI, nothing of ours inside
-    watcher = psutil.Process(state.watcher_pid)
-    assert WATCH_MODULE in " ".join(watcher.cmdline()) and str(state.pid) in watcher.cmdline()
+    watcher = watcher_of(state)
+    assert watcher is not None and WATCH_MODULE in watcher.cmdline() and str(state.pid) in watcher.cmdline()
     env = server.environ()
     assert all(env[k] == v for k, v in QUIET_SERVER_SETTINGS.items() if k != USER_SET)
     assert env[USER_SET] == "7"  # a setting the user exported wins
@@ -108,7 +109,7 @@ def test_a_started_server_stops_itself_when_idle_unless_started_to_stay(private_
     )  # the watcher looks every 10 s (0.75 s while the limit is 3 s): 3 s idle would have stopped it
     assert server_status(private_home) == (kept, True)
     (private_home / "pileworks-server.json").write_text(json.dumps(asdict(state)))  # idle stop back on
-    server, watcher = psutil.Process(state.pid), psutil.Process(state.watcher_pid)
+    server, watcher = psutil.Process(state.pid), watcher_of(state)
     assert _ended(server, 60), "the idle server kept running"
     assert _ended(watcher, 15), "the watcher outlived its server"
     assert read_state(private_home) is None and server_status(private_home) == (None, False)
@@ -129,7 +130,7 @@ def test_a_started_server_whose_home_folder_is_deleted_stops_itself(
     monkeypatch.setenv("PILEWORKS_SERVER_IDLE_MINUTES", "1")  # read as a command reads it
     state = start_server(private_home, port=free_port())
     assert state.idle_stop_s == 60
-    server, watcher = psutil.Process(state.pid), psutil.Process(state.watcher_pid)
+    server, watcher = psutil.Process(state.pid), watcher_of(state)
     deleted = time.monotonic()
     shutil.rmtree(private_home)
     assert _ended(server, 40), "the server kept running after its home folder was deleted"
