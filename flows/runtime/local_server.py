@@ -237,13 +237,7 @@ def start_server(
         port = _free_port(port)
         proc = _launch_server(home, port)
         _launch_watcher(home, proc.pid, port, idle)
-        state = ServerState(
-            pid=proc.pid,
-            port=port,
-            home=str(home),
-            started_at=time.time(),
-            idle_stop_s=idle,
-        )
+        state = ServerState(proc.pid, port, str(home), started_at=time.time(), idle_stop_s=idle)
         (home / STATE_FILE).write_text(json.dumps(asdict(state)))
         try:
             _wait_healthy(state, on_wait, proc)
@@ -254,9 +248,8 @@ def start_server(
 
 
 def _launch_server(home: Path, port: int) -> subprocess.Popen:
-    """Prefect's own ``prefect server start`` on 127.0.0.1:``port``, in a session of its own (it outlives this
-    command), its home and working folder ``home`` (no ``.env`` or ``prefect.toml`` of the user's working folder
-    reaches it), :data:`QUIET_SERVER_SETTINGS` under the user's own."""
+    """Prefect's own ``prefect server start`` on 127.0.0.1:``port``, :data:`QUIET_SERVER_SETTINGS` under the
+    user's own."""
     env = QUIET_SERVER_SETTINGS | {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env |= {
         "PREFECT_HOME": str(home),
@@ -265,29 +258,25 @@ def _launch_server(home: Path, port: int) -> subprocess.Popen:
         "PREFECT_SERVER_UI_API_URL": f"http://127.0.0.1:{port}/api",
     }
     cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    return _detached(cmd, env, home)
+
+
+def _launch_watcher(home: Path, server_pid: int, port: int, idle_s: float) -> subprocess.Popen:
+    """The watcher of the server ``server_pid`` (``flows/runtime/server_watch.py``), importing this same
+    pileworks (the folder above ``flows/`` leads its path)."""
+    code_root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (code_root, os.environ.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", WATCH_MODULE, str(home), str(server_pid), str(port), str(idle_s)]
+    return _detached(cmd, os.environ | {"PYTHONPATH": path}, home)
+
+
+def _detached(cmd: list[str], env: dict[str, str], home: Path) -> subprocess.Popen:
+    """``cmd`` in a session of its own (it outlives this command), working in ``home`` (no ``.env`` or
+    ``prefect.toml`` of the user's working folder reaches it), its output appended to :data:`LOG_FILE`."""
     with (home / LOG_FILE).open("ab") as log:
         return subprocess.Popen(
             cmd,
             env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=home,
-        )
-
-
-def _launch_watcher(home: Path, server_pid: int, port: int, idle_s: float) -> subprocess.Popen:
-    """The watcher of the server ``server_pid`` (``flows/runtime/server_watch.py``), detached as the server is.
-    It imports this same pileworks (the folder above ``flows/`` leads its path) and reads nothing of the
-    user's working folder."""
-    code_root = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(p for p in (code_root, os.environ.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", WATCH_MODULE, str(home), str(server_pid), str(port), str(idle_s)]
-    with (home / LOG_FILE).open("ab") as log:
-        return subprocess.Popen(
-            cmd,
-            env=os.environ | {"PYTHONPATH": path},
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
