@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -66,6 +67,13 @@ def test_the_local_server_is_started_once_reused_and_stopped(
     assert (api.url, api.source) == (f"http://127.0.0.1:{port}/api", "local server")
     assert api.run_url("abc") == f"http://127.0.0.1:{port}/runs/flow-run/abc"
     assert start_server(private_home, port=free_port()) == state  # already running: reused
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.runtime.runners import prefect_api
+
+    with prefect_api() as url:  # a flow with no configured API: this local server, for it and its workers
+        assert url == state.api_url == PREFECT_API_URL.value() and os.environ["PREFECT_API_URL"] == url
+    assert read_state(private_home) == state  # no other server started
     import psutil
 
     from flows.runtime.local_server import QUIET_SERVER_SETTINGS, WATCH_MODULE
