@@ -10,13 +10,16 @@
 5. Other libraries through their public interfaces: no assignment to (or setattr on) an attribute of prefect,
    docket, dask or distributed.
 6. A private name (``_x``) stays in its module: none is imported or read across modules.
+7. Another library's internals (a private name or module, Prefect's server and CLI, an undocumented binding
+   object) are read only where :data:`LIBRARY_INTERNALS` names the place, with the reason and the versions it was
+   checked against.
 Every rule is also shown failing on a planted violation.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -569,3 +572,200 @@ def test_private_import_checker_catches_a_violation(tmp_path: Path) -> None:
         "uses wordscan._repeats",
         "uses chunks._x",
     ]
+
+
+# ---------------------------------------------------------------- other libraries' internals: each one named
+
+
+@dataclass(frozen=True)
+class Internal:
+    why: str
+    checked: str  # the versions of the library this use was checked against
+
+
+# (file, or a folder ending in "/", the use as the checker spells it) -> why we read that library's internal.
+# A new release of the library may change any of these without notice: each is re-checked when its floor or
+# ceiling moves, and whatever is not listed here fails test_no_other_library_internals_are_read.
+LIBRARY_INTERNALS: dict[tuple[str, str], Internal] = {
+    # ---- third-party libraries
+    ("pipeline/langid.py", "model._rowbase"): Internal(
+        "py3langid's automaton row offsets: FastIdentifier vectorises py3langid's own walk over its tables "
+        "(the reference stays in tests/pipeline/test_langid.py)",
+        "py3langid 0.4.0 (0.3.0 has neither _rowbase nor _alias_pairs: pileworks needs py3langid>=0.4)",
+    ),
+    ("pipeline/langid.py", "model._alias_pairs"): Internal(
+        "py3langid's language aliases, applied as its classify applies them", "py3langid 0.4.0"
+    ),
+    ("pipeline/clean/classifier.py", "self.model.f"): Internal(
+        "fastText's C++ binding object, whose per-line predict is the one path that returns right "
+        "probabilities under numpy 2 (fasttext-wheel's Python predict fails on one string)",
+        "fasttext-wheel 0.9.2 with numpy 2.x",
+    ),
+    ("training/safe_load.py", "engine._config"): Internal(
+        "DeepSpeed's engine config, handed to the checkpoint engine we build in place of its own (read with "
+        "getattr and a None default: DeepSpeed's engines accept None)",
+        "deepspeed 0.19.8",
+    ),
+    # ---- the standard library
+    ("pipeline/clean/normalize.py", "re._constants"): Internal(
+        "the regex parser's constants that re itself uses, to read ftfy's BADNESS_RE (sre_constants on 3.10)",
+        "Python 3.11-3.13",
+    ),
+    ("pipeline/clean/normalize.py", "re._parser"): Internal(
+        "the regex parser that re itself uses, to read ftfy's BADNESS_RE (sre_parse on 3.10)",
+        "Python 3.11-3.13",
+    ),
+    ("flows/cli/", "argparse._SubParsersAction"): Internal(
+        "the type of add_subparsers()' result, in each command's register() annotation only",
+        "Python 3.10-3.13",
+    ),
+    ("training/checkpoint.py", "os._exit"): Internal("documented: exit without cleanup handlers", "any"),
+    ("flows/cli/main.py", "os._exit"): Internal("documented: exit without cleanup handlers", "any"),
+    ("flows/runtime/pool.py", "os._exit"): Internal("documented: exit without cleanup handlers", "any"),
+    # (more standard-library entries here: concurrent.futures, multiprocessing, with their Python versions)
+}
+
+THIRD_PARTY_PROGRAMS = (
+    "prefect.server",
+    "prefect.cli",
+)  # Prefect's server and CLI: run them, never import them
+# Internals whose names carry no underscore: module -> attributes read on its objects in a file importing it.
+UNDERSCORE_FREE_INTERNALS = {"fasttext": ("f",)}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def project_private_names(paths: Iterable[Path]) -> set[str]:
+    """Private attributes the project's own classes and objects have (``self._x = ...``, a method or a field in a
+    class body): an ``x._name`` of one of these is ours. A module's private functions and variables do not count:
+    read as an attribute from elsewhere they break rule 6."""
+    names: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                        names.add(item.name)
+                    elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        names.add(item.target.id)
+                    elif isinstance(item, ast.Assign):
+                        names |= {t.id for t in item.targets if isinstance(t, ast.Name)}
+    return {n for n in names if _private(n)}
+
+
+def _foreign_module(module: str) -> bool:
+    return bool(module) and module.split(".")[0] not in PROJECT and module != "__future__"
+
+
+def _import_uses(node: ast.AST) -> list[str]:
+    """Private modules or names imported from another library, and Prefect's server and CLI."""
+    if isinstance(node, ast.Import):
+        modules = [a.name for a in node.names]
+        names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and not node.level:
+        modules = [node.module or ""]
+        names = [f"{node.module}.{a.name}" for a in node.names]
+    else:
+        return []
+    found = []
+    for module, name in zip(modules * (len(names) if len(modules) == 1 else 1), names, strict=False):
+        if not _foreign_module(module):
+            continue
+        parts = name.split(".")
+        program = any(name == p or name.startswith(p + ".") for p in THIRD_PARTY_PROGRAMS)
+        if program or any(_private(part) for part in parts):
+            found.append(name)
+    return found
+
+
+def foreign_internal_uses(paths: list[Path], root: Path = ROOT) -> list[tuple[str, int, str]]:
+    """(file, line, use) for every read of another library's internals: a private module or name imported from
+    it, ``x._name`` or ``getattr(x, "_name")`` of a private name the project does not define, Prefect's server
+    or CLI imported, and :data:`UNDERSCORE_FREE_INTERNALS`."""
+    ours = project_private_names(paths)
+    found = []
+    for path in paths:
+        rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        imported = {
+            a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+        }
+        hidden = {attr for m in imported for attr in UNDERSCORE_FREE_INTERNALS.get(m, ())}
+        for node in ast.walk(tree):
+            uses = _import_uses(node)
+            if isinstance(node, ast.Attribute) and (
+                (_private(node.attr) and node.attr not in ours) or node.attr in hidden
+            ):
+                uses = [ast.unparse(node)]
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr", "setattr")
+                and len(node.args) > 1
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+                and _private(node.args[1].value)
+                and node.args[1].value not in ours
+            ):
+                uses = [f"{ast.unparse(node.args[0])}.{node.args[1].value}"]
+            found.extend((rel, getattr(node, "lineno", 0), use) for use in uses)
+    return sorted(found)
+
+
+def _listed_by(key: tuple[str, str], rel: str, use: str) -> bool:
+    where, listed = key
+    return use == listed and (rel == where or (where.endswith("/") and rel.startswith(where)))
+
+
+def _listed(rel: str, use: str) -> bool:
+    return any(_listed_by(key, rel, use) for key in LIBRARY_INTERNALS)
+
+
+def test_no_other_library_internals_are_read_but_the_listed_ones() -> None:
+    paths = [p for room in PROJECT for p in sources(room)]
+    uses = foreign_internal_uses(paths)
+    unlisted = [f"{rel}:{line} reads {use}" for rel, line, use in uses if not _listed(rel, use)]
+    assert not unlisted, (
+        "another library's internals, read where LIBRARY_INTERNALS does not name them: use its public interface, "
+        "or add the place with the reason and the versions it was checked against:\n" + "\n".join(unlisted)
+    )
+    stale = {key for key in LIBRARY_INTERNALS if not any(_listed_by(key, rel, use) for rel, _, use in uses)}
+    assert not stale, f"allow-list entries nothing reads any more (take them out): {sorted(stale)}"
+
+
+def test_every_listed_internal_says_why_and_which_versions() -> None:
+    for key, internal in LIBRARY_INTERNALS.items():
+        assert internal.why.strip() and internal.checked.strip(), key
+
+
+def test_library_internals_checker_catches_a_violation(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import fasttext\nimport prefect.cli\nfrom prefect.server.api.server import SubprocessASGIServer\n"
+        "from prefect._internal.concurrency import x\nfrom concurrent.futures import _base\n"
+        "from docket import _helpers as h\nfrom flows.runtime import _ours\nimport torch._dynamo\n"
+        "class Mine:\n    def __init__(self):\n        self._size = 1\n"
+        "n = Mine()._size + pool._processes + getattr(engine, '_config', None)\n"
+        "p = model.f.predict\ny = m.__dict__\n"
+    )
+    assert [(line, use) for _, line, use in foreign_internal_uses([bad], tmp_path)] == [
+        (2, "prefect.cli"),
+        (3, "prefect.server.api.server.SubprocessASGIServer"),
+        (4, "prefect._internal.concurrency.x"),
+        (5, "concurrent.futures._base"),
+        (6, "docket._helpers"),
+        (8, "torch._dynamo"),
+        (12, "engine._config"),
+        (12, "pool._processes"),
+        (13, "model.f"),
+    ]
+    # a listed internal counts only where it is listed
+    assert _listed("pipeline/langid.py", "model._rowbase") and not _listed(
+        "pipeline/dedup.py", "model._rowbase"
+    )
+    assert _listed("flows/cli/new.py", "argparse._SubParsersAction")
+    assert not _listed("flows/runtime/new.py", "argparse._SubParsersAction")

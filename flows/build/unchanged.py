@@ -9,10 +9,10 @@ at once, before any worker process starts (``flows/build/flow.py``). Configs tha
 fingerprint cheaply (decontamination eval sets, a dedup index of an earlier dataset) always take the full path,
 where every unit is still reused.
 
-``pileworks build`` looks first, before it imports Prefect (:func:`find_published`, the same listing and key as
-the flow's), and when the dataset is published records the run through Prefect's REST API
-(:func:`record_unchanged`): the same completed run, artifacts, summary and ``latest.json`` as the flow would
-leave, for a fraction of a CPU-second instead of three.
+``pileworks build`` looks first, before it starts the flow engine (:func:`find_published`, the same listing and
+key as the flow's), and when the dataset is published records the run through Prefect's client
+(:func:`record_unchanged`, ``flows/runtime/recorded_run.py``): the same completed run, artifacts, summary and
+``latest.json`` as the flow would leave, for about one CPU-second (Prefect's import) instead of three.
 
 A build whose inputs changed but whose dataset id (a content hash) is already published, say a new document the
 build drops, reuses that dataset as it is (:func:`reused_dataset`): its summary, card and artifacts report the
@@ -29,8 +29,8 @@ from typing import Any
 
 from flows.build.inputs import build_key, corpus_config, keep_listing, list_and_plan, pin_model
 from flows.runtime import profile
-from flows.runtime.prefect_rest import completed_run
 from flows.runtime.profile import BuildProfile
+from flows.runtime.recorded_run import completed_run
 from flows.ui import build_artifacts, run_names
 from pipeline.corpus_config import CorpusConfig
 from pipeline.manifest import LATEST_KEY, MANIFEST_KEY, dataset_prefix, load_manifest, point_latest
@@ -199,9 +199,9 @@ def record_unchanged(
     build_profile: BuildProfile,
     started: float,
 ) -> dict[str, Any]:
-    """The flow run of a rebuild that found ``found``, recorded through Prefect's REST API as the flow would
+    """The flow run of a rebuild that found ``found``, recorded through Prefect's client as the flow would
     leave it (its name, parameters, artifacts and log line, Completed); returns the run's summary. Raises
-    :class:`~flows.runtime.prefect_rest.RestRunFailed` when the API does not take it."""
+    :class:`~flows.runtime.recorded_run.RunNotRecorded` when the API does not take it."""
     name = run_names.unchanged_run_name(found.cfg.name, found.record["summary"]["dataset_id"])
     with completed_run(api_url, run_names.BUILD_FLOW, name, parameters) as run:
         summary = republished(found, build_profile, started, run.id, workers_started=0)

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
 
     parameters = flow_parameters(args)
     try:
-        summary = unchanged_without_prefect(args.api, parameters)
+        summary = unchanged_before_flow(args.api, parameters)
         if summary is None:
             if args.task_runner in ("local", "process"):  # the first pass starts while Prefect imports
                 head_start.start(parameters, args.workers or cores())
@@ -144,21 +144,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def unchanged_without_prefect(api: Api, parameters: dict[str, Any]) -> dict[str, Any] | None:
-    """A rebuild whose dataset is published, found and recorded before Prefect is imported (a fraction of a
-    CPU-second instead of about three); None: run the flow (something changed, the config reads files only a
-    full build checks, or the API did not take the run: the flow records it, slower but the same)."""
+def unchanged_before_flow(api: Api, parameters: dict[str, Any]) -> dict[str, Any] | None:
+    """A rebuild whose dataset is published, found and recorded through Prefect's client before the flow engine
+    starts (about one CPU-second instead of three); None: run the flow (something changed, the config reads
+    files only a full build checks, or the API did not take the run: the flow records it, slower but the same)."""
     import logging
     import time
 
     from flows.build.unchanged import find_published, nothing_changed_line, record_unchanged
-    from flows.runtime.prefect_rest import RestRunFailed
     from flows.runtime.profile import BuildProfile
+    from flows.runtime.recorded_run import RunNotRecorded
     from pipeline.errors import StorageError
 
     log = logging.getLogger("pileworks")
-    if not rest_api_usable(api.url):
-        return None
     started, build_profile = time.perf_counter(), BuildProfile()
     try:
         found = find_published(parameters, build_profile)
@@ -169,21 +167,12 @@ def unchanged_without_prefect(api: Api, parameters: dict[str, Any]) -> dict[str,
         return None
     try:
         summary = record_unchanged(api.url, parameters, found, build_profile, started)
-    except RestRunFailed as exc:
+    except RunNotRecorded as exc:
         log.info("recording the run through the Prefect API failed (%s); running the flow instead", exc)
         return None
     log.info("%s", nothing_changed_line(summary))
     summary["flow_run_url"] = api.run_url(summary["lineage"]["prefect_flow_run_id"])
     return summary
-
-
-def rest_api_usable(api_url: str) -> bool:
-    """Plain REST without credentials: not Prefect Cloud, nor a server behind an API key or basic auth (the
-    flow's client sends those)."""
-    import os
-
-    secured = os.environ.get("PREFECT_API_KEY") or os.environ.get("PREFECT_API_AUTH_STRING")
-    return "api.prefect.cloud" not in api_url and not secured
 
 
 def run_flow(args: argparse.Namespace, parameters: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Flow commands start a local Prefect server in the background on first use (SQLite under "
         "PREFECT_HOME) and reuse it, so runs persist and the UI is one URL away; such a server stops itself after "
         "PILEWORKS_SERVER_IDLE_MINUTES (default 30) without API use. `server start` keeps it up until `server "
-        "stop`. PREFECT_API_URL, when set, wins over it.",
+        "stop`. Either stops once its PREFECT_HOME folder is deleted. PREFECT_API_URL (the environment's or a "
+        "Prefect profile's), when set, wins over it.",
     )
     p.add_argument("action", choices=("start", "stop", "status"), help="what to do with the server")
     p.add_argument("--json", action="store_true", help="print the server's state as one JSON object")

@@ -8,10 +8,13 @@ and the UI stays one URL away. ``pileworks server start|stop|status`` manages it
 
 A server a command started stops itself once nothing has used its API for ``PILEWORKS_SERVER_IDLE_MINUTES``
 (default 30; 0 never): it idles at a few percent of a core and ~300 MB otherwise. ``pileworks server start``
-keeps it up until ``pileworks server stop``.
+keeps it up until ``pileworks server stop``. Any server of ours stops once its home folder is deleted (its
+database went with it). A small watcher process started beside it does both (``flows/runtime/server_watch.py``):
+the server itself is Prefect's own ``prefect server start``, unchanged.
 
-A ``PREFECT_API_URL`` from the environment, a Prefect profile or a test harness always wins; when it does not
-answer, :func:`resolve_api` fails at once with one line, before any flow starts.
+A ``PREFECT_API_URL`` from the environment, a Prefect profile (the one Prefect bundles as ``local`` included), a
+settings file or a test harness always wins, as Prefect itself resolves it (:func:`prefect_settings`); when it does
+not answer, :func:`resolve_api` fails at once with one line, before any flow starts.
 """
 
 from __future__ import annotations
@@ -25,14 +28,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from flows.runtime.prefect_settings import DEFAULT_HOME, setting
 from pipeline.errors import PileworksError
 
 STATE_FILE = "pileworks-server.json"
@@ -42,7 +44,7 @@ STARTUP_TIMEOUT_S = 180.0  # a fresh SQLite database migrates first: 20-70 s on 
 HEALTH_TIMEOUT_S = 3.0
 IDLE_ENV = "PILEWORKS_SERVER_IDLE_MINUTES"  # a started server stops after this long without API use
 DEFAULT_IDLE_MINUTES = 30.0
-IDLE_POLL_S = 10.0  # how often the server looks for API connections (a flow's heartbeat comes every 10 s)
+IDLE_POLL_S = 10.0  # how often the watcher looks for API connections (a flow's heartbeat comes every 10 s)
 
 
 # Prefect's server polls its background-task queue (docket) every 250 ms and runs most housekeeping services
@@ -61,7 +63,9 @@ QUIET_SERVER_SETTINGS = {
         "FOREMAN_LOOP_SECONDS",
     )
 }
-SERVER_MODULE = "flows.runtime.local_server"  # `python -m` this module starts the server (:func:`serve`)
+WATCH_MODULE = "flows.runtime.server_watch"  # `python -m` this module watches a started server
+# pileworks 0.x before the watcher ran Prefect's CLI inside this module: such a server is still found and stopped
+LEGACY_SERVER_MODULE = "flows.runtime.local_server"
 
 
 class PrefectApiUnavailable(PileworksError, RuntimeError):
@@ -103,13 +107,46 @@ def healthy(api_url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
         return False
 
 
+def prefect_settings() -> Any:
+    """Prefect's settings as Prefect resolves them for this process: a test harness's temporary settings, the
+    environment, ``.env``, ``prefect.toml``, ``pyproject.toml``, the active profile, in Prefect's order.
+
+    One gap is filled, with Prefect's own profile machinery: the API URL of the profile Prefect names as active
+    (``PREFECT_PROFILE``) when nothing else sets one and Prefect's settings left that profile out, being one it
+    bundles (its ``local`` names ``http://127.0.0.1:4200/api``) with no user profiles file that holds it. Prefect's
+    settings then fall back to its default profile, while its context, ``prefect config view`` and ``prefect
+    profile inspect`` name the other. It is applied as Prefect's CLI applies a ``--profile``; in Prefect's test
+    mode (as Prefect parses it) no profile is read, so none is here.
+
+    Imported here, not at the top: ``pileworks --help`` and the commands that need no Prefect do not pay for it
+    (about 0.7 CPU-s)."""
+    from prefect.context import get_settings_context, use_profile
+    from prefect.settings import PREFECT_API_URL, get_current_settings
+
+    settings = get_current_settings()
+    profile = get_settings_context().profile
+    if settings.api.url or settings.testing.test_mode or PREFECT_API_URL not in profile.settings:
+        return settings
+    if _in_user_profiles(profile.name):  # Prefect's settings read that file and left it out on purpose
+        return settings
+    with use_profile(profile):
+        return get_current_settings()
+
+
+def _in_user_profiles(name: str) -> bool:
+    from prefect.settings import load_profiles
+
+    return name in load_profiles(include_defaults=False).names
+
+
 def prefect_home() -> Path:
-    return Path(setting("home") or DEFAULT_HOME).expanduser()
+    return Path(prefect_settings().home).expanduser()
 
 
 def configured_api_url() -> str | None:
-    """The API URL Prefect would use (environment, profile, or a test harness's temporary settings)."""
-    return setting("api_url")
+    """The API URL Prefect would use (environment, profile, settings files, or a test harness)."""
+    url = prefect_settings().api.url
+    return str(url) if url else None
 
 
 def read_state(home: Path) -> ServerState | None:
@@ -127,8 +164,8 @@ def _is_our_server(state: ServerState) -> bool:
         cmdline = " ".join(psutil.Process(state.pid).cmdline())
     except (psutil.Error, OSError):
         return False
-    # started by `prefect server start` or by :func:`serve`
-    ours = "prefect" in cmdline or SERVER_MODULE in cmdline
+    # `python -m prefect server start`, or LEGACY_SERVER_MODULE's (a server an earlier pileworks started)
+    ours = "prefect" in cmdline or LEGACY_SERVER_MODULE in cmdline
     return ours and "server" in cmdline and str(state.port) in cmdline
 
 
@@ -141,7 +178,7 @@ def _free_port(preferred: int = PREFERRED_PORT) -> int:
 
 
 @contextlib.contextmanager
-def _locked(home: Path) -> Iterator[None]:
+def locked(home: Path) -> Iterator[None]:
     """One command at a time decides whether to start the server (two commands at once must not start two)."""
     home.mkdir(parents=True, exist_ok=True)
     with (home / f"{STATE_FILE}.lock").open("w") as lock:
@@ -188,7 +225,7 @@ def start_server(
     without API use (None: :func:`idle_stop_s`; 0: run until stopped, which a running server then does too)."""
     home = home or prefect_home()
     idle = idle_stop_s() if idle_s is None else idle_s
-    with _locked(home):
+    with locked(home):
         state, ok = server_status(home)
         if state is not None:
             if not ok:
@@ -198,35 +235,9 @@ def start_server(
                 (home / STATE_FILE).write_text(json.dumps(asdict(state)))
             return state
         port = _free_port(port)
-        env = QUIET_SERVER_SETTINGS | {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-        env |= {
-            "PREFECT_HOME": str(home),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            # the UI asks the API here, which otherwise defaults to port 4200, not --port
-            "PREFECT_SERVER_UI_API_URL": f"http://127.0.0.1:{port}/api",
-        }
-        cmd = [
-            sys.executable,
-            "-m",
-            SERVER_MODULE,
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ]
-        with (home / LOG_FILE).open("ab") as log:
-            proc = subprocess.Popen(
-                cmd,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                cwd=home,
-            )
-        state = ServerState(pid=proc.pid, port=port, home=str(home), started_at=time.time(), idle_stop_s=idle)
+        proc = _launch_server(home, port)
+        _launch_watcher(home, proc.pid, port, idle)
+        state = ServerState(proc.pid, port, str(home), started_at=time.time(), idle_stop_s=idle)
         (home / STATE_FILE).write_text(json.dumps(asdict(state)))
         try:
             _wait_healthy(state, on_wait, proc)
@@ -234,6 +245,44 @@ def start_server(
             _stop(state)
             raise
         return state
+
+
+def _launch_server(home: Path, port: int) -> subprocess.Popen:
+    """Prefect's own ``prefect server start`` on 127.0.0.1:``port``, :data:`QUIET_SERVER_SETTINGS` under the
+    user's own."""
+    env = QUIET_SERVER_SETTINGS | {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env |= {
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # the UI asks the API here, which otherwise defaults to port 4200, not --port
+        "PREFECT_SERVER_UI_API_URL": f"http://127.0.0.1:{port}/api",
+    }
+    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    return _detached(cmd, env, home)
+
+
+def _launch_watcher(home: Path, server_pid: int, port: int, idle_s: float) -> subprocess.Popen:
+    """The watcher of the server ``server_pid`` (``flows/runtime/server_watch.py``), importing this same
+    pileworks (the folder above ``flows/`` leads its path)."""
+    code_root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(p for p in (code_root, os.environ.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", WATCH_MODULE, str(home), str(server_pid), str(port), str(idle_s)]
+    return _detached(cmd, os.environ | {"PYTHONPATH": path}, home)
+
+
+def _detached(cmd: list[str], env: dict[str, str], home: Path) -> subprocess.Popen:
+    """``cmd`` in a session of its own (it outlives this command), working in ``home`` (no ``.env`` or
+    ``prefect.toml`` of the user's working folder reaches it), its output appended to :data:`LOG_FILE`."""
+    with (home / LOG_FILE).open("ab") as log:
+        return subprocess.Popen(
+            cmd,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=home,
+        )
 
 
 def _wait_healthy(
@@ -271,14 +320,38 @@ def _stop(state: ServerState, grace_s: float = 20.0) -> None:
             time.sleep(0.2)
         if not _is_our_server(state):
             break
+    _stop_watcher(state)
     with contextlib.suppress(FileNotFoundError):
         (Path(state.home) / STATE_FILE).unlink()
+
+
+def watcher_of(state: ServerState) -> Any:
+    """The watcher process (a ``psutil.Process``) of the recorded server, None when none runs. Found by its
+    command line, so that the record keeps the fields every pileworks version reads."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        args = proc.info["cmdline"] or []
+        if WATCH_MODULE in args and str(state.pid) in args and state.home in args:
+            return proc
+    return None
+
+
+def _stop_watcher(state: ServerState) -> None:
+    """The watcher would end by itself at its next look; a stopped server leaves no process behind now."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error, OSError):
+        watcher = watcher_of(state)
+        if watcher is not None:
+            watcher.terminate()
+            watcher.wait(5.0)
 
 
 def stop_server(home: Path | None = None) -> ServerState | None:
     """Stop the recorded local server; returns what was stopped (None when none ran)."""
     home = home or prefect_home()
-    with _locked(home):
+    with locked(home):
         state, _ = server_status(home)
         if state is None:
             with contextlib.suppress(FileNotFoundError):
@@ -294,13 +367,12 @@ def resolve_api(start: bool = True, on_wait: Callable[[str], None] | None = None
     Raises :class:`PrefectApiUnavailable` at once for a configured API that does not answer: a flow would only
     time out on it later.
     """
-    # The environment first: a dead PREFECT_API_URL fails before prefect (seconds of imports) is even loaded.
-    url = os.environ.get("PREFECT_API_URL") or configured_api_url()
+    url = configured_api_url()
     if url:
         if "api.prefect.cloud" not in url and not healthy(url):  # Prefect Cloud: the client checks its key
             raise PrefectApiUnavailable(
                 f"the Prefect API at {url} does not answer; start that server, or unset PREFECT_API_URL "
-                "to use pileworks' local server"
+                "(the environment's or the Prefect profile's) to use pileworks' local server"
             )
         return Api(url=url, ui_url=_ui_url(url), source="PREFECT_API_URL")
     state, ok = server_status()
@@ -313,7 +385,7 @@ def resolve_api(start: bool = True, on_wait: Callable[[str], None] | None = None
 
 
 def _ui_url(api_url: str) -> str | None:
-    ui = setting("ui_url")
+    ui = prefect_settings().ui_url
     if ui:
         return str(ui).rstrip("/")
     return api_url[: -len("/api")] if api_url.rstrip("/").endswith("/api") else None
@@ -322,11 +394,8 @@ def _ui_url(api_url: str) -> str | None:
 @contextlib.contextmanager
 def using_api(api: Api) -> Iterator[Api]:
     """Run the enclosed flows against ``api``: in the environment, which subprocesses (Dask workers, the
-    training ranks) and a Prefect imported later read, and in Prefect's settings when it is already imported
-    (it reads them once; the environment is too late for it then)."""
-    if api.source == "PREFECT_API_URL":
-        yield api
-        return
+    training ranks) read, and in this process's Prefect settings (read once, by :func:`resolve_api`: the
+    environment is too late for them now; and a profile's URL :func:`prefect_settings` found is not in them)."""
     before = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = api.url
     try:
@@ -341,62 +410,8 @@ def using_api(api: Api) -> Iterator[Api]:
 
 @contextlib.contextmanager
 def _prefect_settings(url: str) -> Iterator[None]:
-    """Prefect's own settings point at ``url`` (nothing to do before Prefect is imported: it reads the
-    environment then)."""
-    if "prefect.settings" not in sys.modules:
-        yield
-        return
+    """Prefect's own settings point at ``url``."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with temporary_settings(updates={PREFECT_API_URL: url}):
         yield
-
-
-def serve(argv: list[str]) -> None:
-    """``prefect <argv>`` (``server start ...``) in this process, with the settings the caller put in its
-    environment (:data:`QUIET_SERVER_SETTINGS`). Prefect's background-task worker (docket) keeps its own poll
-    interval (250 ms): neither Prefect nor docket offers a setting for it, and we do not replace their code."""
-    from prefect.cli import app
-
-    if "--port" in argv and os.environ.get("PREFECT_HOME"):
-        watch = (Path(os.environ["PREFECT_HOME"]), int(argv[argv.index("--port") + 1]))
-        threading.Thread(target=stop_when_idle, args=watch, name="idle-stop", daemon=True).start()
-    sys.argv = ["prefect", *argv]
-    app()
-
-
-def api_connections(port: int) -> int:
-    """Open client connections to this process's API on ``port`` (a flow's client, the UI in a browser)."""
-    import psutil
-
-    conns = psutil.Process().net_connections(kind="tcp")
-    return sum(c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port == port for c in conns)
-
-
-def stop_when_idle(home: Path, port: int, poll_s: float = IDLE_POLL_S) -> None:
-    """In the server's process: stop it (SIGTERM, which uvicorn handles as a clean shutdown) once no client has
-    been connected to its API for the recorded ``idle_stop_s`` (re-read at every poll: ``pileworks server
-    start`` sets it to 0 on a running server to keep it up)."""
-    while not healthy(f"http://127.0.0.1:{port}/api", timeout_s=2.0):  # idle counts once it can be used
-        time.sleep(1.0)
-    last, limit = time.monotonic(), 0.0
-    while True:
-        time.sleep(min(poll_s, limit / 4) if limit else poll_s)  # a short limit (tests) is met closely
-        state = read_state(home)
-        limit = state.idle_stop_s if state is not None and state.pid == os.getpid() else 0.0
-        if api_connections(port):
-            last = time.monotonic()
-        elif limit and time.monotonic() - last >= limit:
-            with _locked(home):  # no command decides to reuse it while it goes
-                if api_connections(port):
-                    last = time.monotonic()
-                    continue
-                print(f"no API use for {limit / 60:g} min ({IDLE_ENV}): stopping", flush=True)
-                with contextlib.suppress(FileNotFoundError):
-                    (home / STATE_FILE).unlink()
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-
-
-if __name__ == "__main__":
-    serve(sys.argv[1:])

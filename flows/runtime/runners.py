@@ -18,7 +18,7 @@ service), both through Prefect's own Ray integration (``pip install pileworks[ra
 or a thread, a task's body runs in-line in its task; the tasks, and so the dataset, are the same everywhere.
 
 Every worker reports its task runs to the flow's Prefect API, never to a server of its own:
-:func:`prefect_api` starts one local server when none is configured and puts its URL into the settings that
+:func:`prefect_api` uses pileworks' local server when none is configured and puts its URL into the settings that
 Prefect ships to the workers with each task.
 """
 
@@ -32,6 +32,7 @@ from typing import Any
 
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.runtime.local_server import resolve_api, using_api
 from flows.runtime.pool import ONE_THREAD, cores
 from flows.runtime.workers import LocalWorkers
 
@@ -134,8 +135,9 @@ def with_task_runner(flow: Any, spec: str = "local", workers: int | None = None)
 
 @contextlib.contextmanager
 def prefect_api() -> Iterator[str]:
-    """The Prefect API for a flow and all its workers: the configured one, else one local server started here;
-    and no flow-run heartbeat of Prefect's unless the user's settings ask for one (:func:`no_prefect_heartbeat`).
+    """The Prefect API for a flow and all its workers: the configured one, else pileworks' local server (started
+    if need be: :func:`~flows.runtime.local_server.resolve_api`); and no flow-run heartbeat of Prefect's unless
+    the user's settings ask for one (:func:`no_prefect_heartbeat`).
 
     Without this, Prefect starts a temporary server lazily in each process that needs a client, so every
     worker process would run (and pay for) a server of its own and the UI would see none of their task runs.
@@ -147,12 +149,9 @@ def prefect_api() -> Iterator[str]:
         if url:
             yield url
             return
-        from prefect.server.api.server import SubprocessASGIServer
-
-        server = SubprocessASGIServer()  # the instance Prefect's own client would start: one per process
-        server.start()
-        with temporary_settings({PREFECT_API_URL: server.api_url}):
-            yield server.api_url
+        api = resolve_api()
+        with using_api(api):
+            yield api.url
 
 
 # Prefect's flow engine sends a heartbeat event every ``flows.heartbeat_frequency`` seconds (180 by default) from a

@@ -85,9 +85,10 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def prefect_server(root: Path) -> Iterator[PrefectServer]:
-    """Start a fresh server under ``root`` and yield it once ``/api/health`` answers; kill it in all cases."""
-    port = free_port()
+def prefect_server(root: Path, port: int | None = None) -> Iterator[PrefectServer]:
+    """Start a fresh server under ``root`` on ``port`` (default: a free one) and yield it once ``/api/health``
+    answers; kill it in all cases."""
+    port = port or free_port()
     server = PrefectServer(
         url=f"http://127.0.0.1:{port}", home=root / "prefect-home", log=root / "prefect-server.log"
     )

@@ -75,7 +75,7 @@ def _prefect_modules(importtime_trace: str) -> list[str]:
     return [n for n in names if n == "prefect" or n.startswith("prefect.")]
 
 
-def test_a_rebuild_with_nothing_changed_imports_no_prefect_and_records_a_completed_run(
+def test_a_rebuild_with_nothing_changed_starts_no_flow_engine_and_records_a_completed_run(
     server_home: Path, published: tuple[Path, list[str], dict]
 ) -> None:
     from prefect.client.orchestration import get_client
@@ -88,7 +88,9 @@ def test_a_rebuild_with_nothing_changed_imports_no_prefect_and_records_a_complet
     root, argv, cold = published
     again = run_cli(argv, cli_env(server_home, PYTHONPROFILEIMPORTTIME="1"), root)
     assert again.code == 0, again.err[-3000:]
-    assert _prefect_modules(again.err) == []
+    imported = _prefect_modules(again.err)
+    assert "prefect.client.orchestration" in imported  # recorded through Prefect's own client
+    assert "prefect.flow_engine" not in imported and "prefect.task_engine" not in imported
     summary = json.loads(again.out)
     assert summary["dataset_id"] == cold["dataset_id"] and summary["manifest_uri"] == cold["manifest_uri"]
     assert summary["nothing_changed"] == {"published_by": cold["lineage"]["prefect_flow_run_id"]}
@@ -114,11 +116,11 @@ def test_a_rebuild_with_nothing_changed_imports_no_prefect_and_records_a_complet
     assert {a.key for a in artifacts} == {"nothing-changed", "stage-stats"}
 
 
-def test_a_rebuild_the_rest_api_cannot_record_runs_the_flow_with_the_same_result(
+def test_a_rebuild_the_api_cannot_record_runs_the_flow_and_credentials_do_not_stop_the_record(
     server_home: Path, published: tuple[Path, list[str], dict]
 ) -> None:
     from flows.build.unchanged import find_published
-    from flows.cli.build import flow_parameters, unchanged_without_prefect
+    from flows.cli.build import flow_parameters, unchanged_before_flow
     from flows.cli.main import build_parser
     from flows.runtime.local_server import Api
     from flows.runtime.profile import BuildProfile
@@ -131,15 +133,15 @@ def test_a_rebuild_the_rest_api_cannot_record_runs_the_flow_with_the_same_result
     parameters = flow_parameters(build_parser().parse_args(argv))
     assert find_published(parameters, BuildProfile()) is not None  # published: only the API is missing
     dead = Api(url=f"http://127.0.0.1:{free_port()}/api", ui_url=None, source="PREFECT_API_URL")
-    assert unchanged_without_prefect(dead, parameters) is None  # the API is down: run the flow
+    assert unchanged_before_flow(dead, parameters) is None  # the API is down: run the flow
     assert latest.read_text() == before  # and nothing was written meanwhile
 
-    # credentials the REST path does not send: the flow runs (Prefect imported) and says the same
+    # credentials: Prefect's client sends them, so the run is still recorded without the flow engine
     env = cli_env(server_home, PREFECT_API_AUTH_STRING="user:secret", PYTHONPROFILEIMPORTTIME="1")
-    flow = run_cli(argv, env, root)
-    assert flow.code == 0, flow.err[-3000:]
-    assert "prefect.flow_engine" in _prefect_modules(flow.err)
-    summary = json.loads(flow.out)
+    again = run_cli(argv, env, root)
+    assert again.code == 0, again.err[-3000:]
+    assert "prefect.flow_engine" not in _prefect_modules(again.err)
+    summary = json.loads(again.out)
     assert summary["nothing_changed"] == {"published_by": cold["lineage"]["prefect_flow_run_id"]}
     assert set(summary) == set(cold) | {"nothing_changed"} and summary["dataset_id"] == cold["dataset_id"]
 

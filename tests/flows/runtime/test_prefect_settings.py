@@ -1,8 +1,10 @@
-"""The API URL and home read without Prefect are the ones Prefect itself resolves, or the reader says it cannot
-tell (a working-folder file that Prefect reads)."""
+"""Prefect's settings are read through Prefect (``get_current_settings``), so they are whatever Prefect makes of
+them, ``PREFECT_TEST_MODE`` however Prefect reads it; and the profile Prefect names as active counts, one it
+bundles too (``PREFECT_PROFILE=local`` with no user profiles file). No code of ours parses them."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -11,71 +13,83 @@ from pathlib import Path
 
 import pytest
 
-from flows.runtime.prefect_settings import quick_settings
+REPO = Path(__file__).resolve().parents[3]
 
-pytestmark = pytest.mark.skipif(
-    sys.version_info < (3, 11), reason="Python 3.10 always asks Prefect (no tomllib)"
+OURS_AND_PREFECTS = (
+    "import json, prefect.context as c, prefect.settings as s; from flows.runtime import local_server as l; "
+    "p, named = s.get_current_settings(), c.get_settings_context().profile; "
+    "print(json.dumps({'ours': [l.configured_api_url(), str(l.prefect_home())], "
+    "'prefect': [p.api.url, str(p.home)], "
+    "'named': [named.name, named.settings.get(s.PREFECT_API_URL)]}))"
 )
 
 
-def _prefect_says(env: dict[str, str], cwd: Path) -> dict[str, str | None]:
-    code = (
-        "import json; from prefect.settings import get_current_settings as g; s = g(); "
-        "print(json.dumps({'PREFECT_API_URL': s.api.url, 'PREFECT_HOME': str(s.home)}))"
-    )
+def _read(home: Path, cwd: Path, **env: str) -> dict[str, list]:
+    """The API URL and home as pileworks reads them and as Prefect alone does, in a fresh process."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    base |= {"PREFECT_HOME": str(home), "PYTHONPATH": str(REPO), **env}
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, check=True
+        [sys.executable, "-c", OURS_AND_PREFECTS],
+        env=base,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
     ).stdout
     return dict(json.loads(out.splitlines()[-1]))
 
 
-def _env(home: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    return env | {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **extra}
-
-
-def _quick(env: dict[str, str], cwd: Path, monkeypatch: pytest.MonkeyPatch) -> dict | None:
-    with monkeypatch.context() as m:
-        for key in [k for k in os.environ if k.startswith("PREFECT_")]:
-            m.delenv(key)
-        for key, value in env.items():
-            m.setenv(key, value)
-        m.chdir(cwd)
-        return quick_settings()
-
-
-def test_the_environment_and_the_active_profile_are_read_as_prefect_reads_them(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    home = tmp_path / "home"
+def _profiles(home: Path) -> None:
     home.mkdir()
     (home / "profiles.toml").write_text(
         'active = "mine"\n[profiles.mine]\nPREFECT_API_URL = "http://127.0.0.1:4321/api"\n'
-        '[profiles.other]\nPREFECT_API_URL = "http://127.0.0.1:9999/api"\n'
     )
-    cases = [
-        _env(home),  # the profile the file makes active
-        _env(home, PREFECT_PROFILE="other"),  # the one the environment picks
-        _env(home, PREFECT_API_URL="http://127.0.0.1:5555/api"),  # the environment over the profile
+
+
+def test_the_active_profile_is_read_as_prefect_reads_it(tmp_path: Path) -> None:
+    _profiles(tmp_path / "home")
+    found = _read(tmp_path / "home", tmp_path)
+    assert found["ours"] == found["prefect"] and found["ours"][0] == "http://127.0.0.1:4321/api"
+    found = _read(tmp_path / "home", tmp_path, PREFECT_API_URL="http://127.0.0.1:5555/api")
+    assert found["ours"] == found["prefect"] and found["ours"][0] == "http://127.0.0.1:5555/api"  # env wins
+
+
+def test_a_profile_prefect_bundles_counts_without_a_user_profiles_file(tmp_path: Path) -> None:
+    """Prefect names ``local`` as the active profile (``prefect config view`` shows its API URL), though its
+    settings fall back to its default profile when no user profiles file holds it: pileworks uses the server
+    the named profile gives, the environment still over it."""
+    found = _read(tmp_path / "empty-home", tmp_path, PREFECT_PROFILE="local")
+    assert found["named"] == ["local", "http://127.0.0.1:4200/api"]
+    assert found["ours"] == ["http://127.0.0.1:4200/api", found["prefect"][1]]
+    found = _read(
+        tmp_path / "empty-home", tmp_path, PREFECT_PROFILE="local", PREFECT_API_URL="http://h:1/api"
+    )
+    assert found["ours"][0] == found["prefect"][0] == "http://h:1/api"
+    assert _read(tmp_path / "empty-home", tmp_path)["ours"][0] is None  # Prefect's default profile: no URL
+
+
+@pytest.mark.parametrize("value", ["1", "true", "True", "yes", "on", "0", "false"])
+def test_prefect_test_mode_is_read_as_prefect_reads_it(tmp_path: Path, value: str) -> None:
+    """Whatever Prefect makes of the value (in 3.9: any non-empty value skips the profiles file), pileworks
+    makes the same; and a test mode Prefect parses as on reads no bundled profile either."""
+    _profiles(tmp_path / "home")
+    found = _read(tmp_path / "home", tmp_path, PREFECT_TEST_MODE=value)
+    assert found["ours"] == found["prefect"]
+    if value not in ("0", "false"):
+        found = _read(tmp_path / "empty-home", tmp_path, PREFECT_TEST_MODE=value, PREFECT_PROFILE="local")
+        assert found["ours"] == found["prefect"]
+
+
+def test_no_code_of_ours_reads_prefects_variables_itself() -> None:
+    """Prefect's settings are Prefect's to resolve: no code of ours names PREFECT_TEST_MODE, PREFECT_PROFILE or
+    the profiles file as a value (to read them itself)."""
+    names = {"PREFECT_TEST_MODE", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH", "profiles.toml"}
+    readers = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for room in ("flows", "pipeline", "training")
+        for path in (REPO / room).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in names
     ]
-    for env in cases:
-        quick = _quick(env, tmp_path, monkeypatch)
-        assert quick is not None
-        prefect = _prefect_says(env, tmp_path)
-        assert quick["PREFECT_API_URL"] == prefect["PREFECT_API_URL"]
-        assert str(Path(quick["PREFECT_HOME"]).expanduser()) == prefect["PREFECT_HOME"]
-
-
-def test_working_folder_files_prefect_reads_make_the_reader_ask_prefect(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    env = _env(tmp_path)
-    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
-    assert _quick(env, tmp_path, monkeypatch) is not None  # a pyproject without [tool.prefect] says nothing
-    (tmp_path / "pyproject.toml").write_text('[tool.prefect]\napi.url = "http://127.0.0.1:1/api"\n')
-    assert _quick(env, tmp_path, monkeypatch) is None
-    (tmp_path / "pyproject.toml").unlink()
-    (tmp_path / ".env").write_text("PREFECT_API_URL=http://127.0.0.1:1/api\n")
-    assert _quick(env, tmp_path, monkeypatch) is None
-    (tmp_path / ".env").unlink()
-    assert _quick(env | {"PREFECT_TEST_MODE": "1"}, tmp_path, monkeypatch) is None
+    assert readers == []

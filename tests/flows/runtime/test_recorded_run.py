@@ -1,10 +1,11 @@
-"""A flow run recorded through Prefect's REST API, read back through Prefect's own client from a real server."""
+"""A flow run recorded through Prefect's client without the flow engine, read back through the same client from
+a real server."""
 
 from __future__ import annotations
 
 import pytest
 
-from flows.runtime.prefect_rest import RestRunFailed, completed_run
+from flows.runtime.recorded_run import RunNotRecorded, completed_run
 from tests.flows.prefect_server import free_port
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -32,7 +33,8 @@ def _read(run_id: str):
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id]))
         )
         logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
-    return run, flow, artifacts, logs
+        states = client.read_flow_run_states(run_id)
+    return run, flow, artifacts, logs, [s.type.value for s in states]
 
 
 def test_a_recorded_run_is_completed_with_its_parameters_artifacts_and_log() -> None:
@@ -43,15 +45,20 @@ def test_a_recorded_run_is_completed_with_its_parameters_artifacts_and_log() -> 
         "name": "tiny",
         "overrides": {},
     }
-    with completed_run(_api_url(), "rest-test-flow", "build tiny 0123abcd (unchanged)", params) as run:
+    with completed_run(_api_url(), "recorded-test-flow", "build tiny 0123abcd (unchanged)", params) as run:
         run.artifact("nothing-changed", "markdown", "Nothing changed", "## Nothing changed")
         run.artifact("stage-stats", "table", "per stage", [{"stage": "ingest", "docs in": "3"}])
         run.log("nothing changed: dataset 0123abcd")
-    found, flow, artifacts, logs = _read(run.id)
+    found, flow, artifacts, logs, states = _read(run.id)
     assert found.state is not None and found.state.is_completed()
+    assert states == [
+        "PENDING",
+        "RUNNING",
+        "COMPLETED",
+    ]  # through the orchestration rules, as the engine goes
     assert (found.name, flow.name, found.parameters) == (
         "build tiny 0123abcd (unchanged)",
-        "rest-test-flow",
+        "recorded-test-flow",
         params,
     )
     assert found.start_time is not None and found.end_time is not None and found.end_time >= found.start_time
@@ -61,21 +68,33 @@ def test_a_recorded_run_is_completed_with_its_parameters_artifacts_and_log() -> 
         and by_key["nothing-changed"].data == "## Nothing changed"
     )
     assert by_key["stage-stats"].type == "table" and '"docs in": "3"' in str(by_key["stage-stats"].data)
-    assert [log.message for log in logs] == ["nothing changed: dataset 0123abcd"]
+    assert [(log.name, log.message) for log in logs] == [
+        ("prefect.flow_runs", "nothing changed: dataset 0123abcd")
+    ]
 
 
 def test_a_failure_inside_the_block_leaves_the_run_failed_not_running() -> None:
-    with pytest.raises(KeyError), completed_run(_api_url(), "rest-test-flow", "doomed", {}) as run:
+    with pytest.raises(KeyError), completed_run(_api_url(), "recorded-test-flow", "doomed", {}) as run:
         raise KeyError("summary")
     found, *_ = _read(run.id)
     assert found.state is not None and found.state.is_failed() and "KeyError" in (found.state.message or "")
 
 
+def test_an_interrupt_inside_the_block_leaves_the_run_crashed() -> None:
+    with (
+        pytest.raises(KeyboardInterrupt),
+        completed_run(_api_url(), "recorded-test-flow", "ctrl-c", {}) as run,
+    ):
+        raise KeyboardInterrupt
+    found, *_ = _read(run.id)
+    assert found.state is not None and found.state.is_crashed() and found.state.message == "interrupted"
+
+
 def test_an_api_that_does_not_answer_raises_before_anything_is_recorded() -> None:
     dead = f"http://127.0.0.1:{free_port()}/api"
     with (
-        pytest.raises(RestRunFailed, match="POST /flows/"),
-        completed_run(dead, "rest-test-flow", "never", {}),
+        pytest.raises(RunNotRecorded, match="creating the flow run"),
+        completed_run(dead, "recorded-test-flow", "never", {}),
     ):
         pytest.fail("the block runs only once the run exists")
 
@@ -83,7 +102,7 @@ def test_an_api_that_does_not_answer_raises_before_anything_is_recorded() -> Non
 def test_an_artifact_of_an_unknown_type_is_refused_and_fails_the_run() -> None:
     with (
         pytest.raises(ValueError, match="type"),
-        completed_run(_api_url(), "rest-test-flow", "bad", {}) as run,
+        completed_run(_api_url(), "recorded-test-flow", "bad", {}) as run,
     ):
         run.artifact("k", "image", "d", "x")
     found, *_ = _read(run.id)
