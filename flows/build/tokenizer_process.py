@@ -24,18 +24,22 @@ of its start-up), which the caller adds to the ``train-tokenizer`` step's profil
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from flows.build.context import build_context
+from flows.runtime import shutdown
 from flows.runtime.pool import cores, die_with_parent, in_pool_worker
 from pipeline import tokenize
 from pipeline.errors import StageFailed
@@ -85,10 +89,39 @@ def where_to_train(
 
 
 def train_here(ctx: dict[str, Any], in_folder: str, num_parts: int, key: str, sizes: list[int] | None) -> str:
-    """Train in this process, on this thread: its CPU and S3 calls are the step's own."""
+    """Train in this process: its CPU and S3 calls are the step's own. On a thread of its own, which this one
+    waits for unless the command stops (:func:`until_stopped`)."""
     c = build_context(ctx)
     cfg = c.cfg
-    return tokenize.run_train_tokenizer(c.store(), in_folder, num_parts, key, cfg.tokenize, cfg.s3, sizes)
+    store = c.store()
+    return until_stopped(
+        functools.partial(
+            tokenize.run_train_tokenizer, store, in_folder, num_parts, key, cfg.tokenize, cfg.s3, sizes
+        )
+    )
+
+
+def until_stopped(work: Callable[[], str], poll_s: float = 0.1) -> str:
+    """``work()``, run on a daemon thread and waited for until the command stops (Ctrl-C, SIGTERM:
+    ``flows/runtime/shutdown.py``): a Rust call cannot be interrupted, so a stopping command does not wait for
+    it; the thread dies with the process, which leaves at once. Its result, or its exception, otherwise."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = work()
+        except BaseException as exc:  # handed to the waiting thread, which raises it
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, name="pileworks-train-tokenizer", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        if shutdown.STOPPING.is_set():
+            raise StageFailed("stage 'train-tokenizer' stopped: the command is stopping")
+        thread.join(poll_s)
+    if "error" in out:
+        raise out["error"]
+    return str(out["result"])
 
 
 def train_in_child(args: dict[str, Any], threads: int, measured: dict[str, Any]) -> str:

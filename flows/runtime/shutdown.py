@@ -1,0 +1,244 @@
+"""The command is stopping: what Ctrl-C (SIGINT) and SIGTERM share, and how the command leaves at once.
+
+Kubernetes, Slurm and systemd send SIGTERM and wait about 30 s before SIGKILL; a person at a terminal presses
+Ctrl-C and waits for the prompt. Either way a build stops its work instead of waiting for it: :func:`request_stop`
+sets :data:`STOPPING` (a worker pool that lost a worker does not retry on a fresh one then) and kills the
+command's child processes at once (:func:`kill_children`: the local workers, the multiprocessing fork server and
+resource tracker, a tokenizer's training child), so the threads of the flow that waited for them return. The
+command then releases what it holds (:func:`at_stop`: the build's lease), removes the temp files its killed
+children held open, prints one line and exits 130 (SIGINT) or 143 (SIGTERM). A watchdog (:func:`start_watchdog`)
+does the same after :data:`WATCHDOG_S` whatever still runs (a step computing in a thread of the command).
+
+The detached local Prefect server runs in a session of its own (``flows/runtime/local_server.py``) and is never
+killed here: only this process's descendants in its own session, started since the command began.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from pipeline.storage.base import TMP_PREFIX
+
+log = logging.getLogger(__name__)
+
+STOPPING = threading.Event()  # set by SIGINT or SIGTERM: the command is stopping, nothing new starts
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal, as a shell reports it
+WATCHDOG_S = 6.0  # the command leaves by then, whatever still runs (Kubernetes and Slurm give 30 s)
+KILL_WAIT_S = 2.0  # how long the killed children get to be gone (SIGKILL: milliseconds)
+# Names our code gives its temp files and folders (``pipeline/records.py``, ``pipeline/publish.py``,
+# ``pipeline/storage/base.py``): only those are removed, where a killed process held them open (or its socket).
+# multiprocessing's own temp folder (``pymp-``, holding the fork server's socket) goes the same way: the command
+# leaves with ``os._exit``, which skips multiprocessing's clean-up at exit.
+TEMP_PREFIXES = ("pw-", "pileworks-", TMP_PREFIX, "pymp-")
+
+_state: dict[str, float | int] = {"signal": 0, "started": 0.0}
+_at_stop: dict[str, Callable[[], None]] = {}
+_leave: list[
+    Callable[[], None]
+] = []  # how the watchdog leaves the process (the command's, see begin_command)
+_lock = threading.Lock()
+_finished = threading.Event()  # the stop was finished (children killed, holdings released) once
+_reported = threading.Event()  # the stop's one line was printed
+
+
+def begin_command(leave: Callable[[], None] | None = None) -> None:
+    """A command starts in this process: nothing is stopping, nothing is held, and only processes started from
+    now on are the command's (a test runs several commands in one process, beside its own children).
+    ``leave``: what the watchdog calls when a stop runs past :data:`WATCHDOG_S` (it reports and exits)."""
+    STOPPING.clear()
+    for event in (_finished, _reported):
+        event.clear()
+    with _lock:
+        _at_stop.clear()
+        _leave[:] = [leave] if leave is not None else []
+        _state.update(signal=0, started=time.time())
+
+
+def request_stop(signum: int) -> bool:
+    """The command was sent ``signum``: mark it stopping, kill its child processes now and start the watchdog.
+    True the first time; a second signal changes nothing, the stop being under way already."""
+    with _lock:
+        first = not STOPPING.is_set()
+        if first:
+            _state["signal"] = signum
+            STOPPING.set()
+        leave = list(_leave)
+    if first:
+        kill_children()
+        for call in leave:
+            start_watchdog(call)
+    return first
+
+
+def exit_code() -> int:
+    """The exit code of the stop: 128 + the signal (130 when nothing was received: an interrupt)."""
+    return EXIT_CODES.get(signal.Signals(int(_state["signal"]) or signal.SIGINT), 130)
+
+
+def stopped_by() -> int:
+    """The signal that stopped the command (0: none)."""
+    return int(_state["signal"])
+
+
+def at_stop(key: str, release: Callable[[], None]) -> None:
+    """Call ``release`` when the command stops (once per ``key``): what a killed process cannot give back."""
+    with _lock:
+        _at_stop[key] = release
+
+
+def descendants() -> list[psutil.Process]:
+    """This process's descendants in its session started since the command began (:func:`begin_command`)."""
+    me = psutil.Process()
+    session = os.getsid(0)
+    since = float(_state["started"]) - 1.0  # create_time is rounded to the clock tick
+    found = []
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getsid(child.pid) == session and child.create_time() >= since:
+                found.append(child)
+    return found
+
+
+def kill_children() -> int:
+    """SIGKILL the command's child processes (:func:`descendants`): their units are written whole or not at all,
+    so a kill loses nothing a rerun needs. The temp files they held open go too. Returns how many were killed."""
+    children = descendants()
+    held = temp_files_of(children)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    _, alive = psutil.wait_procs(children, timeout=KILL_WAIT_S)
+    if alive:
+        log.warning("%d child process(es) still alive after SIGKILL: %s", len(alive), [p.pid for p in alive])
+    remove_temp_files(held)
+    return len(children)
+
+
+def temp_files_of(processes: list[psutil.Process]) -> set[Path]:
+    """The temp files and folders of ours (:data:`TEMP_PREFIXES`) that ``processes`` hold open: a file in the
+    temp folder, the temp folder's entry holding it (a ``TemporaryDirectory``), or a store's temp file."""
+    tmp = Path(tempfile.gettempdir()).resolve()
+    found: set[Path] = set()
+    for process in processes:
+        with contextlib.suppress(psutil.Error, OSError):
+            held = [f.path for f in process.open_files()]
+            held += [str(c.laddr) for c in process.net_connections(kind="unix") if c.laddr]
+            for name in held:
+                path = Path(name)
+                if path.is_relative_to(tmp):  # the temp folder's entry: the file, or the folder holding it
+                    top = tmp / path.relative_to(tmp).parts[0]
+                    if top.name.startswith(TEMP_PREFIXES):
+                        found.add(top)
+                elif path.name.startswith(TMP_PREFIX):  # a store's temp file, never the inputs or outputs
+                    found.add(path)
+    return found
+
+
+def remove_temp_files(paths: set[Path]) -> None:
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def finish_stop() -> bool:
+    """Once per stop: kill what is left (a pool started meanwhile), then release what :func:`at_stop` holds.
+    False when it ran already (the watchdog and the command's own path race to it)."""
+    with _lock:
+        if _finished.is_set():
+            return False
+        _finished.set()
+        releases = list(_at_stop.values())
+        _at_stop.clear()
+    kill_children()
+    for release in releases:
+        try:
+            release()
+        except Exception as exc:  # a lease left behind expires by itself (LEASE_TTL_S); say so, go on
+            log.warning(
+                "could not release what the command held (%s: %s); it expires by itself",
+                type(exc).__name__,
+                exc,
+            )
+    return True
+
+
+def report_once(line: str) -> None:
+    """Print the stop's one line on stderr, once (the command's own path and the watchdog race to it)."""
+    with _lock:
+        if _reported.is_set():
+            return
+        _reported.set()
+    print(line, file=sys.stderr, flush=True)
+
+
+def start_watchdog(leave: Callable[[], None], seconds: float = WATCHDOG_S) -> threading.Thread:
+    """After ``seconds``, call ``leave`` (it finishes the stop, reports it and exits the process) unless the
+    command reported its stop by then: the bound on a stop whose work would not end (a thread computing)."""
+
+    def watch() -> None:
+        if not _reported.wait(seconds):
+            leave()
+
+    thread = threading.Thread(target=watch, name="pileworks-stop-watchdog", daemon=True)
+    thread.start()
+    return thread
+
+
+def install_handler(handler: Callable[[int, object], None]) -> dict[int, Any]:
+    """From the main thread: ``handler`` takes SIGINT and SIGTERM for the command; returns the handlers it
+    replaced (for :func:`restore_handlers`)."""
+    previous: dict[int, Any] = {s: signal.signal(s, handler) for s in EXIT_CODES}
+    _handler[:] = [handler]
+    return previous
+
+
+def restore_handlers(previous: dict[int, Any]) -> None:
+    _handler.clear()
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+def reclaim_signals() -> None:
+    """Put the command's handler back on SIGTERM where a Prefect flow run took it (called on the flow's main
+    thread as it starts). Prefect turns SIGTERM into an exception that unwinds the flow, which waits for its
+    task threads (so for the work) before the command hears of it (``prefect.utilities.engine.capture_sigterm``:
+    39.6 s during tokenizer training); the command's handler kills the work first. The flow run is still
+    marked crashed (an interrupt). Nothing changes outside a command (a flow that Prefect's runner started)."""
+    if _handler and threading.current_thread() is threading.main_thread():
+        for signum in EXIT_CODES:
+            if signal.getsignal(signum) is not _handler[0]:
+                signal.signal(signum, _handler[0])
+
+
+_handler: list[Callable[[int, object], None]] = []  # the command's, while it runs
+
+
+def die_with_command() -> None:
+    """In a helper process the command started (the workers' fork server): exit when the command is gone,
+    killed included. Polled from a thread (every 0.2 s): Linux's parent-death signal fires when the *thread*
+    that started the process ends, and the fork server may be started by a short-lived thread of the command.
+    The workers it forked die with it (``flows/runtime/pool.py`` ``die_with_parent``)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="pileworks-die-with-command", daemon=True).start()
