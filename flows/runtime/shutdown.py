@@ -38,13 +38,14 @@ STOPPING = threading.Event()  # set by SIGINT or SIGTERM: the command is stoppin
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal, as a shell reports it
 WATCHDOG_S = 6.0  # the command leaves by then, whatever still runs (Kubernetes and Slurm give 30 s)
 KILL_WAIT_S = 2.0  # how long the killed children get to be gone (SIGKILL: milliseconds)
-# Names our code gives its temp files and folders (``pipeline/records.py``, ``pipeline/publish.py``,
-# ``pipeline/storage/base.py``): only those are removed, where a killed process held them open (or its socket).
-# multiprocessing's own temp folder (``pymp-``, holding the fork server's socket) goes the same way: the command
-# leaves with ``os._exit``, which skips multiprocessing's clean-up at exit.
-TEMP_PREFIXES = ("pw-", "pileworks-", TMP_PREFIX, "pymp-")
+# What our code names its temp files and folders (``pipeline/records.py``, ``pipeline/publish.py``,
+# ``pipeline/clean/classifier.py``) and multiprocessing its own (``pymp-``, the fork server's socket): only those
+# are removed, where a killed process held them open (the command leaves with ``os._exit``, which skips
+# multiprocessing's clean-up at exit).
+TEMP_PREFIXES = ("pw-part-", "pw-fasttext-", "pileworks-shards-", "pileworks-tokenizer-", "pymp-")
 
-_state: dict[str, float | int] = {"signal": 0, "started": 0.0}
+_state: dict[str, int] = {"signal": 0}
+_before: set[tuple[int, float]] = set()  # the descendants this process had when the command began
 _at_stop: dict[str, Callable[[], None]] = {}
 _leave: list[
     Callable[[], None]
@@ -64,7 +65,9 @@ def begin_command(leave: Callable[[], None] | None = None) -> None:
     with _lock:
         _at_stop.clear()
         _leave[:] = [leave] if leave is not None else []
-        _state.update(signal=0, started=time.time())
+        _state.update(signal=0)
+        _before.clear()
+        _before.update(_processes(psutil.Process().children(recursive=True)))
 
 
 def request_stop(signum: int) -> bool:
@@ -85,12 +88,12 @@ def request_stop(signum: int) -> bool:
 
 def exit_code() -> int:
     """The exit code of the stop: 128 + the signal (130 when nothing was received: an interrupt)."""
-    return EXIT_CODES.get(signal.Signals(int(_state["signal"]) or signal.SIGINT), 130)
+    return EXIT_CODES.get(signal.Signals(_state["signal"] or signal.SIGINT), 130)
 
 
 def stopped_by() -> int:
     """The signal that stopped the command (0: none)."""
-    return int(_state["signal"])
+    return _state["signal"]
 
 
 def at_stop(key: str, release: Callable[[], None]) -> None:
@@ -100,15 +103,22 @@ def at_stop(key: str, release: Callable[[], None]) -> None:
 
 
 def descendants() -> list[psutil.Process]:
-    """This process's descendants in its session started since the command began (:func:`begin_command`)."""
-    me = psutil.Process()
+    """This process's descendants in its session that it did not have when the command began."""
     session = os.getsid(0)
-    since = float(_state["started"]) - 1.0  # create_time is rounded to the clock tick
     found = []
-    for child in me.children(recursive=True):
+    for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error, OSError):
-            if os.getsid(child.pid) == session and child.create_time() >= since:
+            if os.getsid(child.pid) == session and (child.pid, child.create_time()) not in _before:
                 found.append(child)
+    return found
+
+
+def _processes(children: list[psutil.Process]) -> set[tuple[int, float]]:
+    """Each process as (pid, start time): a pid reused later is another process."""
+    found = set()
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            found.add((child.pid, child.create_time()))
     return found
 
 
@@ -138,12 +148,12 @@ def temp_files_of(processes: list[psutil.Process]) -> set[Path]:
             held += [str(c.laddr) for c in process.net_connections(kind="unix") if c.laddr]
             for name in held:
                 path = Path(name)
-                if path.is_relative_to(tmp):  # the temp folder's entry: the file, or the folder holding it
+                if path.name.startswith(TMP_PREFIX):  # a store's temp file, never the inputs or outputs
+                    found.add(path)
+                elif path.is_relative_to(tmp):  # the temp folder's entry: the file, or the folder holding it
                     top = tmp / path.relative_to(tmp).parts[0]
                     if top.name.startswith(TEMP_PREFIXES):
                         found.add(top)
-                elif path.name.startswith(TMP_PREFIX):  # a store's temp file, never the inputs or outputs
-                    found.add(path)
     return found
 
 
