@@ -47,9 +47,9 @@ TEMP_PREFIXES = ("pw-part-", "pw-fasttext-", "pileworks-shards-", "pileworks-tok
 _state: dict[str, int] = {"signal": 0}
 _before: set[tuple[int, float]] = set()  # the descendants this process had when the command began
 _at_stop: dict[str, Callable[[], None]] = {}
-_leave: list[
-    Callable[[], None]
-] = []  # how the watchdog leaves the process (the command's, see begin_command)
+# how the watchdog leaves the process (the command's, see begin_command)
+_leave: list[Callable[[], None]] = []
+_handler: list[Callable[[int, object], None]] = []  # the command's signal handler, while it runs
 _lock = threading.Lock()
 _finished = threading.Event()  # the stop was finished (children killed, holdings released) once
 _reported = threading.Event()  # the stop's one line was printed
@@ -130,11 +130,29 @@ def kill_children() -> int:
     for child in children:
         with contextlib.suppress(psutil.Error):
             child.kill()
-    _, alive = psutil.wait_procs(children, timeout=KILL_WAIT_S)
+    alive = wait_gone(children, KILL_WAIT_S)
     if alive:
         log.warning("%d child process(es) still alive after SIGKILL: %s", len(alive), [p.pid for p in alive])
     remove_temp_files(held)
     return len(children)
+
+
+def wait_gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait up to ``timeout_s`` for ``processes`` to end (this process's own children reaped); those left. A
+    zombie has ended: a grandchild's exit status waits for whoever reaps it, not for this command."""
+    deadline = time.monotonic() + timeout_s
+    left = processes
+    while left and time.monotonic() < deadline:
+        _, left = psutil.wait_procs(left, timeout=0.05)
+        left = [p for p in left if not _ended(p)]
+    return left
+
+
+def _ended(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def temp_files_of(processes: list[psutil.Process]) -> set[Path]:
@@ -234,9 +252,6 @@ def reclaim_signals() -> None:
         for signum in EXIT_CODES:
             if signal.getsignal(signum) is not _handler[0]:
                 signal.signal(signum, _handler[0])
-
-
-_handler: list[Callable[[int, object], None]] = []  # the command's, while it runs
 
 
 def die_with_command() -> None:
