@@ -84,6 +84,10 @@ def _on_stop_signal(signum: int, frame: object) -> None:
     flow interrupted at the wrong moment can surface it as another error (Prefect's task engine: "Task run is
     not set"); the flag still reports a stop. A second signal changes nothing: the stop is under way. A build's
     flow run takes SIGTERM back from Prefect (``shutdown.reclaim_signals``)."""
+    if not shutdown.in_command():  # a fork of the command, before its own handlers: Ctrl-C is the command's
+        if signum == signal.SIGTERM:
+            os._exit(EXIT_TERMINATED)
+        return
     if not shutdown.request_stop(signum):
         return
     for logger_name in QUIET_AFTER_INTERRUPT:

@@ -44,7 +44,7 @@ KILL_WAIT_S = 2.0  # how long the killed children get to be gone (SIGKILL: milli
 # multiprocessing's clean-up at exit).
 TEMP_PREFIXES = ("pw-part-", "pw-fasttext-", "pileworks-shards-", "pileworks-tokenizer-", "pymp-")
 
-_state: dict[str, int] = {"signal": 0}
+_state: dict[str, int] = {"signal": 0, "pid": 0}  # the stop's signal, the command's process
 _before: set[tuple[int, float]] = set()  # the descendants this process had when the command began
 _at_stop: dict[str, Callable[[], None]] = {}
 # how the watchdog leaves the process (the command's, see begin_command)
@@ -65,7 +65,7 @@ def begin_command(leave: Callable[[], None] | None = None) -> None:
     with _lock:
         _at_stop.clear()
         _leave[:] = [leave] if leave is not None else []
-        _state.update(signal=0)
+        _state.update(signal=0, pid=os.getpid())
         _before.clear()
         _before.update(_processes(psutil.Process().children(recursive=True)))
 
@@ -84,6 +84,12 @@ def request_stop(signum: int) -> bool:
         for call in leave:
             start_watchdog(call)
     return first
+
+
+def in_command() -> bool:
+    """Whether this is the command's process, not a fork of it that has not set its own signal handlers yet
+    (a worker forked from the command gets SIGTERM from its pool as a stop kills its siblings)."""
+    return _state["pid"] == os.getpid()
 
 
 def exit_code() -> int:
@@ -126,6 +132,9 @@ def kill_children() -> int:
     """SIGKILL the command's child processes (:func:`descendants`): their units are written whole or not at all,
     so a kill loses nothing a rerun needs. The temp files they held open go too. Returns how many were killed."""
     children = descendants()
+    for child in children:  # frozen first: what they hold open is read before they open more
+        with contextlib.suppress(psutil.Error):
+            child.suspend()
     held = temp_files_of(children)
     for child in children:
         with contextlib.suppress(psutil.Error):

@@ -42,6 +42,13 @@ def gone(proc: subprocess.Popen[bytes], timeout_s: float = 5.0) -> bool:
     return True
 
 
+def holds(child: subprocess.Popen[bytes], path: Path) -> bool:
+    try:
+        return str(path.resolve()) in {f.path for f in psutil.Process(child.pid).open_files()}
+    except psutil.Error:
+        return False
+
+
 def test_kill_children_kills_the_command_s_children_only(command: None) -> None:
     """A child of the command goes; a child started before the command (a test's own helper) and one in a session
     of its own (the detached local Prefect server) stay."""
@@ -75,7 +82,9 @@ def test_a_killed_child_s_temp_files_go_and_nothing_else(command: None, tmp_path
     children = [sleeper(str(path)) for path in held]
     try:
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not all(p.exists() for p in held):
+        while time.monotonic() < deadline and not all(
+            holds(c, p) for c, p in zip(children, held, strict=True)
+        ):
             time.sleep(0.05)
         found = shutdown.temp_files_of([psutil.Process(c.pid) for c in children])
         assert found == {folder.resolve(), loose.resolve(), store_tmp} or found == {folder, loose, store_tmp}
