@@ -31,10 +31,8 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import traceback
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -90,38 +88,15 @@ def where_to_train(
 
 def train_here(ctx: dict[str, Any], in_folder: str, num_parts: int, key: str, sizes: list[int] | None) -> str:
     """Train in this process: its CPU and S3 calls are the step's own. On a thread of its own, which this one
-    waits for unless the command stops (:func:`until_stopped`)."""
+    waits for unless the command stops (:func:`flows.runtime.shutdown.until_stopped`): a Rust call cannot be
+    interrupted."""
     c = build_context(ctx)
     cfg = c.cfg
     store = c.store()
-    return until_stopped(
-        functools.partial(
-            tokenize.run_train_tokenizer, store, in_folder, num_parts, key, cfg.tokenize, cfg.s3, sizes
-        )
+    train = functools.partial(
+        tokenize.run_train_tokenizer, store, in_folder, num_parts, key, cfg.tokenize, cfg.s3, sizes
     )
-
-
-def until_stopped(work: Callable[[], str], poll_s: float = 0.1) -> str:
-    """``work()``, run on a daemon thread and waited for until the command stops (Ctrl-C, SIGTERM:
-    ``flows/runtime/shutdown.py``): a Rust call cannot be interrupted, so a stopping command does not wait for
-    it; the thread dies with the process, which leaves at once. Its result, or its exception, otherwise."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["result"] = work()
-        except BaseException as exc:  # handed to the waiting thread, which raises it
-            out["error"] = exc
-
-    thread = threading.Thread(target=run, name="pileworks-train-tokenizer", daemon=True)
-    thread.start()
-    while thread.is_alive():
-        if shutdown.STOPPING.is_set():
-            raise StageFailed("stage 'train-tokenizer' stopped: the command is stopping")
-        thread.join(poll_s)
-    if "error" in out:
-        raise out["error"]
-    return str(out["result"])
+    return str(shutdown.until_stopped(train, "train-tokenizer"))
 
 
 def train_in_child(args: dict[str, Any], threads: int, measured: dict[str, Any]) -> str:

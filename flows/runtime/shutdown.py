@@ -26,11 +26,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import psutil
 
+from pipeline.errors import StageFailed
 from pipeline.storage.base import TMP_PREFIX
+
+R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
@@ -235,6 +238,29 @@ def start_watchdog(leave: Callable[[], None], seconds: float = WATCHDOG_S) -> th
     thread = threading.Thread(target=watch, name="pileworks-stop-watchdog", daemon=True)
     thread.start()
     return thread
+
+
+def until_stopped(work: Callable[[], R], step: str, poll_s: float = 0.1) -> R:
+    """``work()`` on a daemon thread, waited for until the command stops: a call that cannot be interrupted (a
+    Rust call, a step computing on the flow's one worker thread) is not waited for by a stopping command; the
+    thread dies with the process, which leaves at once. Its result, or its exception, otherwise."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = work()
+        except BaseException as exc:  # handed to the waiting thread, which raises it
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"pileworks-{step}", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        if STOPPING.is_set():
+            raise StageFailed(f"stage {step!r} stopped: the command is stopping")
+        thread.join(poll_s)
+    if "error" in out:
+        raise out["error"]
+    return cast(R, out["result"])
 
 
 def install_handler(handler: Callable[[int, object], None]) -> dict[int, Any]:

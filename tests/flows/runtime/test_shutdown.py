@@ -188,16 +188,15 @@ def test_a_helper_that_dies_with_its_command_ends_when_the_command_is_killed(tmp
 
 
 def test_a_training_in_this_process_is_not_waited_for_once_the_command_stops(command: None) -> None:
-    """``tokenizer_process.until_stopped``: the result when it ends; a stop raises at once, the long call left
-    to die with the process."""
-    from flows.build.tokenizer_process import until_stopped
+    """``until_stopped`` (the tokenizer's training on the flow's one worker): the result when it ends; a stop
+    raises at once, the long call left to die with the process."""
     from pipeline.errors import StageFailed
 
-    assert until_stopped(lambda: "sha") == "sha"
+    assert shutdown.until_stopped(lambda: "sha", "train-tokenizer") == "sha"
     release = threading.Event()
     threading.Timer(0.3, shutdown.STOPPING.set).start()
     started = time.monotonic()
     with pytest.raises(StageFailed, match="the command is stopping"):
-        until_stopped(lambda: str(release.wait(30)))
+        shutdown.until_stopped(lambda: str(release.wait(30)), "train-tokenizer")
     assert time.monotonic() - started < 5
     release.set()
