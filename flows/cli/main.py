@@ -88,7 +88,7 @@ def _on_stop_signal(signum: int, frame: object) -> None:
         if signum == signal.SIGTERM:
             os._exit(EXIT_TERMINATED)
         return
-    if not shutdown.request_stop(signum):
+    if not shutdown.request_stop(signum) and not shutdown.interrupt_again():
         return
     for logger_name in QUIET_AFTER_INTERRUPT:
         logging.getLogger(logger_name).setLevel(logging.CRITICAL + 1)

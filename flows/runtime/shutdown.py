@@ -15,6 +15,7 @@ killed here: only this process's descendants in its own session, started since t
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import logging
 import os
@@ -56,6 +57,8 @@ _handler: list[Callable[[int, object], None]] = []  # the command's signal handl
 _lock = threading.Lock()
 _finished = threading.Event()  # the stop was finished (children killed, holdings released) once
 _reported = threading.Event()  # the stop's one line was printed
+_interrupt_again = threading.Event()  # the main thread's interrupt was swallowed: raise it again
+_unraisable = [sys.unraisablehook]  # the hook the command's replaced (:func:`install_handler`)
 
 
 def begin_command(leave: Callable[[], None] | None = None) -> None:
@@ -264,17 +267,40 @@ def until_stopped(work: Callable[[], R], step: str, poll_s: float = 0.1) -> R:
 
 
 def install_handler(handler: Callable[[int, object], None]) -> dict[int, Any]:
-    """From the main thread: ``handler`` takes SIGINT and SIGTERM for the command; returns the handlers it
-    replaced (for :func:`restore_handlers`)."""
+    """From the main thread: ``handler`` takes SIGINT and SIGTERM for the command, and an interrupt that Python
+    could not raise comes back (:func:`_lost_interrupt`); returns what it replaced (for
+    :func:`restore_handlers`)."""
     previous: dict[int, Any] = {s: signal.signal(s, handler) for s in EXIT_CODES}
+    previous[0] = _unraisable[0] = sys.unraisablehook
+    sys.unraisablehook = _lost_interrupt
     _handler[:] = [handler]
     return previous
 
 
 def restore_handlers(previous: dict[int, Any]) -> None:
     _handler.clear()
+    sys.unraisablehook = previous.pop(0, sys.__unraisablehook__)
     for signum, handler in previous.items():
         signal.signal(signum, handler)
+
+
+def _lost_interrupt(unraisable: Any) -> None:
+    """The stop's interrupt landed where Python cannot raise it and prints it instead (an at-fork hook as the
+    head start forks a worker, a ``__del__``): not printed, it is raised again on the main thread, where the
+    command's handler takes it (once more if it lands in such a place again: the watchdog bounds it)."""
+    if STOPPING.is_set() and isinstance(unraisable.exc_value, KeyboardInterrupt):
+        _interrupt_again.set()
+        # from another thread: the handler would run (and raise) inside this hook otherwise
+        threading.Timer(0.01, _thread.interrupt_main, args=(signal.SIGINT,)).start()
+        return
+    _unraisable[0](unraisable)
+
+
+def interrupt_again() -> bool:
+    """Whether the main thread's interrupt was lost (:func:`_lost_interrupt`): the handler raises it again."""
+    lost = _interrupt_again.is_set()
+    _interrupt_again.clear()
+    return lost
 
 
 def reclaim_signals() -> None:

@@ -200,3 +200,27 @@ def test_a_training_in_this_process_is_not_waited_for_once_the_command_stops(com
         shutdown.until_stopped(lambda: str(release.wait(30)), "train-tokenizer")
     assert time.monotonic() - started < 5
     release.set()
+
+
+def test_an_interrupt_python_could_not_raise_is_raised_again(command: None) -> None:
+    """Ctrl-C landing in an at-fork hook or a ``__del__`` (the head start forking a worker) is printed as
+    "Exception ignored" and lost: the command's hook raises it again on the main thread, and prints nothing."""
+
+    def handler(signum: int, frame: object) -> None:
+        if shutdown.request_stop(signum) or shutdown.interrupt_again():
+            raise KeyboardInterrupt
+
+    class Swallowed:
+        def __del__(self) -> None:
+            raise KeyboardInterrupt  # as the handler's raise inside an at-fork hook
+
+    previous = shutdown.install_handler(handler)
+    try:
+        shutdown.STOPPING.set()
+        with pytest.raises(KeyboardInterrupt):
+            Swallowed()
+            for _ in range(50):  # the re-raised interrupt lands on one of these
+                time.sleep(0.01)
+    finally:
+        shutdown.restore_handlers(previous)
+    assert sys.unraisablehook is not shutdown._lost_interrupt  # the command's hook is gone with it
