@@ -45,6 +45,27 @@ def test_sigterm_is_one_line_and_exit_143(
     assert shutdown.STOPPING.is_set()  # until the next command begins
 
 
+def test_a_fork_of_the_command_is_not_the_command() -> None:
+    """A worker forked from the command has the command's handler until it sets its own: SIGTERM from its pool
+    (as a stop kills its siblings) ends it quietly, without stopping, killing or reporting anything."""
+    from flows.cli.main import EXIT_TERMINATED, _on_stop_signal
+    from flows.runtime import shutdown
+
+    shutdown.begin_command()
+    previous = shutdown.install_handler(_on_stop_signal)
+    try:
+        child = os.fork()
+        if child == 0:  # the fork: its SIGTERM arrives before it set handlers of its own
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+            os._exit(0)
+        _, status = os.waitpid(child, 0)
+    finally:
+        shutdown.restore_handlers(previous)
+    assert os.waitstatus_to_exitcode(status) == EXIT_TERMINATED
+    assert not shutdown.STOPPING.is_set()
+
+
 # ---------------------------------------------------------------- real builds, stopped (slow)
 
 # A corpus whose steps last long enough to be caught in the act on a loaded 2-core machine: 1 MiB parts make
