@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import contextvars
 import logging
 import os
 import shutil
@@ -246,12 +247,15 @@ def start_watchdog(leave: Callable[[], None], seconds: float = WATCHDOG_S) -> th
 def until_stopped(work: Callable[[], R], step: str, poll_s: float = 0.1) -> R:
     """``work()`` on a daemon thread, waited for until the command stops: a call that cannot be interrupted (a
     Rust call, a step computing on the flow's one worker thread) is not waited for by a stopping command; the
-    thread dies with the process, which leaves at once. Its result, or its exception, otherwise."""
+    thread dies with the process, which leaves at once. Its result, or its exception, otherwise. (Log records
+    made on that thread are not a task's captured ones, ``flows/runtime/pool.py`` ``Collected``: the
+    tokenizer's training logs nothing.)"""
     out: dict[str, Any] = {}
+    context = contextvars.copy_context()  # the caller's (a Prefect task run's), in the thread too
 
     def run() -> None:
         try:
-            out["result"] = work()
+            out["result"] = context.run(work)
         except BaseException as exc:  # handed to the waiting thread, which raises it
             out["error"] = exc
 
