@@ -9,12 +9,13 @@ import contextlib
 import functools
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from flows.runtime import profile
+from flows.runtime import profile, shutdown
 from flows.runtime.heartbeat import beat_also, current_flow_run_id
 from flows.runtime.pool import WorkerDied
 from pipeline import unitcache
@@ -23,7 +24,7 @@ from pipeline.errors import StageFailed
 from pipeline.storage import ObjectStore, open_store
 from pipeline.storage.options import S3Options
 from pipeline.storage.retry import is_permanent
-from pipeline.storage.uploads import UploadJournal, hold_lease
+from pipeline.storage.uploads import UploadJournal, hold_lease, release_lease
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +115,11 @@ def take_build_lease(store: ObjectStore, s3: S3Options | None, run: str | None =
     left: their temp files and the uploads they recorded (a live build's are left alone, whatever their age).
     Returns the run id the build's upload records carry: ``run`` (the lease the head start took before the
     flow, ``flows/build/head_start.py``), else the flow run's id."""
+    shutdown.reclaim_signals()  # the first thing a build's flow run does on its main thread
     run = run or current_flow_run_id() or uuid.uuid4().hex
     hold_lease(store, run)
-    beat_also(functools.partial(hold_lease, store, run))
+    beat_also(functools.partial(refresh_lease, store, run))
+    shutdown.at_stop(f"lease {store.uri} {run}", functools.partial(release_on_stop, store, run))
     removed = store.remove_dead_temp_files()
     aborted, journal = 0, UploadJournal(store)
     # boto3 (0.1-0.2 CPU-s) loads only where a dead run recorded an upload, never for a local build
@@ -129,3 +132,20 @@ def take_build_lease(store: ObjectStore, s3: S3Options | None, run: str | None =
             "removed %d temp file(s) and %d upload(s) of dead runs under %s", removed, aborted, store.uri
         )
     return run
+
+
+_LEASE_LOCK = threading.Lock()  # a heartbeat's refresh never lands after the stop's release
+
+
+def refresh_lease(store: ObjectStore, run: str) -> None:
+    """The heartbeat's refresh of the build's lease, unless the command is stopping (it releases the lease)."""
+    with _LEASE_LOCK:
+        if not shutdown.STOPPING.is_set():
+            hold_lease(store, run)
+
+
+def release_on_stop(store: ObjectStore, run: str) -> None:
+    """Release the lease of a build whose command stops (Ctrl-C, SIGTERM): a janitor or another build need not
+    wait for its expiry, and its temp files and uploads are known to be a dead run's."""
+    with _LEASE_LOCK:
+        release_lease(store, run)

@@ -24,6 +24,7 @@ of its start-up), which the caller adds to the ``train-tokenizer`` step's profil
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -36,6 +37,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from flows.build.context import build_context
+from flows.runtime import shutdown
 from flows.runtime.pool import cores, die_with_parent, in_pool_worker
 from pipeline import tokenize
 from pipeline.errors import StageFailed
@@ -85,10 +87,16 @@ def where_to_train(
 
 
 def train_here(ctx: dict[str, Any], in_folder: str, num_parts: int, key: str, sizes: list[int] | None) -> str:
-    """Train in this process, on this thread: its CPU and S3 calls are the step's own."""
+    """Train in this process: its CPU and S3 calls are the step's own. On a thread of its own, which this one
+    waits for unless the command stops (:func:`flows.runtime.shutdown.until_stopped`): a Rust call cannot be
+    interrupted."""
     c = build_context(ctx)
     cfg = c.cfg
-    return tokenize.run_train_tokenizer(c.store(), in_folder, num_parts, key, cfg.tokenize, cfg.s3, sizes)
+    store = c.store()
+    train = functools.partial(
+        tokenize.run_train_tokenizer, store, in_folder, num_parts, key, cfg.tokenize, cfg.s3, sizes
+    )
+    return str(shutdown.until_stopped(train, "train-tokenizer"))
 
 
 def train_in_child(args: dict[str, Any], threads: int, measured: dict[str, Any]) -> str:

@@ -7,13 +7,15 @@ prefect) inside their ``run`` functions so that ``pileworks --help`` stays fast.
 
 How a command ends: expected failures (our errors, bad input, a missing file) are one line on stderr naming what
 failed and the fix, exit 1 (2 for usage errors), the traceback only with ``-v``; anything else keeps its
-traceback. Ctrl-C is one line and exit 130.
+traceback. Ctrl-C is one line and exit 130, SIGTERM one line and exit 143, both within seconds: the work is
+stopped, not waited for (``flows/runtime/shutdown.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import logging
 import os
 import signal
@@ -40,6 +42,7 @@ from flows.cli import (
     verify,
 )
 from flows.cli.precheck import UsageError
+from flows.runtime import shutdown
 from flows.runtime.local_server import resolve_api, using_api
 from flows.ui.progress import display, interactive, open_display, setup_logging
 from pipeline import __version__
@@ -65,8 +68,9 @@ COMMANDS = (
     verify,
 )
 
-EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
-INTERRUPTED = threading.Event()  # set by Ctrl-C (SIGINT) during a command
+EXIT_FAILED, EXIT_USAGE = 1, 2
+EXIT_INTERRUPTED, EXIT_TERMINATED = shutdown.EXIT_CODES[signal.SIGINT], shutdown.EXIT_CODES[signal.SIGTERM]
+INTERRUPTED = shutdown.STOPPING  # set by Ctrl-C (SIGINT) or SIGTERM during a command
 
 
 # Loggers whose shutdown noise follows a Ctrl-C (a Dask cluster torn down mid-pass: "Error in batched write",
@@ -74,13 +78,20 @@ INTERRUPTED = threading.Event()  # set by Ctrl-C (SIGINT) during a command
 QUIET_AFTER_INTERRUPT = ("distributed", "tornado", "asyncio")
 
 
-def _on_sigint(signum: int, frame: object) -> None:
-    """Remember the Ctrl-C, quiet the loggers of the teardown, then interrupt as Python does. A flow interrupted
-    at the wrong moment can surface it as another error (Prefect's task engine: "Task run is not set"); the flag
-    still reports an interrupt."""
-    INTERRUPTED.set()
-    for name in QUIET_AFTER_INTERRUPT:
-        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+def _on_stop_signal(signum: int, frame: object) -> None:
+    """Ctrl-C or SIGTERM: kill the command's child processes now (their work stops, the flow's threads waiting
+    for it return), quiet the loggers of the teardown, start the watchdog, then interrupt as Python does. A
+    flow interrupted at the wrong moment can surface it as another error (Prefect's task engine: "Task run is
+    not set"); the flag still reports a stop. A second signal changes nothing: the stop is under way. A build's
+    flow run takes SIGTERM back from Prefect (``shutdown.reclaim_signals``)."""
+    if not shutdown.in_command():  # a fork of the command, before its own handlers: Ctrl-C is the command's
+        if signum == signal.SIGTERM:
+            os._exit(EXIT_TERMINATED)
+        return
+    if not shutdown.request_stop(signum) and not shutdown.interrupt_again():
+        return
+    for logger_name in QUIET_AFTER_INTERRUPT:
+        logging.getLogger(logger_name).setLevel(logging.CRITICAL + 1)
     signal.default_int_handler(signum, frame)  # type: ignore[arg-type]
 
 
@@ -162,18 +173,18 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     console = setup_logging(args.verbose, live=interactive() and not getattr(args, "json", False))
     name = f"pileworks {args.command}"
-    INTERRUPTED.clear()
+    shutdown.begin_command(leave=functools.partial(_leave_now, name))
     levels = {n: logging.getLogger(n).level for n in QUIET_AFTER_INTERRUPT}
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, _on_sigint) if main_thread else None
+    previous = shutdown.install_handler(_on_stop_signal) if main_thread else {}
     try:
         with open_display(console):
             return run_command(args)
     except KeyboardInterrupt:
-        return _interrupted(name)
+        return _stopped(name)
     except Exception as exc:
-        if INTERRUPTED.is_set():
-            return _interrupted(name)
+        if shutdown.STOPPING.is_set():
+            return _stopped(name)
         if not expected(exc):
             raise
         if args.verbose:
@@ -183,24 +194,44 @@ def main(argv: list[str] | None = None) -> int:
                 print(detail, file=sys.stderr)
         print(f"{name}: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, USAGE_ERRORS) else EXIT_FAILED
+    except BaseException:  # Prefect's TerminationSignal, a SystemExit: a stop's, or not ours to judge
+        if shutdown.STOPPING.is_set():
+            return _stopped(name)
+        raise
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        if main_thread:
+            shutdown.restore_handlers(previous)
         for logger_name, level in levels.items():
             logging.getLogger(logger_name).setLevel(level)
 
 
-def _interrupted(name: str) -> int:
-    print(f"{name}: interrupted; rerun the same command to resume from the completed units", file=sys.stderr)
-    return EXIT_INTERRUPTED
+def stop_line(name: str) -> str:
+    """The one line of a stopped command: what stopped it and how to go on."""
+    said = "stopped by SIGTERM" if shutdown.stopped_by() == signal.SIGTERM else "interrupted"
+    return f"{name}: {said}; rerun the same command to resume from the completed units"
+
+
+def _stopped(name: str) -> int:
+    """The command's own end of a stop: what is left killed, the lease released, one line; the exit code."""
+    shutdown.finish_stop()
+    shutdown.report_once(stop_line(name))
+    return shutdown.exit_code()
+
+
+def _leave_now(name: str) -> None:
+    """The watchdog's end of a stop whose work would not end in time: the same, then leave the process."""
+    shutdown.finish_stop()
+    shutdown.report_once(stop_line(name))
+    sys.stdout.flush()
+    os._exit(shutdown.exit_code())
 
 
 def entry() -> None:
-    """The console script: after Ctrl-C, leave at once (worker threads of the interrupted flow are not waited)."""
+    """The console script: after Ctrl-C or SIGTERM, leave at once (threads of the stopped flow are not waited)."""
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    if code == EXIT_INTERRUPTED:
+    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         os._exit(code)
     sys.exit(code)
 
