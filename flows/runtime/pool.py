@@ -298,6 +298,12 @@ class WorkerPool:
             failed.set_exception(exc)
             return failed
 
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
     def died(self) -> list[tuple[int, str]]:
         """The workers that ended abnormally: (pid, how), e.g. ``(1234, "SIGKILL")``. Once one dies,
         ``concurrent.futures`` ends the others with SIGTERM: those are left out when another died otherwise."""

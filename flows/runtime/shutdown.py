@@ -247,9 +247,9 @@ def start_watchdog(leave: Callable[[], None], seconds: float = WATCHDOG_S) -> th
 def until_stopped(work: Callable[[], R], step: str, poll_s: float = 0.1) -> R:
     """``work()`` on a daemon thread, waited for until the command stops: a call that cannot be interrupted (a
     Rust call, a step computing on the flow's one worker thread) is not waited for by a stopping command; the
-    thread dies with the process, which leaves at once. Its result, or its exception, otherwise. (Log records
-    made on that thread are not a task's captured ones, ``flows/runtime/pool.py`` ``Collected``: the
-    tokenizer's training logs nothing.)"""
+    thread dies with the process, which leaves at once. Its result, or its exception, otherwise. (A task's log
+    records are captured on the thread that runs its body: ``records_to`` in ``flows/runtime/pool.py``, entered
+    inside ``work``.)"""
     out: dict[str, Any] = {}
     context = contextvars.copy_context()  # the caller's (a Prefect task run's), in the thread too
 

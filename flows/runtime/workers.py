@@ -18,6 +18,7 @@ one busy thread beside a waiting flow has the GIL to itself. Under another task 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -128,7 +129,8 @@ class LocalWorkers(TaskRunner[Any]):
         early = claim_early(fn, args)  # started by the command's head start, in a worker process already
         for fresh in range(FRESH_POOLS + 1):
             if early is None and self.processes is None:  # one worker: in this thread
-                return in_line(fn, args, sink)
+                # on a thread the command does not wait for when it stops (``records_to`` follows it there)
+                return shutdown.until_stopped(functools.partial(in_line, fn, args, sink), fn.__name__)
             claimed = early or self.submit_call(fn, args)
             early = None
             ROUTER.route(claimed.call, sink, where)

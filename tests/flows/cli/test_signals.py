@@ -280,9 +280,9 @@ def test_stops_at_three_points_then_resumes_to_the_same_dataset(
 def test_killed_on_a_terminal_during_training_leaves_no_process(
     corpus: Path, server_home: Path, tmp_path: Path
 ) -> None:
-    """On a pseudo-terminal the live display runs a thread, so the workers are forked from the fork server, not
-    from the command; the command SIGKILLed during tokenizer training (nothing of it runs to clean up): the fork
-    server, the workers, the training child and the resource tracker are gone within 5 s all the same."""
+    """On a pseudo-terminal (the live display's thread stops while the head start forks the workers from the
+    command), the command SIGKILLed during tokenizer training (nothing of it runs to clean up): the workers, the
+    training child and any fork server or resource tracker are gone within 5 s all the same."""
     import pty
     import threading
 
@@ -304,9 +304,7 @@ def test_killed_on_a_terminal_during_training_leaves_no_process(
         reach(watch, at_training)
         proc.kill()
         proc.wait(10)
-        assert len(watch.seen) >= 4, (
-            watch.seen
-        )  # fork server, 2 workers, the training child (and the tracker)
+        assert len(watch.seen) >= 3, watch.seen  # 2 workers, the training child (a fork server, the tracker)
         left = watch.wait_until_gone(GONE_S)
         assert left == [], f"still running {GONE_S} s after the command was killed: {left}"
     finally:
