@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from flows.build.inputs import build_key, corpus_config, keep_listing, list_and_plan, pin_model
+from flows.build.inputs import build_key, corpus_config, keep_listing, list_and_plan, pin_model, take_listing
 from flows.runtime import profile
 from flows.runtime.profile import BuildProfile
 from flows.runtime.recorded_run import completed_run
@@ -183,7 +183,7 @@ def find_published(parameters: dict[str, Any], build_profile: BuildProfile) -> P
     cfg = pin_model(cfg)
     with build_profile.run_pass("plan-inputs") as entry, profile.measure("plan-inputs"):
         entry["task_runs"] = 0  # listed here, not in a task run
-        planned = list_and_plan(cfg.to_dict())
+        planned = take_listing(cfg.to_dict()) or list_and_plan(cfg.to_dict())  # the head start's, if any
     work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
     record = published_record(store, work, cfg)
     if record is None:  # the flow runs next, in this process: it starts from this listing

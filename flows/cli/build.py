@@ -69,6 +69,25 @@ def precheck(args: argparse.Namespace) -> None:
     except BaseException:
         restore_env()  # the command ends here
         raise
+    args.abandon = abandon  # what the command undoes when it ends before :func:`run` (no Prefect API, say)
+    if local_workers(args):  # the first pass starts now, while the command imports Prefect and finds its API
+        from flows.build import head_start
+        from flows.runtime.local_server import check_environment_api
+
+        check_environment_api()  # a dead API fails in one line before any work
+
+        head_start.start(flow_parameters(args), local_workers(args))
+
+
+def abandon() -> None:
+    """A build that ends before or during :func:`run`: its head start's queued calls dropped (not waited for),
+    its listing and its workers' env forgotten."""
+    from flows.build import head_start
+    from flows.build.inputs import forget_listing
+
+    head_start.close(wait=False)
+    forget_listing()
+    restore_env()
 
 
 def local_workers(args: argparse.Namespace) -> int:
@@ -122,15 +141,12 @@ def flow_parameters(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from flows.build import head_start
     from flows.build.inputs import forget_listing
-    from flows.runtime.pool import cores
 
     parameters = flow_parameters(args)
     try:
         summary = unchanged_before_flow(args.api, parameters)
         if summary is None:
-            if args.task_runner in ("local", "process"):  # the first pass starts while Prefect imports
-                head_start.start(parameters, args.workers or cores())
-            summary = run_flow(args, parameters)
+            summary = run_flow(args, parameters)  # on the head start :func:`precheck` made, if any
     except BaseException:
         head_start.close(wait=False)  # Ctrl-C or a failure: no waiting on the head start's queued calls
         raise

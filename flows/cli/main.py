@@ -143,6 +143,17 @@ def run_command(args: argparse.Namespace) -> int:
     precheck = getattr(args, "precheck", None)
     if precheck is not None:
         precheck(args)
+    try:
+        return run_checked(args)
+    except BaseException:
+        abandon = getattr(args, "abandon", None)  # what a precheck started (the build's head start)
+        if abandon is not None:
+            abandon()
+        raise
+
+
+def run_checked(args: argparse.Namespace) -> int:
+    """The command, its precheck passed: against the resolved Prefect API when it needs one."""
     if args.command not in PREFECT_COMMANDS:
         return int(args.func(args) or 0)
     display.stage("connecting to Prefect")

@@ -369,11 +369,7 @@ def resolve_api(start: bool = True, on_wait: Callable[[str], None] | None = None
     """
     url = configured_api_url()
     if url:
-        if "api.prefect.cloud" not in url and not healthy(url):  # Prefect Cloud: the client checks its key
-            raise PrefectApiUnavailable(
-                f"the Prefect API at {url} does not answer; start that server, or unset PREFECT_API_URL "
-                "(the environment's or the Prefect profile's) to use pileworks' local server"
-            )
+        check_answers(url)
         return Api(url=url, ui_url=_ui_url(url), source="PREFECT_API_URL")
     state, ok = server_status()
     if state is not None and ok:
@@ -382,6 +378,25 @@ def resolve_api(start: bool = True, on_wait: Callable[[str], None] | None = None
         raise PrefectApiUnavailable("no Prefect server runs; start one with `pileworks server start`")
     state = start_server(on_wait=on_wait)
     return Api(url=state.api_url, ui_url=state.url, source="started local server")
+
+
+def check_answers(url: str) -> None:
+    """Raise :class:`PrefectApiUnavailable` (one line, the fix) when the API at ``url`` does not answer (Prefect
+    Cloud is left to its client, which checks its key)."""
+    if "api.prefect.cloud" not in url and not healthy(url):
+        raise PrefectApiUnavailable(
+            f"the Prefect API at {url} does not answer; start that server, or unset PREFECT_API_URL "
+            "(the environment's or the Prefect profile's) to use pileworks' local server"
+        )
+
+
+def check_environment_api() -> None:
+    """Before a command starts work ahead of Prefect (the build's head start): the ``PREFECT_API_URL`` of the
+    environment, the setting that wins over every other source of Prefect's, answers. A URL from a profile or
+    ``prefect.toml`` is checked by :func:`resolve_api`, through Prefect."""
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        check_answers(url)
 
 
 def _ui_url(api_url: str) -> str | None:
