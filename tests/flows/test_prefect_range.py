@@ -13,7 +13,7 @@ import pytest
 
 from tests.flows.tiny_corpus import TINY_OVERRIDES
 
-pytestmark = [pytest.mark.slow, pytest.mark.lowest]
+pytestmark = [pytest.mark.slow]
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 

@@ -1,6 +1,6 @@
-"""The commands no other test of the lowest-versions job starts for real: `server` (start, status, stop) and
-`serve` (its two deployments registered with Prefect, then Ctrl-C). With the rest of the `lowest` part they start
-every command of `pileworks --help`, so each one runs against the floors of pyproject (`make test-lowest`)."""
+"""The commands no other test of the lowest-versions job (tests/lowest_part.py) starts for real: `server` (start,
+status, stop) and `serve` (its two deployments registered with Prefect, then Ctrl-C). With the rest of that part
+they start every command of `pileworks --help`, so each one runs at the floors of pyproject (`make test-lowest`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from tests.flows.cli.conftest import cli_env, run_cli, start_cli
 
-pytestmark = [pytest.mark.slow, pytest.mark.lowest]
+pytestmark = [pytest.mark.slow]
 
 
 def test_server_starts_reports_and_stops(home: Path, tmp_path: Path) -> None:
