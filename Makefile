@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: setup ray demo build test test-fast test-slow lint sanitize format clean-store
+.PHONY: setup ray demo build test test-fast test-slow test-lowest lint sanitize format clean-store
 
 $(STAMP): pyproject.toml $(wildcard pipeline/*.c pipeline/*/*.c pipeline/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,6 +36,30 @@ test-fast: setup  ## unit tests, under a minute
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m "slow or distributed or ui"
+
+# The lowest-versions job: a venv of its own with every direct dependency (and the test extra) at the floor
+# pyproject.toml allows (.ci/floors.py writes the pins), then the tests marked `lowest`, which start every flow and
+# every command. torch is the exception: the CPU wheel this CI has (torch==2.13.0), as a floor of torch>=2.4 would
+# pull a multi-GB CUDA build. The venv is made anew whenever pyproject.toml or .ci/floors.py changes.
+LOWEST_VENV ?= .venv-lowest
+LOWEST_BIN := $(LOWEST_VENV)/bin
+LOWEST_STAMP := $(LOWEST_VENV)/.pileworks-installed
+
+$(LOWEST_STAMP): pyproject.toml .ci/floors.py $(wildcard pipeline/*.c pipeline/*/*.c pipeline/*.h)
+	rm -rf $(LOWEST_VENV)
+	$(PY) -m venv $(LOWEST_VENV)
+	$(LOWEST_BIN)/pip install -q --upgrade pip
+	$(LOWEST_BIN)/pip install -q "$(TORCH_SPEC)"
+	$(PY) .ci/floors.py --extra test --extra hf > $(LOWEST_VENV)/floors.txt
+	# with `pileworks export`'s safetensors (the hf extra's floor); not transformers, which needs a newer
+	# tokenizers than the core floor and is tested in make test
+	$(LOWEST_BIN)/pip install -q -c $(LOWEST_VENV)/floors.txt -e '.[test]' safetensors
+	touch $(LOWEST_STAMP)
+
+test-lowest: $(LOWEST_STAMP)  ## the `lowest` tests at the floor of every direct dependency (CI runs it)
+	@$(LOWEST_BIN)/python -c "import importlib.metadata as m; print('lowest versions:', *(n + ' ' + m.version(n) \
+		for n in ('prefect', 'prefect-dask', 'pydantic', 'fastapi', 'numpy', 'pyarrow', 'torch', 'deepspeed', 'dask')))"
+	$(LOWEST_BIN)/python -m pytest -q -m lowest
 
 lint: setup
 	$(BIN)/ruff check .

@@ -115,3 +115,10 @@ def _log_handlers_on_live_streams() -> Iterator[None]:
                 console = getattr(handler, "console", None)  # Prefect's rich console keeps its own reference
                 if console is not None:
                     console.file = sys.stderr
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m lowest` deselects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from tests.lowest_part import mark_lowest_part
+
+    mark_lowest_part(items)
