@@ -622,6 +622,11 @@ LIBRARY_INTERNALS: dict[tuple[str, str], Internal] = {
     ("training/checkpoint.py", "os._exit"): Internal("documented: exit without cleanup handlers", "any"),
     ("flows/cli/main.py", "os._exit"): Internal("documented: exit without cleanup handlers", "any"),
     ("flows/runtime/pool.py", "os._exit"): Internal("documented: exit without cleanup handlers", "any"),
+    ("flows/runtime/shutdown.py", "os._exit"): Internal("documented: exit without cleanup handlers", "any"),
+    ("flows/runtime/shutdown.py", "_thread"): Internal(
+        "documented low-level threading module: interrupt_main raises a Ctrl-C lost during a fork again",
+        "Python 3.10-3.13",
+    ),
     # (more standard-library entries here: concurrent.futures, multiprocessing, with their Python versions)
 }
 
