@@ -194,6 +194,9 @@ class Router(logging.Handler):
                     self.running.pop(record.process or 0, None)
                     self.done.setdefault(call, threading.Event()).set()
             return
+        if not call:  # logged outside any call (a module imported in a worker): this process's record
+            logging.getLogger(record.name).handle(record)
+            return
         with self.guard:
             sink = self.sinks.get(call)
             if sink is None:
