@@ -56,6 +56,16 @@ def forked_workers(command: psutil.Process) -> list[psutil.Process]:
         return []
 
 
+def busy(process: psutil.Process, window_s: float = 0.05) -> bool:
+    """Whether the process used CPU over a short window (a worker computing a task, not waiting for one)."""
+    try:
+        before = sum(process.cpu_times()[:2])
+        time.sleep(window_s)
+        return sum(process.cpu_times()[:2]) > before
+    except psutil.Error:
+        return False
+
+
 def run_killing(argv: list[str], env: dict[str, str], cwd: Path, when: str) -> tuple[Done, list[int]]:
     """Run the command; kill one of its forked workers with SIGKILL as soon as one exists (``"head start"``), or
     once the clean pass has written its first unit (``"mid-pass"``). Returns the outcome and the pids killed."""
@@ -65,13 +75,13 @@ def run_killing(argv: list[str], env: dict[str, str], cwd: Path, when: str) -> t
     clean_units = Path(cwd, argv[argv.index("--output") + 1], "work")
 
     def kill_one() -> None:
-        deadline, seen = time.monotonic() + 120, 0.0
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             ready = when == "head start" or any(clean_units.glob("*/clean/part-*"))
             workers = forked_workers(command) if ready else []
-            seen = (seen or time.monotonic()) if workers else 0.0
-            # the head start's: at once (its one worker's single task is short); later: once at work
-            if workers and (when == "head start" or time.monotonic() - seen > 0.2):
+            if when != "head start":  # one at work on a task this moment, so its task is cut short
+                workers = [w for w in workers if busy(w)]
+            if workers:
                 workers[0].send_signal(signal.SIGKILL)
                 killed.append(workers[0].pid)
                 return
