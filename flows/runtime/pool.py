@@ -163,26 +163,23 @@ Sink = Callable[[logging.LogRecord], None]
 
 
 class Router(logging.Handler):
-    """In the command: the handler of every pool's ``QueueListener``. It hands each record to the sink of its
-    call (a task run's log; records of a call not yet claimed wait for it, as the head start's do), knows which
-    call each worker process runs (to name the task a dead worker ran), and tells a caller when a call's last
-    record is through (:meth:`wait_done`)."""
+    """In the command: the handler of every pool's ``QueueListener``. It keeps each record for its call, which
+    the task thread waiting on that call takes (:meth:`drain`) and handles in its own Prefect context (the
+    listener's thread has none: a Prefect log handler there would look for an API of its own); knows which call
+    each worker process runs (to name the task a dead worker ran); and tells a caller when a call's last record
+    is in (:meth:`wait_done`)."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.guard = threading.Lock()
-        self.sinks: dict[str, Sink] = {}
         self.where: dict[str, str] = {}
         self.waiting: dict[str, list[logging.LogRecord]] = {}
         self.done: dict[str, threading.Event] = {}
         self.running: dict[int, str] = {}  # worker pid -> the call it runs
 
-    def route(self, call: str, sink: Sink, where: str) -> None:
+    def route(self, call: str, where: str) -> None:
         with self.guard:
-            self.sinks[call], self.where[call] = sink, where
-            backlog = self.waiting.pop(call, [])
-        for record in backlog:
-            sink(record)
+            self.where[call] = where
 
     def emit(self, record: logging.LogRecord) -> None:
         call = getattr(record, "pileworks_call", "")
@@ -198,22 +195,27 @@ class Router(logging.Handler):
             logging.getLogger(record.name).handle(record)
             return
         with self.guard:
-            sink = self.sinks.get(call)
-            if sink is None:
-                self.waiting.setdefault(call, []).append(record)
-                return
-        sink(record)
+            self.waiting.setdefault(call, []).append(record)
 
-    def wait_done(self, call: str, timeout_s: float = 10.0) -> None:
-        """Until the call's last record is through its sink (its end mark, written after them), then forget it."""
+    def drain(self, call: str, sink: Sink) -> None:
+        """Hand the call's records that came in so far to ``sink``, here (the caller's thread)."""
+        with self.guard:
+            records = self.waiting.pop(call, [])
+        for record in records:
+            sink(record)
+
+    def wait_done(self, call: str, sink: Sink, timeout_s: float = 10.0) -> None:
+        """Until the call's last record is in (its end mark, written after them), each handed to ``sink``; then
+        forget the call."""
         with self.guard:
             event = self.done.setdefault(call, threading.Event())
         event.wait(timeout_s)
+        self.drain(call, sink)
         self.forget(call)
 
     def forget(self, call: str) -> None:
         with self.guard:
-            for table in (self.sinks, self.where, self.waiting, self.done):
+            for table in (self.where, self.waiting, self.done):
                 table.pop(call, None)
 
     def running_where(self, pid: int) -> str | None:
@@ -290,6 +292,7 @@ class WorkerPool:
         # started after the workers were forked: a fork pool's process must have no other thread then
         self.listener = _QueueListener(cast(Any, self.logs), ROUTER)
         self.listener.start()
+        self.listening, self.stopping = True, threading.Lock()
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], call: str = "") -> Future[Any]:
         """``fn(*args)`` as :func:`run_captured` in a worker; its log records go to ``call``'s sink. On a pool
@@ -322,14 +325,25 @@ class WorkerPool:
         return first or dead
 
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
-        """Stop the workers (``wait``: after the calls at hand), then the listener once their last records are in.
-        A pool that broke, or one left without waiting, leaves its listener to end by itself (a killed worker may
-        have died holding the queue's lock)."""
+        """Stop the workers (``wait``: after the calls at hand), then the listener once their last records are in
+        (without ``wait``, on a thread of its own once the workers are gone: a call still running sends its last
+        records after this returns)."""
         self.executor.shutdown(wait=wait, cancel_futures=cancel_futures)
-        if wait and not self.broken:
-            self.listener.stop()
+        if wait:
+            self._stop_listener()
         else:
-            threading.Thread(target=self.listener.enqueue_sentinel, daemon=True).start()
+            threading.Thread(target=self._stop_listener_after_workers, daemon=True).start()
+
+    def _stop_listener_after_workers(self) -> None:
+        for process in self.processes:  # (a second executor.shutdown would not wait: the first forgot its thread)
+            process.join()
+        self._stop_listener()  # a worker killed holding the queue's lock would block this daemon thread only
+
+    def _stop_listener(self) -> None:
+        with self.stopping:  # once, whichever of shutdown's callers comes first
+            if self.listening:
+                self.listening = False
+                self.listener.stop()
 
 
 # ---------------------------------------------------------------- calls submitted before the task runner exists

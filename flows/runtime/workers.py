@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar, cast
 
@@ -133,14 +134,15 @@ class LocalWorkers(TaskRunner[Any]):
                 return shutdown.until_stopped(functools.partial(in_line, fn, args, sink), fn.__name__)
             claimed = early or self.submit_call(fn, args)
             early = None
-            ROUTER.route(claimed.call, sink, where)
+            ROUTER.route(claimed.call, where)
             try:
-                out = claimed.future.result()
+                out = awaited(claimed, sink)
             except BrokenProcessPool:
+                ROUTER.drain(claimed.call, sink)
                 ROUTER.forget(claimed.call)
                 self.renew(claimed.pool, where, last=fresh == FRESH_POOLS)
                 continue
-            ROUTER.wait_done(claimed.call)
+            ROUTER.wait_done(claimed.call, sink)
             if "error" in out:
                 raise relinked(out["error"])
             profile.LOCAL_RECORDS.extend(out["profile"])
@@ -211,6 +213,15 @@ class LocalWorkers(TaskRunner[Any]):
         self.env_added = []
         self.starting = None
         super().__exit__(exc_type, exc_value, traceback)
+
+
+def awaited(claimed: Claimed, sink: Sink, poll_s: float = 0.1) -> Any:
+    """The call's result, its log records handed to ``sink`` on this thread as they come (within ``poll_s``)."""
+    while True:
+        try:
+            return claimed.future.result(timeout=poll_s)
+        except FutureTimeout:
+            ROUTER.drain(claimed.call, sink)
 
 
 def in_line(fn: Callable[..., R], args: tuple[Any, ...], sink: Sink) -> R:
