@@ -130,7 +130,13 @@ def test_a_worker_killed_during_the_head_start_or_mid_pass_costs_a_fresh_pool_no
         summary = json.loads(done.out)
         assert summary["dataset_id"] == baseline["dataset_id"], (when, workers)
         said = [line for line in done.err.splitlines() if f"worker process {killed[0]} (" in line]
-        assert len(said) == 1 and "SIGKILL" in said[0], (when, workers, done.err[-3000:])
+        # one worker's head start is one short call: the kill may come once it is done (nothing then to redo)
+        expected = (0, 1) if workers == 1 else (1,)
+        assert len(said) in expected and all("SIGKILL" in line for line in said), (
+            when,
+            workers,
+            done.err[-3000:],
+        )
         # no retry delay of Prefect's (2 + 10 + 30 s) on a pool that cannot recover
         assert done.seconds < calm.seconds + 30, (when, workers, done.seconds, calm.seconds)
 
