@@ -335,7 +335,9 @@ class WorkerPool:
             threading.Thread(target=self._stop_listener_after_workers, daemon=True).start()
 
     def _stop_listener_after_workers(self) -> None:
-        for process in self.processes:  # (a second executor.shutdown would not wait: the first forgot its thread)
+        for (
+            process
+        ) in self.processes:  # (a second executor.shutdown would not wait: the first forgot its thread)
             process.join()
         self._stop_listener()  # a worker killed holding the queue's lock would block this daemon thread only
 
