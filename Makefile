@@ -50,7 +50,7 @@ $(LOWEST_STAMP): pyproject.toml .ci/floors.py $(wildcard pipeline/*.c pipeline/*
 	$(PY) -m venv $(LOWEST_VENV)
 	$(LOWEST_BIN)/pip install -q --upgrade pip
 	$(LOWEST_BIN)/pip install -q "$(TORCH_SPEC)"
-	$(PY) .ci/floors.py --extra test --extra hf > $(LOWEST_VENV)/floors.txt
+	$(PY) .ci/floors.py --extra test --extra trafilatura --extra justext --extra hf > $(LOWEST_VENV)/floors.txt
 	# with `pileworks export`'s safetensors (the hf extra's floor); not transformers, which needs a newer
 	# tokenizers than the core floor and is tested in make test
 	$(LOWEST_BIN)/pip install -q -c $(LOWEST_VENV)/floors.txt -e '.[test]' safetensors

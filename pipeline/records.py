@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -50,6 +51,39 @@ QUARANTINE_SAMPLE_BYTES = 4096
 URL, WARC_DATE = "url", "warc_date"
 # A document's score from the quality classifier of clean (``clean.classifier``), published in docs.parquet.
 QUALITY_SCORE = "quality_score"
+
+
+def normalize_url(url: str) -> str:
+    """A URL as read from an input, ready to store: surrounding whitespace and the angle brackets of WARC 1.0's
+    grammar (``WARC-Target-URI: <https://…>``, what wget >= 1.20 writes) removed; nothing else is changed, so the
+    stored URL is still the one the crawler fetched."""
+    url = url.strip()
+    if url.startswith("<") and url.endswith(">"):
+        url = url[1:-1].strip()
+    return url
+
+
+def url_host(url: str) -> str:
+    """The host of a URL as the domain column and the URL rules compare it: lower-cased, without its trailing dot
+    and with IDNA labels (``xn--…``) decoded to Unicode, so ``XN--BCHER-KVA.example.`` and ``bücher.example`` are
+    one host. "" for no URL or a malformed one. A bracketed URL is read as :func:`normalize_url` reads it."""
+    url = normalize_url(url)
+    if not url:
+        return ""
+    try:
+        host = urlsplit(url if "://" in url else "http://" + url).hostname or ""
+    except ValueError:  # bad IPv6 brackets, a port that is no number
+        return ""
+    return ".".join(_idna_label(label) for label in host.rstrip(".").split("."))
+
+
+def _idna_label(label: str) -> str:
+    if not label.startswith("xn--"):
+        return label
+    try:
+        return label[4:].encode("ascii").decode("punycode")
+    except (UnicodeError, ValueError):  # not valid punycode: kept as written
+        return label
 
 
 @dataclass(slots=True)

@@ -19,12 +19,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
 
 from pipeline.clean.config import QualityConfig
 from pipeline.langid import LangIdConfig
+from pipeline.records import url_host
 from pipeline.units import KEPT, UNKNOWN_LANGUAGE, StageStats, snippet
 
 if TYPE_CHECKING:
@@ -202,14 +202,8 @@ def format_mixture(mixture: Mapping[str, Any], split: str = "train") -> str:
 
 
 def url_domain(url: str) -> str:
-    """The host of a URL, lower-cased and without ``www.`` ("" for no URL)."""
-    if not url:
-        return ""
-    try:
-        host = urlsplit(url if "://" in url else "http://" + url).hostname or ""
-    except ValueError:
-        return ""
-    return host.removeprefix("www.")
+    """The host of a URL as :func:`pipeline.records.url_host` gives it, without ``www.`` ("" for no URL)."""
+    return url_host(url).removeprefix("www.")
 
 
 def domain_tokens(docs_paths: Iterable[Any], top: int = 10) -> dict[str, list[tuple[str, int, int]]]:

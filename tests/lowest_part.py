@@ -32,8 +32,9 @@ LOWEST_PART = (
     "flows/runtime/test_local_server.py",  # the local server: started, reused, stopped when idle
     "flows/runtime/test_runners.py",  # local, thread and Dask runners (prefect-dask); Prefect's heartbeat setting
     "flows/test_deployments.py",  # serve's deployments
-    # beside the flows, two floors whose failure a build would not show
+    # beside the flows, floors whose failure a build would not show
     "pipeline/ingest/test_encoding.py",  # charset-normalizer's detection (Shift-JIS, not gb18030)
+    "pipeline/ingest/test_warc.py",  # warcio (ARC, LF-only headers) and trafilatura's per-page cache
     "pipeline/test_storage.py::test_put_if_absent_race_has_one_winner",  # create-only puts on S3 (boto3, moto)
 )
 

@@ -177,7 +177,7 @@ class PiiConfig:
     """Redaction of email addresses and publicly routable IP addresses (``pii.py``).
 
     ``enabled``: ``"auto"`` redacts the documents of web inputs (a source URI ending in ``.warc``,
-    ``.warc.gz``, ``.wet``, ``.wet.gz``, ``.html`` or ``.htm``) and leaves the others alone: code, documentation
+    ``.warc.gz``, ``.wet``, ``.wet.gz``, ``.arc``, ``.arc.gz``, ``.html`` or ``.htm``) and leaves the others alone: code, documentation
     and changelogs carry maintainers' addresses on purpose (they are attribution, not leaked PII) and version
     strings that look like IPs. ``True``/``False`` redact every document / none. A placeholder may be ``""``
     (the address is deleted)."""

@@ -60,7 +60,7 @@ from typing import NamedTuple
 from pipeline.clean.config import PiiConfig
 from pipeline.sources import provenance
 
-WEB_SUFFIXES = (".warc", ".warc.gz", ".wet", ".wet.gz", ".html", ".htm")
+WEB_SUFFIXES = (".warc", ".warc.gz", ".wet", ".wet.gz", ".arc", ".arc.gz", ".html", ".htm")
 # Matched against "@domain" in lower case: the RFC 2606 / RFC 6761 names, which belong to no one.
 RESERVED_EMAIL_SUFFIXES = tuple(
     f"{sep}{name}"

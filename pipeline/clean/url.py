@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from pipeline.records import normalize_url, url_host
 from pipeline.storage import S3Options, read_object
 
 _TOKEN = re.compile(r"[^a-z0-9]+")
@@ -53,9 +54,11 @@ class UrlConfig:
 
 
 def _page_key(url: str) -> str:
-    """A URL without scheme, ``www.``, fragment and trailing slash, lower-cased host: how pages are compared."""
+    """A URL without scheme, ``www.``, fragment and trailing slash, its host as :func:`url_host` gives it: how
+    pages are compared."""
+    url = normalize_url(url)
     parts = urlsplit(url if "://" in url else "http://" + url)
-    host = (parts.hostname or "").removeprefix("www.")
+    host = url_host(url).removeprefix("www.")
     path = parts.path.rstrip("/")
     return host + path + (f"?{parts.query}" if parts.query else "")
 
@@ -73,7 +76,8 @@ class UrlRules:
             if "/" in entry.split("://", 1)[-1] or "://" in entry:
                 pages.add(_page_key(entry))
             else:
-                domains.add(entry.removeprefix("*.").removeprefix("www.").strip("."))
+                domain = entry.removeprefix("*.").removeprefix("www.").strip(".")
+                domains.add(url_host(domain) or domain)
         self.domains, self.pages = frozenset(domains), frozenset(pages)
         self.banned = frozenset(w.lower() for w in banned_words)
         payload = "\n".join([*sorted(self.domains), "--", *sorted(self.pages), "--", *sorted(self.banned)])
@@ -81,9 +85,10 @@ class UrlRules:
 
     def reason(self, url: str) -> str | None:
         """``url_blocklisted``, ``url_banned_word`` or None."""
+        url = normalize_url(url)  # documents ingested before URLs were normalised at read time
         try:
             parts = urlsplit(url if "://" in url else "http://" + url)
-            host = (parts.hostname or "").rstrip(".")
+            host = url_host(url) if parts.hostname else ""
         except ValueError:  # a malformed URL (bad IPv6 brackets): judged on its raw text
             parts, host = None, url.lower()
         if self.domains:

@@ -22,8 +22,10 @@ FORMATS = (
     "warc.gz",
     "wet",
     "wet.gz",
+    "arc",
+    "arc.gz",
 )
-WEB_FORMATS = ("warc", "warc.gz", "wet", "wet.gz")
+WEB_FORMATS = ("warc", "warc.gz", "wet", "wet.gz", "arc", "arc.gz")
 DEFAULT_EXTENSIONS: Mapping[str, str] = MappingProxyType(
     {
         ".txt": "txt",
@@ -40,6 +42,8 @@ DEFAULT_EXTENSIONS: Mapping[str, str] = MappingProxyType(
         ".warc.gz": "warc.gz",
         ".wet": "wet",
         ".wet.gz": "wet.gz",
+        ".arc": "arc",
+        ".arc.gz": "arc.gz",
     }
 )
 # Planning weighs pieces by the text they will produce (that is what a part holds in memory), estimating

@@ -38,7 +38,7 @@ from pipeline.ingest.encoding import (
     repair_utf8,
 )
 from pipeline.ingest.streams import DecompressingReader, LineReader, open_seekable
-from pipeline.records import QUARANTINE_SAMPLE_BYTES, URL, Quarantined, Record
+from pipeline.records import QUARANTINE_SAMPLE_BYTES, URL, Quarantined, Record, normalize_url
 from pipeline.sources import SOURCE_ENTRY, SOURCE_NAME, USER_META, SourceConfig, source_name
 from pipeline.storage import ObjectStore
 
@@ -103,7 +103,8 @@ class ReadContext:
         self.extra[f"source.{name}"] += 1
         if web is None and self.cfg.url_field is not None:
             url = meta.get(self.cfg.url_field)
-            web = {URL: url} if isinstance(url, str) and url else None
+            url = normalize_url(url) if isinstance(url, str) else ""
+            web = {URL: url} if url else None
         ours: dict[str, Any] = {
             "format": self.fmt,
             "encoding": encoding,

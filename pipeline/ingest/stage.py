@@ -360,17 +360,17 @@ def iter_ingest_part(
 
 
 def _read_piece(piece: Piece, ctx: readers.ReadContext, stores: _Stores) -> Iterator[Record | Quarantined]:
-    """The items of one piece: WARC/WET through :mod:`pipeline.ingest.warc`, the other formats through
+    """The items of one piece: WARC/WET/ARC through :mod:`pipeline.ingest.warc`, the other formats through
     :mod:`pipeline.ingest.readers`."""
     store, key = stores.locate(piece.uri)
     if piece.fmt not in WEB_FORMATS:
         yield from readers.read_piece(piece, ctx, store, key)
         return
-    wet = piece.fmt.startswith("wet")
+    wet, arc = piece.fmt.startswith("wet"), piece.fmt.startswith("arc")
     if not wet:  # a missing extractor package is the user's to fix: fail before reading, not per record
         html.build_extractor(ctx.cfg.html)
     with streams.open_seekable(store, key, piece.size) as f:
-        yield from warc.read_warc(ctx, f, piece.size, wet=wet, gz=piece.fmt.endswith(".gz"))
+        yield from warc.read_warc(ctx, f, piece.size, wet=wet, gz=piece.fmt.endswith(".gz"), arc=arc)
 
 
 def _tally_quarantined(stats: StageStats, q: Quarantined, name: str) -> None:
