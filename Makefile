@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: setup ray demo build test test-fast test-slow test-lowest lint sanitize format clean-store
+.PHONY: setup ray demo build test test-fast test-slow test-lowest test-extras lint sanitize format clean-store
 
 $(STAMP): pyproject.toml $(wildcard pipeline/*.c pipeline/*/*.c pipeline/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -60,6 +60,11 @@ test-lowest: $(LOWEST_STAMP)  ## the `lowest` tests at the floor of every direct
 	@$(LOWEST_BIN)/python -c "import importlib.metadata as m; print('lowest versions:', *(n + ' ' + m.version(n) \
 		for n in ('prefect', 'prefect-dask', 'pydantic', 'fastapi', 'numpy', 'pyarrow', 'torch', 'deepspeed', 'dask')))"
 	$(LOWEST_BIN)/python -m pytest -q -m lowest
+
+# Each HTML extractor extra (trafilatura, justext) installed from pyproject.toml's lists into a fresh venv of its
+# own, then made to extract a page (.ci/extras.py): the extras must install a working set, not only our .venv.
+test-extras:  ## the extractor extras, each from a fresh venv, extract text (CI runs it)
+	$(PY) .ci/extras.py trafilatura justext
 
 lint: setup
 	$(BIN)/ruff check .

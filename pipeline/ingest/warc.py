@@ -139,20 +139,24 @@ def _read_members(
                     yield item
             next_start = None
         except (OSError, ValueError, *_WARCIO_ERRORS) as exc:  # corrupt gzip data, no record header
-            after = start if last is None else last + 1
-            bad = _next_record(f, after, gz)
-            where = bad if bad is not None else after
-            yield ctx.quarantine(
-                f"B{where}", "corrupt_record", f"{type(exc).__name__}: {exc}", _sample(f, where)
-            )
-            next_start = _next_record(f, where + 1, gz) if bad is not None else None
+            if last is None:  # the parser fails where it started: the record there is bad
+                yield ctx.quarantine(
+                    f"B{start}", "corrupt_record", f"{type(exc).__name__}: {exc}", _sample(f, start)
+                )
+                next_start = _next_record(f, start + 1, gz)
+            else:  # it failed after a good record: start again at the next record start, which is tried as
+                # it is (a Content-Length one byte short, as in pywb's sample, leaves bytes before a good one)
+                ctx.extra["warc_resynced"] += 1
+                next_start = _next_record(f, last + 1, gz)
 
 
 def _read_whole_gzip(ctx: ReadContext, f: BinaryIO, *, wet: bool, counted: list[int]) -> Iterator[Item]:
     """A WARC gzipped as one stream: read decompressed, ids at offsets in the decompressed file (``U``). Through
     warcio, which reads a stream it cannot seek (FastWARC seeks)."""
     f.seek(0)
-    dec = DecompressingReader(f, "gz")  # done with once this generator is: closing it closes f, as the caller would
+    dec = DecompressingReader(
+        f, "gz"
+    )  # done with once this generator is: closing it closes f, as the caller would
     stream = io.BufferedReader(dec, buffer_size=1 << 20)
     last = 0
     try:

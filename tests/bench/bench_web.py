@@ -131,6 +131,29 @@ def datatrove(path: Path, extract: bool) -> tuple[dict[str, str], float]:
     return out, cpu() - start
 
 
+def built(path: Path, extractor: str) -> dict[str, str]:
+    """url -> text as a build publishes it: ``build_corpus`` on the WARC with ``extractor`` and its default
+    config otherwise (ingest's normalisation, PII redaction of web inputs, the quality rules, dedup); the texts of
+    its clean parts, which the shards are tokenized from. Documents the build drops are absent."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from flows.build.flow import build_corpus
+
+    store = path.parent / f"store-{extractor}"
+    build_corpus(
+        inputs=[str(path)], output=str(store), overrides={"name": "web", "ingest.html.extractor": extractor}
+    )
+    out: dict[str, str] = {}
+    for part in store.rglob("part-*.parquet"):
+        if part.parent.name != "clean":
+            continue
+        for row in pq.read_table(part, columns=["text", "meta"]).to_pylist():
+            out[json.loads(row["meta"]).get("url", "")] = row["text"]
+    return out
+
+
 def visible_words(page: str) -> set[str]:
     import lxml.html
 
@@ -153,6 +176,9 @@ def main() -> None:
     )
     parser.add_argument("--limit", type=int, default=400, help="at most this many pages (default 400)")
     parser.add_argument("--extractors", default="resiliparse,trafilatura,justext")
+    parser.add_argument(
+        "--no-build", action="store_true", help="skip the comparison on a build's output (it runs a build)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "docs.warc.gz"
@@ -184,6 +210,30 @@ def main() -> None:
                 f"{name.removeprefix('read+extract: '):34} {equal / max(len(reference), 1):>10.1%} "
                 f"{sum(recall) / len(recall):>10.1%} {empty:>8} {tags:>9}"
             )
+        if not args.no_build:
+            compare_build(path, reference)
+
+
+def compare_build(path: Path, reference: dict[str, str]) -> None:
+    """The texts a build publishes with ``ingest.html.extractor: trafilatura`` against datatrove's
+    WarcReader + Trafilatura as it ships; beside it, labelled, the same after datatrove's text goes through the
+    normalisation a build applies (encoding repair, NFC, control characters, whitespace: differences of definition,
+    not of extraction; PII redaction and what the quality rules drop remain differences)."""
+    from collections import Counter
+
+    from pipeline.clean.config import CleanConfig
+    from pipeline.clean.normalize import normalize_text
+
+    texts = built(path, "trafilatura")
+    kept = [u for u in reference if u in texts]
+    same = sum(1 for u in kept if texts[u] == reference[u])
+    cfg, counts = CleanConfig(), Counter[str]()
+    norm = sum(1 for u in kept if normalize_text(reference[u], cfg, counts) == texts[u])
+    print(
+        f"\nbuild output (trafilatura) against datatrove WarcReader + Trafilatura: {len(kept)} documents the build "
+        f"kept of {len(reference)}; identical text {same / max(len(kept), 1):.1%}; adjusted (datatrove's text "
+        f"through the build's normalisation, clean steps 0-4) {norm / max(len(kept), 1):.1%}"
+    )
 
 
 def _tag_left(text: str, page: str) -> bool:
