@@ -101,8 +101,11 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
     normalise = _without(
         clean, "boilerplate", "quality", "langid", "c4", "pii", "url", "classifier"
     )  # what ingest normalises with
-    if stage == "ingest":  # a source's per-source overrides change what its documents become
-        return {"ingest": config["ingest"], "sources": config["sources"]} | normalise
+    # a source's per-source overrides change what its documents become; where its inputs lie does not (which
+    # objects a unit reads, and their content digests, are in its key already)
+    sources = [_without(source, "inputs") for source in config["sources"]]
+    if stage == "ingest":
+        return {"ingest": config["ingest"], "sources": sources} | normalise
     if stage == "boilerplate":  # hashes the long lines of the normalised text
         return {"min_line_chars": bp["min_line_chars"]}
     if stage == "clean":  # the repeated-line set itself is keyed by its content hash
@@ -113,7 +116,7 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
             "pii": clean["pii"],
             "url": clean["url"],  # the blocklists themselves are keyed by their content digest
             "boilerplate": _without(bp, "min_docs", "min_fraction"),
-            "sources": config["sources"],
+            "sources": sources,
         }
         if (
             clean.get("classifier") is not None

@@ -351,7 +351,12 @@ def build_corpus(
     progress.finished(*(s for s in stages if s in ("exact dedup", "signatures", "near dedup")))
     tok_key = tokenize_parts(run, dedup_folder, step, stats)
     progress.finished("tokenize")
-    lineage = {"prefect_flow_run_id": _flow_run_id(), "build_key": work.split("/")[-1]}
+    # where the inputs lie: outside what the dataset id hashes (document ids name objects under this root)
+    lineage = {
+        "prefect_flow_run_id": _flow_run_id(),
+        "build_key": work.split("/")[-1],
+        "input_root": planned.get("root", ""),
+    }
     stats_json = {k: v.to_json() for k, v in stats.items()}
     with stage_progress.step("publish"):
         published = shard_and_publish(run, tok_key, planned["inputs"], stats_json, lineage, workers)

@@ -184,7 +184,7 @@ def find_published(parameters: dict[str, Any], build_profile: BuildProfile) -> P
     with build_profile.run_pass("plan-inputs") as entry, profile.measure("plan-inputs"):
         entry["task_runs"] = 0  # listed here, not in a task run
         planned = take_listing(cfg.to_dict()) or list_and_plan(cfg.to_dict())  # the head start's, if any
-    work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
+    work = f"work/{build_key(cfg, planned)}"
     record = published_record(store, work, cfg)
     if record is None:  # the flow runs next, in this process: it starts from this listing
         keep_listing(cfg.to_dict(), planned)
