@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline import __version__
 from pipeline.storage import ObjectStore
-from pipeline.units import part_done, part_name, part_unit, unit_stats
+from pipeline.units import CACHE_ENTRY, part_done, part_name, part_unit, unit_stats
 
 log = logging.getLogger(__name__)
 CACHE_PREFIX = "cache/units"
@@ -45,25 +45,36 @@ def _unit_files(store: ObjectStore, folder: str, index: int) -> list[str]:
 
 
 def restore(store: ObjectStore, stage: str, key: str, folder: str, index: int) -> bool:
-    """Copy a cached unit into ``folder``/``index``; True when it was there (or already done here)."""
+    """Copy a cached unit into ``folder``/``index``; True when its files were copied here (False: the unit is
+    here already, or there is no intact one to copy). Never copies an object onto itself: an entry naming this
+    very unit (a build of the same work folder racing this one recorded it) leaves it to the runner's check."""
     if part_done(store, folder, index):
-        return True
-    entry_key = _entry_key(stage, key)
-    if not store.exists(entry_key):
         return False
-    entry = json.loads(store.get_bytes(entry_key))
+    entry_key = _entry_key(stage, key)
+    try:
+        entry = json.loads(store.get_bytes(entry_key))
+    except FileNotFoundError:
+        return False
     src_folder, src_index = entry["folder"], int(entry["index"])
-    src_unit = part_unit(src_folder, src_index)
+    src_unit, dst_unit = part_unit(src_folder, src_index), part_unit(folder, index)
+    if src_unit == dst_unit:
+        return False
     if unit_stats(store, src_unit) is None:  # incomplete, or damaged (named in a warning): not worth copying
         log.info("unit cache entry %s points at an unfinished or damaged unit; recomputing", entry_key)
         return False
     src_name, dst_name = part_name(src_index), part_name(index)
     src_marker = f"{src_unit}.done"
     for src in _unit_files(store, src_folder, src_index):
-        if src != src_marker:
-            store.copy(src, f"{folder}/{src[len(src_folder) + 1 :].replace(src_name, dst_name, 1)}")
-    # The copied stats came first: marker last. Its record names outputs relative to the unit, so it holds.
-    store.copy(src_marker, f"{part_unit(folder, index)}.done")
+        dst = f"{folder}/{src[len(src_folder) + 1 :].replace(src_name, dst_name, 1)}"
+        if src != src_marker and src != dst:
+            store.copy(src, dst)
+    # The copied stats came first: marker last. Its record names outputs relative to the unit, so it holds; it
+    # also names the entry it came from, which a reader that finds the bytes damaged drops with the marker.
+    marker = json.loads(store.get_bytes(src_marker) or b"{}")
+    if isinstance(marker, dict) and "outputs" in marker:
+        store.put_bytes(f"{dst_unit}.done", json.dumps({**marker, CACHE_ENTRY: entry_key}, indent=1).encode())
+    else:  # a marker from before markers recorded their outputs
+        store.copy(src_marker, f"{dst_unit}.done")
     log.info("reused %s unit %s from %s", stage, key[:12], src_folder)
     return True
 

@@ -16,19 +16,22 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from pipeline.errors import UnitNotDone
-from pipeline.proofs import check_outputs, folder_listing, record_outputs, unit_listing
+from pipeline.errors import UnitDamaged, UnitNotDone
+from pipeline.proofs import bytes_digest, check_outputs, folder_listing, record_outputs, unit_listing
 from pipeline.storage import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
 
 SUCCESS = "_SUCCESS"
+CACHE_ENTRY = "cache_entry"  # in a unit restored from the unit cache (pipeline/unitcache): the entry's key
+_PART_OUTPUT = re.compile(r"^(.*part-\d{5})([./].+)$")  # a part unit's output: <unit>.<suffix> or <unit>/...
 KEPT = ""  # the outcome of a tallied document that was not dropped
 UNKNOWN_LANGUAGE = "und"  # a document whose language was not identified (ISO 639-2 "undetermined")
 
@@ -317,6 +320,61 @@ def require_success(store: ObjectStore, folder: str, step: str) -> None:
         raise UnitNotDone(f"{store.uri_of(folder)} has no {SUCCESS}: run {step} first")
 
 
+# ---------------------------------------------------------------- reads checked by the consumer
+
+
+def _marker_of(store: ObjectStore, key: str) -> tuple[str, str, dict[str, Any]] | None:
+    """(marker key, the output's name in the marker's record, the marker) of the unit that wrote ``key``: a part
+    unit's ``.done``, else the ``_SUCCESS`` of the folder (or the folder above) of a global step; None when no
+    marker records the output (written before markers did, or not a unit's output)."""
+    candidates = []
+    if (m := _PART_OUTPUT.match(key)) is not None:
+        candidates.append((f"{m.group(1)}.done", m.group(2)))
+    folder = key
+    for _ in range(2):
+        folder = folder.rpartition("/")[0]
+        if folder:
+            candidates.append((f"{folder}/{SUCCESS}", key[len(folder) :]))
+    for marker_key, rel in candidates:
+        try:
+            raw = store.get_bytes(marker_key)
+        except FileNotFoundError:
+            continue
+        data = json.loads(raw) if raw else {}
+        if isinstance(data, dict) and rel in data.get("outputs", {}):
+            return marker_key, rel, data
+        if marker_key.endswith(".done"):
+            return None  # the unit's own marker, from before markers recorded their outputs
+    return None
+
+
+def checked_bytes(store: ObjectStore, key: str) -> bytes:
+    """The bytes of a unit's output, checked against the digest its marker records (xxh64, or the MD5 an S3
+    ETag stands for). A mismatch (bit rot behind an unchanged mtime, a half-synced copy) is named in one warning;
+    the marker goes, with the unit cache entry it was restored by, so the unit is recomputed rather than copied
+    again, and :class:`UnitDamaged` tells the caller (a build reruns its steps: ``flows/build/flow.py``)."""
+    found = _marker_of(store, key)
+    data = store.get_bytes(key)
+    if found is None:
+        return data
+    marker_key, rel, marker = found
+    want = str(marker["outputs"][rel]["digest"])
+    got = bytes_digest(data, want.split(":", 1)[0])
+    if got == want:
+        return data
+    log.warning(
+        "%s %s != %s recorded: recomputing its unit (its marker %s no longer matches)",
+        store.uri_of(key),
+        got,
+        want,
+        marker_key,
+    )
+    store.delete(marker_key)
+    if entry := marker.get(CACHE_ENTRY):
+        store.delete(str(entry))
+    raise UnitDamaged(f"{store.uri_of(key)} does not match its marker's digest: its unit is recomputed", key)
+
+
 # ---------------------------------------------------------------- arrays
 
 
@@ -331,7 +389,8 @@ def put_npy(store: ObjectStore, key: str, array: np.ndarray) -> None:
 
 
 def get_npy(store: ObjectStore, key: str) -> np.ndarray:
-    return np.load(io.BytesIO(store.get_bytes(key)), allow_pickle=False)
+    """A unit's array, its bytes checked against its marker (:func:`checked_bytes`)."""
+    return np.load(io.BytesIO(checked_bytes(store, key)), allow_pickle=False)
 
 
 def put_npz(store: ObjectStore, key: str, **arrays: np.ndarray) -> None:
@@ -341,7 +400,8 @@ def put_npz(store: ObjectStore, key: str, **arrays: np.ndarray) -> None:
 
 
 def get_npz(store: ObjectStore, key: str) -> dict[str, np.ndarray]:
-    with np.load(io.BytesIO(store.get_bytes(key)), allow_pickle=False) as data:
+    """A unit's arrays, their bytes checked against its marker (:func:`checked_bytes`)."""
+    with np.load(io.BytesIO(checked_bytes(store, key)), allow_pickle=False) as data:
         return {name: data[name] for name in data.files}
 
 
