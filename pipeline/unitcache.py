@@ -1,7 +1,8 @@
 """Content-addressed reuse of per-part units across builds: what makes a scheduled rebuild incremental.
 
 Every per-part unit of a build has a *unit key*: a hash of its stage, the stage's config, the code version and
-the keys of what it reads (for ingest, the part plan with each raw object's size and ETag/mtime). When a unit
+the keys of what it reads (for ingest, the part plan with each raw object's name under the input root and the
+content digest of its bytes, ``pipeline/ingest/digests.py``: never its URI or mtime). When a unit
 with the same key was completed by an earlier build, its files are copied into the new build's folder (a
 server-side copy on S3, a hard link locally) instead of being recomputed; the stage runner then sees the
 ``.done`` marker and skips. Only parts whose inputs changed are reprocessed; global steps (boilerplate merge,

@@ -13,6 +13,7 @@ Arrays hand off between steps as ``.npy``/``.npz`` loaded with ``allow_pickle=Fa
 
 from __future__ import annotations
 
+import contextvars
 import io
 import json
 import logging
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 
 SUCCESS = "_SUCCESS"
 CACHE_ENTRY = "cache_entry"  # in a unit restored from the unit cache (pipeline/unitcache): the entry's key
+# The build run computing units in this context (``flows/build/context.run_unit``): each marker written records it,
+# so a unit this run computed before its steps ran again is not counted as reused.
+WRITER: contextvars.ContextVar[str] = contextvars.ContextVar("pileworks_unit_writer", default="")
 _PART_OUTPUT = re.compile(r"^(.*part-\d{5})([./].+)$")  # a part unit's output: <unit>.<suffix> or <unit>/...
 KEPT = ""  # the outcome of a tallied document that was not dropped
 UNKNOWN_LANGUAGE = "und"  # a document whose language was not identified (ISO 639-2 "undetermined")
@@ -180,7 +184,9 @@ def finish_unit(store: ObjectStore, unit: str, stats: StageStats) -> StageStats:
     reads one object to skip the unit."""
     store.put_bytes(f"{unit}.stats.json", stats_bytes(stats))
     outputs = [i for k, i in unit_listing(store, unit).items() if k not in _own_files(unit)]
-    marker = {"stats": stats.to_json(), "outputs": record_outputs(store, unit, outputs)}
+    marker: dict[str, Any] = {"stats": stats.to_json(), "outputs": record_outputs(store, unit, outputs)}
+    if writer := WRITER.get():
+        marker["run"] = writer
     store.put_bytes(f"{unit}.done", json.dumps(marker, indent=1).encode())
     return stats
 
@@ -197,16 +203,23 @@ def unit_stats(store: ObjectStore, unit: str) -> StageStats | None:
     """The stored stats of a finished unit whose outputs are intact (a rerun returns these and skips the
     work), else None: a unit whose outputs no longer match its marker loses the marker, with one warning
     naming the file, and is recomputed. One listing and one read, as many round trips as a HEAD and a read."""
+    marker = intact_marker(store, unit)
+    return None if marker is None else StageStats.from_json(marker["stats"])
+
+
+def intact_marker(store: ObjectStore, unit: str) -> dict[str, Any] | None:
+    """:func:`unit_stats`'s check, returning the whole marker (its ``stats``, ``outputs``, the ``run`` that
+    wrote it)."""
     listing = unit_listing(store, unit)
     marker = listing.get(f"{unit}.done")
     if marker is None:
         return None
     if marker.size == 0:  # a marker written before markers recorded their outputs: nothing to check
-        return read_unit_stats(store, unit)
-    data = json.loads(store.get_bytes(marker.key))
+        return {"stats": read_unit_stats(store, unit).to_json()}
+    data: dict[str, Any] = json.loads(store.get_bytes(marker.key))
     if not _intact(store, unit, data, listing):
         return None
-    return StageStats.from_json(data["stats"])
+    return data
 
 
 def _intact(store: ObjectStore, base: str, data: dict[str, Any], listing: dict[str, ObjectInfo]) -> bool:

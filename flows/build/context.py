@@ -25,7 +25,7 @@ from pipeline.storage import ObjectStore, open_store
 from pipeline.storage.options import S3Options
 from pipeline.storage.retry import is_permanent
 from pipeline.storage.uploads import UploadJournal, hold_lease, release_lease
-from pipeline.units import part_unit, unit_stats
+from pipeline.units import WRITER, StageStats, intact_marker, part_unit
 
 log = logging.getLogger(__name__)
 
@@ -114,16 +114,26 @@ def unit_not_done(exc: BaseException | None) -> UnitNotDone | None:
 
 def run_unit(store: ObjectStore, stage: str, key: str, folder: str, index: int, run: Any) -> dict[str, Any]:
     """Restore the unit from an earlier build when its key matches, else run it; then register it. ``reused``:
-    the unit was not computed by this call (restored, or done here before) and its outputs checked intact; a
-    restored unit found damaged is named, recomputed and not counted."""
+    the unit was not computed by this build run (restored, or done by an earlier run of the work folder) and its
+    outputs checked intact; a restored unit found damaged is named, recomputed and not counted, and so is one this
+    run computed before its steps ran again (its marker names the run: the store's upload journal's)."""
+    run_id = store.uploads.run  # the build's run id (BuildContext.store), which its markers record
     with stage_errors(stage, index):
         records: list[dict[str, Any]] = []
         with profile.measure(stage, records):
             unitcache.restore(store, stage, key, folder, index)
-            done = unit_stats(store, part_unit(folder, index))
-            stats = done if done is not None else run(store)
+            done = intact_marker(store, part_unit(folder, index))
+            if done is None:
+                token = WRITER.set(run_id)
+                try:
+                    stats = run(store)
+                finally:
+                    WRITER.reset(token)
+            else:
+                stats = StageStats.from_json(done["stats"])
             unitcache.record(store, stage, key, folder, index)
-    return {"stats": stats.to_json(), "key": key, "reused": done is not None, "profile": records}
+    reused = done is not None and not (run_id and done.get("run") == run_id)
+    return {"stats": stats.to_json(), "key": key, "reused": reused, "profile": records}
 
 
 # ---------------------------------------------------------------- the build's lease on its store

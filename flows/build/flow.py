@@ -358,7 +358,9 @@ def build_corpus(
     stats: dict[str, StageStats] = {}
     for attempt in range(1, DAMAGE_ROUNDS + 1):
         try:
-            published = run_steps(run, cfg, ingest_calls, stats, progress, planned["inputs"], lineage, workers)
+            published = run_steps(
+                run, cfg, ingest_calls, stats, progress, planned["inputs"], lineage, workers
+            )
             break
         except Exception as exc:  # a unit read as damaged lost its marker: the steps again recompute it
             if (damaged := unit_not_done(exc)) is None or attempt == DAMAGE_ROUNDS:

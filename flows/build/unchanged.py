@@ -1,7 +1,8 @@
 """A rebuild that finds its dataset already published does almost nothing.
 
-The work folder's name (``build_key``) hashes the config, the code version, every input's size and ETag/mtime
-and the part plan: a rebuild with the same key reads the same bytes with the same rules, so it would publish
+The work folder's name (``build_key``) hashes the config (its inputs relative to the input root), the code
+version, every input's name, size and content digest and the part plan (without URIs), so a moved, copied or
+touched corpus has the same key: a rebuild with the same key reads the same bytes with the same rules, so it would publish
 the same dataset id. A published build leaves ``work/<build_key>/published.json`` (the summary it returned and
 a digest of the few files its config names besides the inputs: blocklists, bad words, a given tokenizer); a
 later build with the same key, the same digest and the dataset's manifest still in place returns that summary

@@ -80,8 +80,9 @@ def with_digests(
 
     def cached(i: InputFile) -> str | None:
         entry = known.get(i.uri)
-        ok = isinstance(entry, dict) and entry.get("size") == i.size and entry.get("etag") == i.etag
-        return str(entry["digest"]) if ok else None
+        if not isinstance(entry, dict) or (entry.get("size"), entry.get("etag")) != (i.size, i.etag):
+            return None
+        return str(entry["digest"])
 
     todo = [i for i in inputs if cached(i) is None]
     fresh: dict[str, str] = {}
