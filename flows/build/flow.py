@@ -323,7 +323,9 @@ def build_corpus(
     record = unchanged.published_record(store, work, cfg)
     if record is not None:  # published before from the same inputs and config: no worker starts
         release_lease(store, lease)
-        found = unchanged.Published(cfg=cfg, store=store, work=work, record=record)
+        found = unchanged.Published(
+            cfg=cfg, store=store, work=work, record=record, input_root=planned.get("root", "")
+        )
         return nothing_changed(found, build_profile, started)
     ctx = head.ctx if head is not None else prepared.context(lease)
     ingest_calls = head.calls if head is not None else prepared.ingest_calls(ctx)

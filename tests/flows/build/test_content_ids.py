@@ -123,6 +123,7 @@ def test_a_moved_corpus_reuses_every_unit_and_a_touched_one_changes_nothing(
     again = _build(str(moved), store)  # the same build key: its published dataset is found at once
     assert again["dataset_id"] == cold["dataset_id"] and "nothing_changed" in again
     assert _every_unit_reused(again)
+    assert again["lineage"]["input_root"] == f"file://{moved}"  # this run's inputs, not the publisher's
     # without its record the full path runs: every unit is found intact, none computed
     work = f"work/{again['lineage']['build_key']}"
     open_store(store, None).delete(f"{work}/{unchanged.RECORD}")
