@@ -34,6 +34,19 @@ class UnitNotDone(PileworksError, FileNotFoundError, RuntimeError):
     writes it first. Both a ``FileNotFoundError`` and a ``RuntimeError``, as the steps raised one or the other."""
 
 
+class UnitDamaged(UnitNotDone):
+    """A unit's bytes, as its consumer read them, do not match the digest its marker records (bit rot behind an
+    unchanged mtime, a half-synced copy). The reader named the file and dropped the marker, so the unit is no
+    longer done: rerunning the steps recomputes it (the build flow does, at once). ``key``: the damaged object."""
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(message, key)
+        self.key = key
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class StageFailed(PileworksError, RuntimeError):
     """A corpus stage failed; the message names the stage and the part so the run page says where to look."""
 

@@ -133,6 +133,19 @@ class Manifest:
         if not self.created_at:
             self.created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
+    def input_uri(self, source: str, root: str | None = None) -> str:
+        """Where the input a document's ``source`` names lay when this dataset was built, or lies under ``root``
+        (the corpus moved since): ``source`` is its name under the input root (``lineage.input_root``), or its
+        URI in a dataset built before names."""
+        if root is None:
+            for entry in self.inputs:
+                if entry.get("name") == source:
+                    return str(entry["uri"])
+        root = root or str(self.lineage.get("input_root") or "")
+        if not root or "://" in source:
+            return source
+        return f"{root.rstrip('/')}/{source}"
+
     def split_shards(self, split: str) -> list[ShardInfo]:
         return sorted((s for s in self.shards if s.split == split), key=lambda s: s.index)
 

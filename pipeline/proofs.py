@@ -54,6 +54,13 @@ def hash_object(store: ObjectStore, key: str, algo: str) -> str:
     return f"{algo}:{h.hexdigest()}"
 
 
+def bytes_digest(data: bytes, algo: str) -> str:
+    """``algo:hex`` of bytes in memory (``md5`` or ``xxh64``): what a consumer checks what it read against."""
+    if algo == "md5":
+        return f"md5:{hashlib.md5(data, usedforsecurity=False).hexdigest()}"
+    return f"{algo}:{xxhash.xxh64_hexdigest(data)}"
+
+
 def digest_of(store: ObjectStore, info: ObjectInfo, algo: str | None = None) -> str:
     """The digest of an object: its MD5 ETag when it has one (free), else its bytes hashed."""
     algo = algo or ("md5" if is_md5_etag(info.etag) else "xxh64")

@@ -58,7 +58,7 @@ from pipeline.shards import (
 from pipeline.sources import shard_runs
 from pipeline.storage import ObjectStore, join_key, sha256_bytes
 from pipeline.tokenize import special_id
-from pipeline.units import StageStats, finish_unit, part_unit, require_done, unit_stats
+from pipeline.units import StageStats, checked_bytes, finish_unit, part_unit, require_done, unit_stats
 
 # ---------------------------------------------------------------- token parts
 
@@ -71,7 +71,7 @@ def iter_token_batches(
 ) -> Iterator[pa.RecordBatch]:
     unit = part_unit(folder, index)
     require_done(store, unit, "run_tokenize_part")
-    pf = pq.ParquetFile(io.BytesIO(store.get_bytes(f"{unit}.parquet")))
+    pf = pq.ParquetFile(io.BytesIO(checked_bytes(store, f"{unit}.parquet")))
     yield from pf.iter_batches(batch_size=4096, columns=list(columns))
 
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, finish_unit, part_name, part_unit, require_done
+from pipeline.units import StageStats, checked_bytes, finish_unit, part_name, part_unit, require_done
 
 SCHEMA = pa.schema(
     [
@@ -242,7 +242,7 @@ def write_part_metadata(
 def read_part(store: ObjectStore, folder: str, index: int) -> list[Record]:
     """Read a completed part; refuses a part whose completion marker is missing."""
     require_done(store, part_unit(folder, index))
-    data = store.get_bytes(f"{folder}/{part_name(index)}.parquet")
+    data = checked_bytes(store, f"{folder}/{part_name(index)}.parquet")
     return table_to_records(pq.read_table(io.BytesIO(data)))
 
 
@@ -251,7 +251,7 @@ def iter_part_batches(
 ) -> Iterator[list[Record]]:
     """Stream a completed part in record batches (bounded memory for large parts)."""
     require_done(store, part_unit(folder, index))
-    data = store.get_bytes(f"{folder}/{part_name(index)}.parquet")
+    data = checked_bytes(store, f"{folder}/{part_name(index)}.parquet")
     pf = pq.ParquetFile(io.BytesIO(data))
     for batch in pf.iter_batches(batch_size=batch_size):
         yield table_to_records(pa.Table.from_batches([batch]))

@@ -1,7 +1,8 @@
 """Content-addressed reuse of per-part units across builds: what makes a scheduled rebuild incremental.
 
 Every per-part unit of a build has a *unit key*: a hash of its stage, the stage's config, the code version and
-the keys of what it reads (for ingest, the part plan with each raw object's size and ETag/mtime). When a unit
+the keys of what it reads (for ingest, the part plan with each raw object's name under the input root and the
+content digest of its bytes, ``pipeline/ingest/digests.py``: never its URI or mtime). When a unit
 with the same key was completed by an earlier build, its files are copied into the new build's folder (a
 server-side copy on S3, a hard link locally) instead of being recomputed; the stage runner then sees the
 ``.done`` marker and skips. Only parts whose inputs changed are reprocessed; global steps (boilerplate merge,
@@ -20,7 +21,7 @@ from typing import Any
 
 from pipeline import __version__
 from pipeline.storage import ObjectStore
-from pipeline.units import part_done, part_name, part_unit, unit_stats
+from pipeline.units import CACHE_ENTRY, part_done, part_name, part_unit, unit_stats
 
 log = logging.getLogger(__name__)
 CACHE_PREFIX = "cache/units"
@@ -45,25 +46,36 @@ def _unit_files(store: ObjectStore, folder: str, index: int) -> list[str]:
 
 
 def restore(store: ObjectStore, stage: str, key: str, folder: str, index: int) -> bool:
-    """Copy a cached unit into ``folder``/``index``; True when it was there (or already done here)."""
+    """Copy a cached unit into ``folder``/``index``; True when its files were copied here (False: the unit is
+    here already, or there is no intact one to copy). Never copies an object onto itself: an entry naming this
+    very unit (a build of the same work folder racing this one recorded it) leaves it to the runner's check."""
     if part_done(store, folder, index):
-        return True
-    entry_key = _entry_key(stage, key)
-    if not store.exists(entry_key):
         return False
-    entry = json.loads(store.get_bytes(entry_key))
+    entry_key = _entry_key(stage, key)
+    try:
+        entry = json.loads(store.get_bytes(entry_key))
+    except FileNotFoundError:
+        return False
     src_folder, src_index = entry["folder"], int(entry["index"])
-    src_unit = part_unit(src_folder, src_index)
+    src_unit, dst_unit = part_unit(src_folder, src_index), part_unit(folder, index)
+    if src_unit == dst_unit:
+        return False
     if unit_stats(store, src_unit) is None:  # incomplete, or damaged (named in a warning): not worth copying
         log.info("unit cache entry %s points at an unfinished or damaged unit; recomputing", entry_key)
         return False
     src_name, dst_name = part_name(src_index), part_name(index)
     src_marker = f"{src_unit}.done"
     for src in _unit_files(store, src_folder, src_index):
-        if src != src_marker:
-            store.copy(src, f"{folder}/{src[len(src_folder) + 1 :].replace(src_name, dst_name, 1)}")
-    # The copied stats came first: marker last. Its record names outputs relative to the unit, so it holds.
-    store.copy(src_marker, f"{part_unit(folder, index)}.done")
+        dst = f"{folder}/{src[len(src_folder) + 1 :].replace(src_name, dst_name, 1)}"
+        if src != src_marker and src != dst:
+            store.copy(src, dst)
+    # The copied stats came first: marker last. Its record names outputs relative to the unit, so it holds; it
+    # also names the entry it came from, which a reader that finds the bytes damaged drops with the marker.
+    marker = json.loads(store.get_bytes(src_marker) or b"{}")
+    if isinstance(marker, dict) and "outputs" in marker:
+        store.put_bytes(f"{dst_unit}.done", json.dumps({**marker, CACHE_ENTRY: entry_key}, indent=1).encode())
+    else:  # a marker from before markers recorded their outputs
+        store.copy(src_marker, f"{dst_unit}.done")
     log.info("reused %s unit %s from %s", stage, key[:12], src_folder)
     return True
 
@@ -101,8 +113,11 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
     normalise = _without(
         clean, "boilerplate", "quality", "langid", "c4", "pii", "url", "classifier"
     )  # what ingest normalises with
-    if stage == "ingest":  # a source's per-source overrides change what its documents become
-        return {"ingest": config["ingest"], "sources": config["sources"]} | normalise
+    # a source's per-source overrides change what its documents become; where its inputs lie does not (which
+    # objects a unit reads, and their content digests, are in its key already)
+    sources = [_without(source, "inputs") for source in config["sources"]]
+    if stage == "ingest":
+        return {"ingest": config["ingest"], "sources": sources} | normalise
     if stage == "boilerplate":  # hashes the long lines of the normalised text
         return {"min_line_chars": bp["min_line_chars"]}
     if stage == "clean":  # the repeated-line set itself is keyed by its content hash
@@ -113,7 +128,7 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
             "pii": clean["pii"],
             "url": clean["url"],  # the blocklists themselves are keyed by their content digest
             "boilerplate": _without(bp, "min_docs", "min_fraction"),
-            "sources": config["sources"],
+            "sources": sources,
         }
         if (
             clean.get("classifier") is not None

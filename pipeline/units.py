@@ -13,22 +13,29 @@ Arrays hand off between steps as ``.npy``/``.npz`` loaded with ``allow_pickle=Fa
 
 from __future__ import annotations
 
+import contextvars
 import io
 import json
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from pipeline.errors import UnitNotDone
-from pipeline.proofs import check_outputs, folder_listing, record_outputs, unit_listing
+from pipeline.errors import UnitDamaged, UnitNotDone
+from pipeline.proofs import bytes_digest, check_outputs, folder_listing, record_outputs, unit_listing
 from pipeline.storage import ObjectInfo, ObjectStore
 
 log = logging.getLogger(__name__)
 
 SUCCESS = "_SUCCESS"
+CACHE_ENTRY = "cache_entry"  # in a unit restored from the unit cache (pipeline/unitcache): the entry's key
+# The build run computing units in this context (``flows/build/context.run_unit``): each marker written records it,
+# so a unit this run computed before its steps ran again is not counted as reused.
+WRITER: contextvars.ContextVar[str] = contextvars.ContextVar("pileworks_unit_writer", default="")
+_PART_OUTPUT = re.compile(r"^(.*part-\d{5})([./].+)$")  # a part unit's output: <unit>.<suffix> or <unit>/...
 KEPT = ""  # the outcome of a tallied document that was not dropped
 UNKNOWN_LANGUAGE = "und"  # a document whose language was not identified (ISO 639-2 "undetermined")
 
@@ -177,7 +184,9 @@ def finish_unit(store: ObjectStore, unit: str, stats: StageStats) -> StageStats:
     reads one object to skip the unit."""
     store.put_bytes(f"{unit}.stats.json", stats_bytes(stats))
     outputs = [i for k, i in unit_listing(store, unit).items() if k not in _own_files(unit)]
-    marker = {"stats": stats.to_json(), "outputs": record_outputs(store, unit, outputs)}
+    marker: dict[str, Any] = {"stats": stats.to_json(), "outputs": record_outputs(store, unit, outputs)}
+    if writer := WRITER.get():
+        marker["run"] = writer
     store.put_bytes(f"{unit}.done", json.dumps(marker, indent=1).encode())
     return stats
 
@@ -194,16 +203,23 @@ def unit_stats(store: ObjectStore, unit: str) -> StageStats | None:
     """The stored stats of a finished unit whose outputs are intact (a rerun returns these and skips the
     work), else None: a unit whose outputs no longer match its marker loses the marker, with one warning
     naming the file, and is recomputed. One listing and one read, as many round trips as a HEAD and a read."""
+    marker = intact_marker(store, unit)
+    return None if marker is None else StageStats.from_json(marker["stats"])
+
+
+def intact_marker(store: ObjectStore, unit: str) -> dict[str, Any] | None:
+    """:func:`unit_stats`'s check, returning the whole marker (its ``stats``, ``outputs``, the ``run`` that
+    wrote it)."""
     listing = unit_listing(store, unit)
     marker = listing.get(f"{unit}.done")
     if marker is None:
         return None
     if marker.size == 0:  # a marker written before markers recorded their outputs: nothing to check
-        return read_unit_stats(store, unit)
-    data = json.loads(store.get_bytes(marker.key))
+        return {"stats": read_unit_stats(store, unit).to_json()}
+    data: dict[str, Any] = json.loads(store.get_bytes(marker.key))
     if not _intact(store, unit, data, listing):
         return None
-    return StageStats.from_json(data["stats"])
+    return data
 
 
 def _intact(store: ObjectStore, base: str, data: dict[str, Any], listing: dict[str, ObjectInfo]) -> bool:
@@ -317,6 +333,61 @@ def require_success(store: ObjectStore, folder: str, step: str) -> None:
         raise UnitNotDone(f"{store.uri_of(folder)} has no {SUCCESS}: run {step} first")
 
 
+# ---------------------------------------------------------------- reads checked by the consumer
+
+
+def _marker_of(store: ObjectStore, key: str) -> tuple[str, str, dict[str, Any]] | None:
+    """(marker key, the output's name in the marker's record, the marker) of the unit that wrote ``key``: a part
+    unit's ``.done``, else the ``_SUCCESS`` of the folder (or the folder above) of a global step; None when no
+    marker records the output (written before markers did, or not a unit's output)."""
+    candidates = []
+    if (m := _PART_OUTPUT.match(key)) is not None:
+        candidates.append((f"{m.group(1)}.done", m.group(2)))
+    folder = key
+    for _ in range(2):
+        folder = folder.rpartition("/")[0]
+        if folder:
+            candidates.append((f"{folder}/{SUCCESS}", key[len(folder) :]))
+    for marker_key, rel in candidates:
+        try:
+            raw = store.get_bytes(marker_key)
+        except FileNotFoundError:
+            continue
+        data = json.loads(raw) if raw else {}
+        if isinstance(data, dict) and rel in data.get("outputs", {}):
+            return marker_key, rel, data
+        if marker_key.endswith(".done"):
+            return None  # the unit's own marker, from before markers recorded their outputs
+    return None
+
+
+def checked_bytes(store: ObjectStore, key: str) -> bytes:
+    """The bytes of a unit's output, checked against the digest its marker records (xxh64, or the MD5 an S3
+    ETag stands for). A mismatch (bit rot behind an unchanged mtime, a half-synced copy) is named in one warning;
+    the marker goes, with the unit cache entry it was restored by, so the unit is recomputed rather than copied
+    again, and :class:`UnitDamaged` tells the caller (a build reruns its steps: ``flows/build/flow.py``)."""
+    found = _marker_of(store, key)
+    data = store.get_bytes(key)
+    if found is None:
+        return data
+    marker_key, rel, marker = found
+    want = str(marker["outputs"][rel]["digest"])
+    got = bytes_digest(data, want.split(":", 1)[0])
+    if got == want:
+        return data
+    log.warning(
+        "%s %s != %s recorded: recomputing its unit (its marker %s no longer matches)",
+        store.uri_of(key),
+        got,
+        want,
+        marker_key,
+    )
+    store.delete(marker_key)
+    if entry := marker.get(CACHE_ENTRY):
+        store.delete(str(entry))
+    raise UnitDamaged(f"{store.uri_of(key)} does not match its marker's digest: its unit is recomputed", key)
+
+
 # ---------------------------------------------------------------- arrays
 
 
@@ -331,7 +402,8 @@ def put_npy(store: ObjectStore, key: str, array: np.ndarray) -> None:
 
 
 def get_npy(store: ObjectStore, key: str) -> np.ndarray:
-    return np.load(io.BytesIO(store.get_bytes(key)), allow_pickle=False)
+    """A unit's array, its bytes checked against its marker (:func:`checked_bytes`)."""
+    return np.load(io.BytesIO(checked_bytes(store, key)), allow_pickle=False)
 
 
 def put_npz(store: ObjectStore, key: str, **arrays: np.ndarray) -> None:
@@ -341,7 +413,8 @@ def put_npz(store: ObjectStore, key: str, **arrays: np.ndarray) -> None:
 
 
 def get_npz(store: ObjectStore, key: str) -> dict[str, np.ndarray]:
-    with np.load(io.BytesIO(store.get_bytes(key)), allow_pickle=False) as data:
+    """A unit's arrays, their bytes checked against its marker (:func:`checked_bytes`)."""
+    with np.load(io.BytesIO(checked_bytes(store, key)), allow_pickle=False) as data:
         return {name: data[name] for name in data.files}
 
 

@@ -3,7 +3,8 @@
 - A published dataset: its ``manifest.json`` parses, every object it lists (shards, indexes, tokenizer files,
   the card) is there with its sha256, and ``latest.json`` points at a dataset that has a manifest.
 - With ``work``: every build unit whose marker records its outputs (``pipeline/proofs``), each output hashed
-  whatever its tag says. A damaged unit is what the next build recomputes (its reader finds the same mismatch).
+  whatever its tag says. A damaged unit is recomputed by the next build that reads it: its reader checks the bytes
+  against the marker's digest, names the file, drops the marker and the build runs its steps again.
 """
 
 from __future__ import annotations
@@ -115,7 +116,10 @@ def verify_work(store: ObjectStore, report: VerifyReport) -> None:
         report.units += 1
         check = check_outputs(store, base, marker["outputs"], listing, thorough=True)
         if check.damaged is not None:
-            remedy = f"the next build recomputes its unit {base}"
+            remedy = (
+                f"a build that reads it finds the same mismatch and recomputes its unit {base} (a rebuild "
+                "that finds its dataset published reads no unit)"
+            )
             report.damage.append(Damage(store.uri_of(check.damaged), check.reason, remedy))
 
 

@@ -101,8 +101,10 @@ def trace_step(
     s3: S3Options,
     manifest_uri: str | None = None,
     max_docs: int = 50,
+    input_root: str | None = None,
 ) -> dict[str, Any]:
-    """Shards and documents that optimizer step ``step`` trained on, for the run that wrote ``checkpoint``."""
+    """Shards and documents that optimizer step ``step`` trained on, for the run that wrote ``checkpoint``. Each
+    document's ``uri`` is its input's, where the dataset's build read it, or under ``input_root`` (moved since)."""
     tag_dir = resolve_tag_dir(checkpoint)
     record = read_record(tag_dir)
     check_step_in_checkpoint(step, int(record["step"]), tag_dir)
@@ -131,6 +133,7 @@ def trace_step(
             entry = docs.setdefault(
                 piece["doc_id"], {k: piece.get(k) for k in ("doc_id", "source", "location", "source_name")}
             )
+            entry.setdefault("uri", manifest.input_uri(str(piece.get("source") or ""), input_root))
             entry["tokens"] = entry.get("tokens", 0) + int(piece["end"] - piece["start"])
             name = piece.get("source_name") or "default"
             per_source[name] = per_source.get(name, 0) + int(piece["end"] - piece["start"])

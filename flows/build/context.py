@@ -20,11 +20,12 @@ from flows.runtime.heartbeat import beat_also, current_flow_run_id
 from flows.runtime.pool import WorkerDied
 from pipeline import unitcache
 from pipeline.corpus_config import CorpusConfig, config_from_dict
-from pipeline.errors import StageFailed
+from pipeline.errors import StageFailed, UnitNotDone
 from pipeline.storage import ObjectStore, open_store
 from pipeline.storage.options import S3Options
 from pipeline.storage.retry import is_permanent
 from pipeline.storage.uploads import UploadJournal, hold_lease, release_lease
+from pipeline.units import WRITER, StageStats, intact_marker, part_unit
 
 log = logging.getLogger(__name__)
 
@@ -93,17 +94,45 @@ def stage_errors(stage: str, part: int | None = None) -> Iterator[None]:
         raise StageFailed(f"{where} failed: {type(exc).__name__}: {exc}") from exc
 
 
+DAMAGE_ROUNDS = 3  # runs of a build's steps: a unit read as damaged is recomputed by the next one
+
+
+def unit_not_done(exc: BaseException | None) -> UnitNotDone | None:
+    """The :class:`UnitNotDone` behind a failed step, if any: a unit whose reader found its bytes damaged (and
+    dropped its marker: :class:`UnitDamaged`), or one another task's reader just dropped. Running the steps
+    again recomputes it."""
+    seen = 0
+    while exc is not None and seen < 20:
+        if isinstance(exc, UnitNotDone):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
 # ---------------------------------------------------------------- per-part units (cached across builds)
 
 
 def run_unit(store: ObjectStore, stage: str, key: str, folder: str, index: int, run: Any) -> dict[str, Any]:
-    """Restore the unit from an earlier build when its key matches, else run it; then register it."""
+    """Restore the unit from an earlier build when its key matches, else run it; then register it. ``reused``:
+    the unit was not computed by this build run (restored, or done by an earlier run of the work folder) and its
+    outputs checked intact; a restored unit found damaged is named, recomputed and not counted, and so is one this
+    run computed before its steps ran again (its marker names the run: the store's upload journal's)."""
+    run_id = store.uploads.run  # the build's run id (BuildContext.store), which its markers record
     with stage_errors(stage, index):
         records: list[dict[str, Any]] = []
         with profile.measure(stage, records):
-            reused = unitcache.restore(store, stage, key, folder, index)
-            stats = run(store)
+            unitcache.restore(store, stage, key, folder, index)
+            done = intact_marker(store, part_unit(folder, index))
+            if done is None:
+                token = WRITER.set(run_id)
+                try:
+                    stats = run(store)
+                finally:
+                    WRITER.reset(token)
+            else:
+                stats = StageStats.from_json(done["stats"])
             unitcache.record(store, stage, key, folder, index)
+    reused = done is not None and not (run_id and done.get("run") == run_id)
     return {"stats": stats.to_json(), "key": key, "reused": reused, "profile": records}
 
 

@@ -16,7 +16,13 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.build import head_start, unchanged
-from flows.build.context import BuildContext, build_context, take_build_lease
+from flows.build.context import (
+    DAMAGE_ROUNDS,
+    BuildContext,
+    build_context,
+    take_build_lease,
+    unit_not_done,
+)
 from flows.build.decontam import run_decontam
 from flows.build.inputs import build_key, pin_model
 from flows.build.passes import Passes
@@ -317,7 +323,9 @@ def build_corpus(
     record = unchanged.published_record(store, work, cfg)
     if record is not None:  # published before from the same inputs and config: no worker starts
         release_lease(store, lease)
-        found = unchanged.Published(cfg=cfg, store=store, work=work, record=record)
+        found = unchanged.Published(
+            cfg=cfg, store=store, work=work, record=record, input_root=planned.get("root", "")
+        )
         return nothing_changed(found, build_profile, started)
     ctx = head.ctx if head is not None else prepared.context(lease)
     ingest_calls = head.calls if head is not None else prepared.ingest_calls(ctx)
@@ -343,19 +351,23 @@ def build_corpus(
     stages = build_stages(cfg)  # the terminal's bars and the UI's progress artifact count the same stages
     stage_progress.start_units({s: 1 if s == "publish" else n for s in stages})
     progress = RunProgress(stages, key="build-progress")
+    # where the inputs lie: outside what the dataset id hashes (document ids name objects under this root)
+    lineage = {
+        "prefect_flow_run_id": _flow_run_id(),
+        "build_key": work.split("/")[-1],
+        "input_root": planned.get("root", ""),
+    }
     stats: dict[str, StageStats] = {}
-    ingest_and_clean(run, cfg, ingest_calls, stats)
-    progress.finished("ingest", "boilerplate", "clean")
-    dedup_folder, step = run_dedup(run, cfg, stats)
-    dedup_folder, step = run_decontam(run, cfg, dedup_folder, step, stats)
-    progress.finished(*(s for s in stages if s in ("exact dedup", "signatures", "near dedup")))
-    tok_key = tokenize_parts(run, dedup_folder, step, stats)
-    progress.finished("tokenize")
-    lineage = {"prefect_flow_run_id": _flow_run_id(), "build_key": work.split("/")[-1]}
-    stats_json = {k: v.to_json() for k, v in stats.items()}
-    with stage_progress.step("publish"):
-        published = shard_and_publish(run, tok_key, planned["inputs"], stats_json, lineage, workers)
-    progress.finished("publish")
+    for attempt in range(1, DAMAGE_ROUNDS + 1):
+        try:
+            published = run_steps(
+                run, cfg, ingest_calls, stats, progress, planned["inputs"], lineage, workers
+            )
+            break
+        except Exception as exc:  # a unit read as damaged lost its marker: the steps again recompute it
+            if (damaged := unit_not_done(exc)) is None or attempt == DAMAGE_ROUNDS:
+                raise
+            get_run_logger().warning("%s: running the steps again (intact units are skipped)", damaged)
     manifest_uri, reused = published["manifest_uri"], published["reused"]
     if reused is not None:  # from here on, everything reports the published dataset, as its manifest lists it
         stats, reused = unchanged.reused_dataset(manifest_uri, cfg, stats, reused)
@@ -388,6 +400,33 @@ def build_corpus(
     )
     release_lease(store, lease)
     return summary
+
+
+def run_steps(
+    run: Passes,
+    cfg: CorpusConfig,
+    ingest_calls: list[tuple[Any, list[Any], list[str]]],
+    stats: dict[str, StageStats],
+    progress: RunProgress,
+    inputs: list[dict[str, Any]],
+    lineage: dict[str, Any],
+    workers: int,
+) -> dict[str, Any]:
+    """Every step from ingest to publish (a unit done before, in this run or an earlier one, is skipped);
+    returns :func:`shard_and_publish`'s result."""
+    stages = build_stages(cfg)
+    ingest_and_clean(run, cfg, ingest_calls, stats)
+    progress.finished("ingest", "boilerplate", "clean")
+    dedup_folder, step = run_dedup(run, cfg, stats)
+    dedup_folder, step = run_decontam(run, cfg, dedup_folder, step, stats)
+    progress.finished(*(s for s in stages if s in ("exact dedup", "signatures", "near dedup")))
+    tok_key = tokenize_parts(run, dedup_folder, step, stats)
+    progress.finished("tokenize")
+    stats_json = {k: v.to_json() for k, v in stats.items()}
+    with stage_progress.step("publish"):
+        published = shard_and_publish(run, tok_key, inputs, stats_json, lineage, workers)
+    progress.finished("publish")
+    return published
 
 
 def nothing_changed(

@@ -38,6 +38,9 @@ class Passes:
         self.profile = profile or BuildProfile()  # the flow's, when it timed passes before this (planning)
         self.units: dict[str, list[dict[str, Any]]] = {}
         self.reuse: dict[str, list[int]] = {}
+        # per step, the parts whose unit this run computed: one done by an earlier run of the steps (after a unit
+        # read as damaged, flows/build/flow.py) is found done by the next, and was not reused
+        self.computed: dict[str, set[int]] = {}
 
     def index_chunks(self, count: int | None = None, light: bool = False) -> list[list[int]]:
         return chunks(
@@ -103,10 +106,13 @@ class Passes:
         return total
 
     def note_reuse(self, *steps: str) -> None:
-        """Count, per step, the units restored from earlier builds (rebuilds report it in the summary)."""
+        """Count, per step, the units this run did not compute: restored from earlier builds or done by an earlier
+        run of this work folder, and found intact (rebuilds report it in the summary)."""
         for step in steps:
             units = self.units[step]
-            self.reuse[step] = [sum(bool(u.get("reused")) for u in units), len(units)]
+            computed = self.computed.setdefault(step, set())
+            computed.update(i for i, u in enumerate(units) if not u.get("reused"))
+            self.reuse[step] = [len(units) - len(computed), len(units)]
 
 
 @task(name="global-step", cache_policy=NO_CACHE)

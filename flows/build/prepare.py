@@ -64,7 +64,7 @@ def prepare(
         cfg=cfg,
         planned=planned,
         store=open_store(cfg.output, cfg.s3),
-        work=f"work/{build_key(cfg, planned['inputs'], planned['plans'])}",
+        work=f"work/{build_key(cfg, planned)}",
         workers=used,
         size=size,
         light=light,

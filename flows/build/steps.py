@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from flows.build.context import BuildContext, build_context, run_unit, stage_errors
-from flows.build.inputs import list_and_plan, take_listing
+from flows.build.inputs import list_and_plan, located_config, take_listing
 from flows.build.tokenizer_process import train_where_cheapest
 from flows.runtime import profile
 from pipeline import decontam, publish, tokenize, unitcache
@@ -597,7 +597,7 @@ def make_manifest(
         if "tokenize" not in all_stats:  # a build passes its tokenize pass's merged stats
             all_stats["tokenize"] = merged_stats(store, c.folder("tokens"), num_parts, "tokenize").to_json()
         mixture = mixture_from_runs(written, runs, cfg.resolved_sources())
-        config = cfg.to_dict() | {"output": None, "s3": None}
+        config = located_config(cfg, lineage.get("input_root", ""))
         return publish.dataset_manifest(
             cfg.name, tok, written, mixture, all_stats, inputs, config, lineage
         ).to_json()

@@ -1,7 +1,8 @@
 """A rebuild that finds its dataset already published does almost nothing.
 
-The work folder's name (``build_key``) hashes the config, the code version, every input's size and ETag/mtime
-and the part plan: a rebuild with the same key reads the same bytes with the same rules, so it would publish
+The work folder's name (``build_key``) hashes the config (its inputs relative to the input root), the code
+version, every input's name, size and content digest and the part plan (without URIs), so a moved, copied or
+touched corpus has the same key: a rebuild with the same key reads the same bytes with the same rules, so it would publish
 the same dataset id. A published build leaves ``work/<build_key>/published.json`` (the summary it returned and
 a digest of the few files its config names besides the inputs: blocklists, bad words, a given tokenizer); a
 later build with the same key, the same digest and the dataset's manifest still in place returns that summary
@@ -90,7 +91,7 @@ def record_published(store: ObjectStore, work: str, cfg: CorpusConfig, summary: 
 
 
 def unchanged_summary(
-    record: dict[str, Any], flow_run_id: str | None, build_key: str, seconds: float
+    record: dict[str, Any], flow_run_id: str | None, build_key: str, seconds: float, input_root: str = ""
 ) -> dict[str, Any]:
     """The published build's summary as this run's: every unit reused, this run's lineage and time, and
     ``nothing_changed`` with the run that published it."""
@@ -102,6 +103,8 @@ def unchanged_summary(
     by = publisher or summary.get("lineage", {}).get("prefect_flow_run_id")
     summary["nothing_changed"] = {"published_by": by}
     summary["lineage"] = {"prefect_flow_run_id": flow_run_id, "build_key": build_key}
+    if input_root:  # where this run found the inputs (a moved corpus: not where the dataset was built from)
+        summary["lineage"]["input_root"] = input_root
     summary["seconds"] = round(seconds, 2)
     return summary
 
@@ -115,6 +118,7 @@ class Published:
     store: ObjectStore
     work: str
     record: dict[str, Any]
+    input_root: str = ""  # where this build's inputs lie (the dataset's lineage may name another place)
 
     def __post_init__(self) -> None:
         if not self.work.startswith("work/"):
@@ -127,7 +131,7 @@ def republished(
     """This run's summary (:func:`unchanged_summary`, with its profile) once the published dataset is
     ``latest`` again."""
     summary = unchanged_summary(
-        found.record, run_id, found.work.split("/")[-1], time.perf_counter() - started
+        found.record, run_id, found.work.split("/")[-1], time.perf_counter() - started, found.input_root
     )
     point_latest(found.store, found.cfg.name, summary["dataset_id"])
     summary["profile"] = build_profile.to_json() | {
@@ -184,12 +188,12 @@ def find_published(parameters: dict[str, Any], build_profile: BuildProfile) -> P
     with build_profile.run_pass("plan-inputs") as entry, profile.measure("plan-inputs"):
         entry["task_runs"] = 0  # listed here, not in a task run
         planned = take_listing(cfg.to_dict()) or list_and_plan(cfg.to_dict())  # the head start's, if any
-    work = f"work/{build_key(cfg, planned['inputs'], planned['plans'])}"
+    work = f"work/{build_key(cfg, planned)}"
     record = published_record(store, work, cfg)
     if record is None:  # the flow runs next, in this process: it starts from this listing
         keep_listing(cfg.to_dict(), planned)
         return None
-    return Published(cfg=cfg, store=store, work=work, record=record)
+    return Published(cfg=cfg, store=store, work=work, record=record, input_root=planned.get("root", ""))
 
 
 def record_unchanged(

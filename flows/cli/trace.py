@@ -16,6 +16,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-docs", type=int, default=20, help="documents to list, largest share first (default 20)"
     )
+    p.add_argument(
+        "--input-root",
+        default=None,
+        help="where the build's input corpus lies now, if it moved since (documents are named under it)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on stdout")
     add_s3_arguments(p)
     p.set_defaults(func=run)
@@ -25,7 +30,12 @@ def run(args: argparse.Namespace) -> int:
     from training.lineage import trace_step
 
     out = trace_step(
-        args.checkpoint, args.step, s3=resolve_s3(args), manifest_uri=args.manifest, max_docs=args.max_docs
+        args.checkpoint,
+        args.step,
+        s3=resolve_s3(args),
+        manifest_uri=args.manifest,
+        max_docs=args.max_docs,
+        input_root=args.input_root,
     )
     if args.json:
         print(json.dumps(out, indent=1))
@@ -41,5 +51,7 @@ def run(args: argparse.Namespace) -> int:
     print("tokens per source: " + ", ".join(f"{k} {v}" for k, v in out.get("source_tokens", {}).items()))
     print(f"documents ({out['documents_total']}, largest share first):")
     for d in out["documents"]:
-        print(f"  {d['tokens']:6d} tokens  {d['doc_id']}  (source {d['source']}, at {d['location']})")
+        print(
+            f"  {d['tokens']:6d} tokens  {d['doc_id']}  (input {d.get('uri') or d['source']}, at {d['location']})"
+        )
     return 0

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from pipeline.records import Record, iter_part_batches, quality_score, write_part
 from pipeline.sources import provenance, tally_document
 from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, part_done, part_name, read_part_stats
+from pipeline.units import StageStats, checked_bytes, part_done, part_name, read_part_stats
 
 DROP_REASON = "classifier_low"
 STAGE = "classifier"  # the stats of the keep_fraction filter (a stage of the data card's waterfall)
@@ -62,7 +62,7 @@ def write_cuts(store: ObjectStore, folder: str, num_parts: int, keep_fraction: f
     written to ``key`` (JSON); returns ``key``."""
     scored: dict[str, list[tuple[float, str]]] = {}
     for index in range(num_parts):
-        data = store.get_bytes(f"{folder}/{part_name(index)}.parquet")
+        data = checked_bytes(store, f"{folder}/{part_name(index)}.parquet")
         table = pq.read_table(io.BytesIO(data), columns=["id", "meta"])
         for doc_id, meta in zip(
             table.column("id").to_pylist(), table.column("meta").to_pylist(), strict=True

@@ -24,7 +24,7 @@ from pipeline.dedup.lsh import s_curve, split_refs
 from pipeline.dedup.minhash import estimated_jaccard, set_jaccard
 from pipeline.dedup.signatures import gather_signatures, load_signatures
 from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, folder_key, part_name, part_unit, require_done
+from pipeline.units import StageStats, checked_bytes, folder_key, part_name, part_unit, require_done
 
 HIGH_REMOVAL_RATE = 0.5
 
@@ -38,7 +38,7 @@ def read_texts(store: ObjectStore, in_folder: str, refs: np.ndarray) -> dict[int
         wanted = dict(
             zip(row[(part == p) & ~is_index].tolist(), refs[(part == p) & ~is_index].tolist(), strict=True)
         )
-        data = store.get_bytes(f"{in_folder}/{part_name(p)}.parquet")
+        data = checked_bytes(store, f"{in_folder}/{part_name(p)}.parquet")
         start = 0
         # Small batches of the text column only: memory stays near one batch, not the part's whole text.
         for batch in pq.ParquetFile(io.BytesIO(data)).iter_batches(batch_size=64, columns=["text"]):

@@ -24,6 +24,7 @@ from pipeline.records import iter_part_batches
 from pipeline.storage import ObjectStore, open_store
 from pipeline.units import (
     StageStats,
+    checked_bytes,
     finish_unit,
     folder_key,
     get_npz,
@@ -49,7 +50,7 @@ def load_signatures(
     if not checked:
         require_done(store, unit)
     sigs = get_npz(store, f"{unit}.sig.npz")["sig"] if matrix else np.zeros((0, 0), dtype=np.uint32)
-    return sigs, pq.ParquetFile(io.BytesIO(store.get_bytes(f"{unit}.docs.parquet"))).read()
+    return sigs, pq.ParquetFile(io.BytesIO(checked_bytes(store, f"{unit}.docs.parquet"))).read()
 
 
 def run_signatures_part(

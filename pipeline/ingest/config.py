@@ -109,12 +109,18 @@ class IngestConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class InputFile:
-    """One raw object and its fingerprint (recorded in the manifest; a rebuild redoes what changed)."""
+    """One raw object and its fingerprint (recorded in the manifest; a rebuild redoes what changed).
+
+    ``name``: its path under the build's input root (:func:`pipeline.ingest.stage.input_root`), what document ids
+    and unit keys hold instead of the URI, so the same files elsewhere give the same ids; ``digest``: the
+    ``xxh3-128`` of its bytes (:mod:`pipeline.ingest.digests`), what unit keys hold instead of its ETag/mtime."""
 
     uri: str
     size: int
     etag: str
     mtime: float
+    name: str = ""
+    digest: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -122,7 +128,8 @@ class InputFile:
 
 @dataclass(frozen=True, kw_only=True)
 class Piece:
-    """A whole object, bytes ``[start, end)`` of one (txt/jsonl) or row groups ``[start, end)`` (parquet)."""
+    """A whole object, bytes ``[start, end)`` of one (txt/jsonl) or row groups ``[start, end)`` (parquet).
+    ``uri`` is where it is read; ``name`` (its object's path under the input root) is what its ids hold."""
 
     uri: str
     fmt: str
@@ -131,6 +138,11 @@ class Piece:
     end: int | None = None  # None: to the end of the object
     weight: int = 0  # bytes this piece accounts for in planning
     entry: int = 0  # the index of the configured source (``CorpusConfig.sources``) the object belongs to
+    name: str = ""  # "": a plan made before names, whose ids hold the URI
+
+    def located_json(self) -> dict[str, Any]:
+        """The piece without where it lies (its URI): what a unit key holds."""
+        return {k: v for k, v in asdict(self).items() if k != "uri"}
 
 
 @dataclass(frozen=True, kw_only=True)

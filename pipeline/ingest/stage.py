@@ -119,6 +119,80 @@ def _s3_inputs(source: str, s3: S3Options | None) -> Iterator[InputFile]:
         yield InputFile(uri=f"s3://{bucket}/{info.key}", size=info.size, etag=info.etag, mtime=info.mtime)
 
 
+# ---------------------------------------------------------------- where the inputs lie: the root and the names
+
+
+def input_root(source: str, s3: S3Options | None) -> str:
+    """The folder URI an input source's objects are named under: the folder itself, a file's or an object's
+    parent, a glob's folder before its first wildcard (``/data/web/**/*.jsonl``: ``file:///data/web``)."""
+    if source.startswith("s3://"):
+        bucket, _, pattern = source[len("s3://") :].partition("/")
+        cut = min([pattern.find(c) for c in _GLOB_CHARS if c in pattern] or [len(pattern)])
+        prefix = pattern[:cut]
+        if cut == len(pattern) and prefix and not prefix.endswith("/"):
+            if open_store(f"s3://{bucket}", s3=s3).exists(prefix):  # one object: named under its parent
+                prefix = prefix.rpartition("/")[0] + "/"
+            else:
+                prefix += "/"
+        folder = prefix.rpartition("/")[0]
+        return f"s3://{bucket}/{folder}".rstrip("/")
+    path = os.path.abspath(os.path.expanduser(source.removeprefix("file://")))
+    if any(c in path for c in _GLOB_CHARS):
+        path = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rpartition("/")[0] or "/"
+    elif not os.path.isdir(path):
+        path = os.path.dirname(path)
+    return "file://" + str(Path(path).resolve())
+
+
+def common_root(roots: Sequence[str]) -> str:
+    """The deepest folder URI holding every root (all in one bucket, or all local); "" when they share none
+    (inputs in several buckets, or local and S3 at once: their names are then their URIs)."""
+    if not roots:
+        return ""
+    split = [r.partition("://") for r in roots]
+    heads = {(scheme, rest.split("/", 1)[0] if scheme == "s3" else "") for scheme, _, rest in split}
+    if len(heads) != 1:
+        return ""
+    paths = [rest.split("/") for _, _, rest in split]
+    common: list[str] = []
+    for parts in zip(*paths, strict=False):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    joined = "/".join(common)
+    return f"{split[0][0]}://{joined or '/'}"
+
+
+def relative_name(uri: str, root: str) -> str:
+    """``uri``'s path under ``root`` (``a/b.jsonl``), or ``uri`` itself when ``root`` is "" or does not hold it."""
+    base = root if root.endswith("/") else root + "/"
+    return uri[len(base) :] if root and uri.startswith(base) else uri
+
+
+def named_inputs(inputs: Sequence[InputFile], root: str) -> list[InputFile]:
+    """``inputs`` with their names under ``root``; two objects of one name (a symlink's target outside the root
+    named twice) keep their URIs as names, so no two documents share an id."""
+    names = [relative_name(i.uri, root) for i in inputs]
+    taken = Counter(names)
+    return [replace(i, name=n if taken[n] == 1 else i.uri) for i, n in zip(inputs, names, strict=True)]
+
+
+def relative_source(source: str, root: str) -> str:
+    """An input source as written relative to ``root`` (``**/*.jsonl``; ``.`` for the root itself): what a
+    config says about its inputs once where they lie is left out (the dataset id hashes this)."""
+    if source.startswith("s3://"):
+        uri = source.rstrip("/")
+    else:
+        path = os.path.abspath(os.path.expanduser(source.removeprefix("file://")))
+        glob_at = min([path.find(c) for c in _GLOB_CHARS if c in path] or [len(path)])
+        folder, _, rest = path[:glob_at].rpartition("/")
+        uri = "file://" + str(Path(folder or "/").resolve()).rstrip("/") + "/" + rest + path[glob_at:]
+        uri = uri.rstrip("/")
+    if uri == root.rstrip("/"):
+        return "."
+    return relative_name(uri, root)
+
+
 def list_inputs(
     sources: list[str], s3: S3Options | None, extensions: Mapping[str, str] = DEFAULT_EXTENSIONS
 ) -> list[InputFile]:
@@ -177,6 +251,7 @@ def _split_bytes(inp: InputFile, fmt: str, target: int) -> list[Piece]:
     return [
         Piece(
             uri=inp.uri,
+            name=inp.name,
             fmt=fmt,
             size=inp.size,
             start=bounds[i],
@@ -203,6 +278,7 @@ def _split_row_groups(inp: InputFile, store: ObjectStore, key: str, target: int)
     return [  # weights: the uncompressed bytes of the row groups
         Piece(
             uri=inp.uri,
+            name=inp.name,
             fmt="parquet",
             size=inp.size,
             start=a,
@@ -218,7 +294,7 @@ def _pieces_of(inp: InputFile, cfg: IngestConfig, target: int, stores: _Stores) 
     if fmt is None:
         raise ValueError(f"{inp.uri}: unknown format (ingest.extensions has {sorted(cfg.extensions)})")
     estimate = inp.size * (COMPRESSION_ESTIMATE if fmt == "parquet" or "." in fmt else 1)
-    whole = [Piece(uri=inp.uri, fmt=fmt, size=inp.size, weight=max(estimate, 1))]
+    whole = [Piece(uri=inp.uri, name=inp.name, fmt=fmt, size=inp.size, weight=max(estimate, 1))]
     if estimate <= target or odd_key_reason(inp.uri) is not None:  # an odd key is quarantined, never read
         return whole
     if "." in fmt:
@@ -288,7 +364,9 @@ def _piece_context(piece: Piece, cfg: IngestConfig, sources: Sequence[SourceConf
     source = sources[piece.entry] if piece.entry < len(sources) else None
     if source is not None and source.text_field:
         cfg = replace(cfg, text_field=source.text_field)
-    return readers.ReadContext(uri=piece.uri, fmt=piece.fmt, cfg=cfg, source=source, entry=piece.entry)
+    # ids and the source column hold the object's name under the input root, not where it lies
+    name = piece.name or piece.uri
+    return readers.ReadContext(uri=name, fmt=piece.fmt, cfg=cfg, source=source, entry=piece.entry)
 
 
 def iter_ingest_part(
@@ -312,7 +390,7 @@ def iter_ingest_part(
     names: dict[str, str] = {}  # the source name of each object, for its quarantined records
     for piece in plan.pieces:
         ctx = _piece_context(piece, cfg, sources)
-        names[piece.uri] = ctx.source.name if ctx.source is not None and ctx.source.name else DEFAULT_SOURCE
+        names[ctx.uri] = ctx.source.name if ctx.source is not None and ctx.source.name else DEFAULT_SOURCE
         if (odd := odd_key_reason(piece.uri)) is not None:
             log.warning("ingest: bad_key %r: %s", piece.uri, odd)
             quarantined.append(ctx.quarantine("B0", "bad_key", odd))

@@ -100,3 +100,89 @@ def test_a_new_threshold_reuses_every_signature(prefect_harness, tiny_corpus: Pa
     assert warm["reused_units"]["ingest"] == [parts, parts]
     assert warm["reused_units"]["boilerplate"] == [parts, parts]  # the count does not read min_docs
     assert warm["reused_units"]["signatures"] == [parts, parts]  # nor do signatures read the threshold
+
+
+# ---------------------------------------------------------------- keys and ids by content, not location (issue 43)
+
+
+def _listed(folder: Path, sources: bool = False) -> tuple[Any, dict[str, Any]]:
+    from flows.build.inputs import list_and_plan
+
+    overrides = dict(TINY_OVERRIDES, output=str(folder.parent / "store"))
+    if sources:
+        overrides["sources"] = [{"name": "web", "inputs": [f"{folder}/*.jsonl"]}]
+        cfg = load_corpus_config(None, overrides=overrides)
+    else:
+        cfg = load_corpus_config(None, inputs=[str(folder)], overrides=overrides)
+    return cfg, list_and_plan(cfg.to_dict())
+
+
+@pytest.mark.parametrize("sources", [False, True], ids=["input", "named-source"])
+def test_the_same_files_elsewhere_have_the_same_keys_and_id_config(tmp_path: Path, sources: bool) -> None:
+    from flows.build.inputs import build_key, ingest_keys, located_config
+    from tests.flows.tiny_corpus import write_tiny_corpus
+
+    here, there = tmp_path / "a" / "raw", tmp_path / "b" / "other" / "place"
+    write_tiny_corpus(here, files=3)
+    write_tiny_corpus(there, files=3)
+    (cfg_a, a), (cfg_b, b) = _listed(here, sources), _listed(there, sources)
+    assert a["root"] == f"file://{here}" and b["root"] == f"file://{there}"
+    assert [i["name"] for i in a["inputs"]] == ["part-0.jsonl", "part-1.jsonl", "part-2.jsonl"]
+    assert [i["digest"] for i in a["inputs"]] == [i["digest"] for i in b["inputs"]]
+    assert build_key(cfg_a, a) == build_key(cfg_b, b)
+    assert ingest_keys(cfg_a, a["plans"], a["inputs"]) == ingest_keys(cfg_b, b["plans"], b["inputs"])
+    assert located_config(cfg_a, a["root"]) == located_config(cfg_b, b["root"])
+    inputs = (
+        located_config(cfg_a, a["root"])["sources"][0]["inputs"] if sources else cfg_a.to_dict()["inputs"]
+    )
+    assert str(tmp_path) not in str(located_config(cfg_a, a["root"]))  # no location in what the id hashes
+    assert inputs  # the config still says what was read
+
+
+def test_a_touched_file_keeps_its_keys_and_an_edited_one_changes_only_its_parts(tmp_path: Path) -> None:
+    import os
+
+    from flows.build.inputs import build_key, ingest_keys
+    from pipeline.ingest.digests import cache_key
+    from tests.flows.tiny_corpus import write_tiny_corpus
+
+    raw = tmp_path / "raw"
+    write_tiny_corpus(raw, files=3)
+    cfg, first = _listed(raw)
+    keys = ingest_keys(cfg, first["plans"], first["inputs"])
+    assert (tmp_path / "store" / cache_key(first["root"])).is_file()  # the digests, kept for the next listing
+    for path in raw.iterdir():
+        os.utime(path, (path.stat().st_atime + 60, path.stat().st_mtime + 60))
+    _, touched = _listed(raw)
+    assert [i["etag"] for i in touched["inputs"]] != [i["etag"] for i in first["inputs"]]
+    assert build_key(cfg, touched) == build_key(cfg, first)
+    edited = raw / "part-1.jsonl"
+    edited.write_text(edited.read_text().replace("The ", "the ", 1))  # same size, other bytes
+    _, after = _listed(raw)
+    changed = [
+        i
+        for i, (x, y) in enumerate(zip(keys, ingest_keys(cfg, after["plans"], after["inputs"]), strict=True))
+        if x != y
+    ]
+    reads_it = [i for i, p in enumerate(after["plans"]) if any(x["name"] == edited.name for x in p["pieces"])]
+    assert changed == reads_it and 0 < len(changed) < len(keys)
+
+
+def test_the_golden_id_config_of_the_default_build_is_pinned(tmp_path: Path) -> None:
+    """The config the dataset id hashes for ``--input <folder>`` with the embedded defaults, wherever the folder
+    is: pinned, so a change to what the id hashes is a decision (the CHANGELOG says which ids change)."""
+    import hashlib
+    import json
+
+    from flows.build.inputs import located_config
+
+    for folder in (tmp_path / "x", tmp_path / "y" / "z"):
+        folder.mkdir(parents=True)
+        cfg = load_corpus_config(None, inputs=[str(folder)], overrides={"name": "golden"})
+        config = located_config(cfg, f"file://{folder}")
+        assert config["inputs"] == ["."] and config["output"] is None
+        digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+        assert digest == GOLDEN_CONFIG_DIGEST, digest
+
+
+GOLDEN_CONFIG_DIGEST = "2253649cbbd894a1"  # issue 43: inputs relative to their root
