@@ -190,7 +190,11 @@ def test_readme_links_every_guide() -> None:
 
 
 def test_checker_reports_a_planted_missing_command() -> None:
-    text = "\n".join(guide_texts()).replace("`pileworks janitor", "pileworks janitor").replace("`janitor", "janitor")
+    text = (
+        "\n".join(guide_texts())
+        .replace("`pileworks janitor", "pileworks janitor")
+        .replace("`janitor", "janitor")
+    )
     assert undocumented(cli_commands(build_parser()), [text], command_documented) == ["janitor"]
 
 
@@ -222,4 +226,7 @@ def test_checker_reports_a_planted_broken_link(tmp_path: Path) -> None:
         "[ok](guide.md) [ok](guide.md#the-store) [web](https://example.com)\n"
         "[gone](missing.md) [bad anchor](guide.md#no-such)\n```\n[in code](ignored.md)\n```\n"
     )
-    assert broken_links(page, text) == ["missing.md: no such file", "guide.md#no-such: no heading with that anchor"]
+    assert broken_links(page, text) == [
+        "missing.md: no such file",
+        "guide.md#no-such: no heading with that anchor",
+    ]
