@@ -46,15 +46,19 @@ def cli_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()) 
     return found
 
 
+def _is_config(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
 def _section_type(tp: Any) -> tuple[type | None, str]:
     """The dataclass a field holds (directly, optional, or as a tuple of them) and the suffix its path takes."""
-    if dataclasses.is_dataclass(tp):
-        return tp, ""  # type: ignore[return-value]
+    if _is_config(tp):
+        return tp, ""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        inner = [a for a in args if dataclasses.is_dataclass(a)]
+        inner = [a for a in args if _is_config(a)]
         return (inner[0], "") if inner else (None, "")
-    if origin is tuple and args and dataclasses.is_dataclass(args[0]):
+    if origin is tuple and args and _is_config(args[0]):
         return args[0], "[]"
     return None, ""
 
@@ -63,7 +67,7 @@ def dataclass_sections(cls: type = CorpusConfig, prefix: str = "") -> list[str]:
     """Dotted names of every nested config dataclass: ``clean.quality``, ``sources``, ``sources[].langid``."""
     found: list[str] = []
     hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         inner, suffix = _section_type(hints[f.name])
         if inner is not None:
             found.append(prefix + f.name)
