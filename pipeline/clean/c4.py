@@ -35,8 +35,9 @@ Choices left open, and what we chose:
 - **Bad words** are matched on the kept text after the sentence rule (TFDS's and datatrove's separate bad-words
   filter, not the in-loop regex of TFDS's first version), all of them (no keep fraction, no per-language
   lists: the file is the list). None is bundled; the file is read through ``pipeline.storage``.
-- **Sentences.** TFDS and datatrove count them with nltk's punkt model, which must be downloaded; we cannot
-  download at run time, so :func:`sentence_spans` is a small rule-based splitter (see there for how it differs).
+- **Sentences.** TFDS counts them with nltk's punkt model, which must be downloaded; datatrove 0.10.1 (English)
+  with spaCy's rule-based ``sentencizer``. We cannot download at run time, so :func:`sentence_spans` is a small
+  rule-based splitter (see there for how it differs from punkt).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
 
     A sentence ends at a run of ``.``, ``?`` or ``!`` (with the closing quotes and brackets after it) that is
     followed by whitespace and more text, and at the end of the text. How this differs from nltk's punkt
-    (English), which TFDS and datatrove use: punkt learnt its abbreviations, initials and sentence starters
+    (English), which TFDS uses: punkt learnt its abbreviations, initials and sentence starters
     from a corpus and weighs the next word's case by how often that word is capitalised elsewhere; here a
     fixed list of common abbreviations, any word with an inner period ("e.g.", "U.S."), a single letter
     (an initial) and a number before a lowercase word do not end a sentence, an ellipsis ends one only before

@@ -2,8 +2,8 @@
 
 Three extractors users know: resiliparse (DCLM's; the default: on this machine's real HTML it is ~20x faster
 than trafilatura per core and keeps as much of the pages' words, see ``tests/bench/bench_web.py``), trafilatura
-(FineWeb's and datatrove's; its defaults here are datatrove's, so the texts are the same) and jusText (The
-Pile's). ``ingest.html.options`` are passed to the extractor's function unchanged. An extractor that is not
+(FineWeb's and datatrove's; its defaults here are datatrove's but for deduplication, which acts within a page
+here: 96.3% of pages get datatrove's text as it ships) and jusText (The Pile's). ``ingest.html.options`` are passed to the extractor's function unchanged. An extractor that is not
 installed is an error naming the pip extra that installs it, raised when the extractor is built (before any
 record is read), so a build never quarantines a whole crawl for a missing package.
 """

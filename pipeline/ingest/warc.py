@@ -17,10 +17,11 @@ already decoded (pywb/webrecorder, ClueWeb09): the decoding is tried and, when t
 header, the body is used as stored and counted as ``encoding_mismatch``. gzip, deflate, brotli and zstd bodies are
 decoded. URLs are stored as :func:`pipeline.records.normalize_url` gives them (``<https://…>`` without brackets).
 
-A document's id is ``<uri>#B<offset>``: the byte offset of its record in the file (of its gzip member in a
-``.gz``, the offset Common Crawl's index gives), so ``pileworks trace`` leads back to the raw record. In a WARC
-gzipped as one whole file no record has a member of its own: the id is ``<uri>#U<offset>``, the record's offset in
-the decompressed file (``zcat FILE | tail -c +$((OFFSET + 1))`` starts with it).
+A document's id is ``<name>#B<offset>`` (``name``: the file under the input root): the byte offset of its record in
+the file (of its gzip member in a ``.gz``, the offset Common Crawl's index gives), so ``pileworks trace`` leads
+back to the raw record. In a WARC gzipped as one whole file no record has a member of its own: the id is
+``<name>#U<offset>``, the record's offset in the decompressed file (``zcat FILE | tail -c +$((OFFSET + 1))`` starts
+with it).
 
 Bad input is quarantined with its reason and offset, and the rest of the file goes on: a record cut short
 (a gzip member or a file that ends before the record's declared length: ``truncated_record``), ``WARC-Truncated``

