@@ -78,7 +78,7 @@ lint: setup
 # must import from the copy: an optional one that failed to build would fall back to the plain .so here.
 SAN_DIR ?= build/sanitize
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all -g
-SAN_TESTS := tests/pipeline/test_native.py tests/pipeline/test_langid.py tests/pipeline/clean/test_wordscan.py \
+SAN_TESTS := tests/pipeline/test_native.py tests/pipeline/clean/test_langid.py tests/pipeline/clean/test_wordscan.py \
 	tests/pipeline/clean/test_quality.py tests/pipeline/clean/test_stopwords.py \
 	tests/pipeline/clean/test_boilerplate.py tests/pipeline/clean/test_normalize_once.py
 SAN_ENV := CI=true PYTHONPATH=. PYTHONMALLOC=malloc LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
@@ -90,7 +90,7 @@ sanitize: setup  ## the compiled kernels' tests with the kernels built under ASa
 		| tar -x -C $(SAN_DIR)
 	cd $(SAN_DIR) && CFLAGS="$(SAN_FLAGS)" $(abspath $(BIN))/python -c "from setuptools import setup; setup()" \
 		-q build_ext --inplace
-	cd $(SAN_DIR) && $(SAN_ENV) $(abspath $(BIN))/python -c "import pipeline._langid_walk as a, \
+	cd $(SAN_DIR) && $(SAN_ENV) $(abspath $(BIN))/python -c "import pipeline.clean._langid_walk as a, \
 		pipeline.clean._lines as b, pipeline.clean._wordscan as c; files = [m.__file__ for m in (a, b, c)]; \
 		assert all(f.startswith('$(abspath $(SAN_DIR))/') for f in files), files"
 	cd $(SAN_DIR) && $(SAN_ENV) $(abspath $(BIN))/python -m pytest -q -p no:cacheprovider --capture=sys $(SAN_TESTS)

@@ -1,6 +1,22 @@
-"""pileworks corpus library: ingest, clean, dedup, tokenize, shard and publish.
+"""pileworks corpus library: raw text in, a published dataset of token shards out.
 
-Pure Python + numpy/pyarrow/datasketch/tokenizers/boto3. Never imports prefect, torch or deepspeed.
+Its rooms, in the order a document meets them (each imports only the rooms before it; tests/test_architecture.py):
+
+- ``storage/``: the object stores every room reads and writes through (local folders, S3), retries, uploads.
+- ``units/``: the unit protocol every stage computes in (keys, done records, statistics), proofs, the unit cache
+  and the hash ranges of the global steps.
+- ``ingest/``: raw files (txt, jsonl, parquet, WARC/WET/ARC) to UTF-8 documents, bad records quarantined.
+- ``clean/``: normalisation, boilerplate, the quality rules, language identification, URL rules, PII, the
+  quality classifier.
+- ``dedup/``: exact and MinHash near-duplicate removal, with its audit.
+- ``decontam/``: documents that overlap evaluation sets.
+- ``tokenize/``: the byte-level BPE (trained or given), its fast encoding path and its Hugging Face files.
+- ``dataset/``: balanced binary shards, the manifest, atomic publishing, verification and the data card.
+
+At the top, only what every room uses: ``errors``, ``config`` (reading config files), ``records`` (documents
+and part files), ``sources`` (named, weighted sources and their mixture), and ``corpus_config``, the one config
+that names every room's section. Pure Python + numpy/pyarrow/datasketch/tokenizers/boto3: never imports
+prefect, torch or deepspeed.
 """
 
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 /* What the compiled kernels share: reading buffers, decoding UTF-8 and hashing bytes.
  *
- * pipeline/_langid_walk.c, pipeline/clean/_lines.c and pipeline/clean/_wordscan.c include this one header
+ * pipeline/clean/_langid_walk.c, pipeline/clean/_lines.c and pipeline/clean/_wordscan.c include this one header
  * (it ships in the sdist as each extension's `depends`). Every helper is bounded: a decoder never reads past the
  * end it is given, whatever the bytes, so a broken invariant becomes a Python exception in the caller instead of
  * a read out of bounds (`make sanitize` runs the kernels' tests under AddressSanitizer and UBSan).

@@ -17,14 +17,14 @@ from typing import Any
 from pipeline import __version__
 from pipeline.clean.config import CleanConfig
 from pipeline.config import build_config, check_name, config_to_dict, load_config
+from pipeline.dataset.shards import ShardConfig
 from pipeline.decontam import DecontamConfig
 from pipeline.dedup.config import ExactDedupConfig, NearDedupConfig
 from pipeline.ingest.config import IngestConfig
 from pipeline.sample_corpus import sample_corpus_path
-from pipeline.shards import ShardConfig
 from pipeline.sources import SourceConfig, check_sources
 from pipeline.storage import S3Options
-from pipeline.tokenize import TokenizeConfig
+from pipeline.tokenize.stage import TokenizeConfig
 
 DEFAULT_CONFIG = Path(__file__).with_name("configs") / "corpus.yaml"
 

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, checked_bytes, finish_unit, part_name, part_unit, require_done
+from pipeline.units.protocol import StageStats, checked_bytes, finish_unit, part_name, part_unit, require_done
 
 SCHEMA = pa.schema(
     [

@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
-from pipeline.clean.config import QualityConfig
-from pipeline.langid import LangIdConfig
+from pipeline.clean.config import LangIdConfig, QualityConfig
 from pipeline.records import url_host
-from pipeline.units import KEPT, UNKNOWN_LANGUAGE, StageStats, snippet
+from pipeline.units.protocol import KEPT, UNKNOWN_LANGUAGE, StageStats, snippet
 
 if TYPE_CHECKING:
-    from pipeline.shards import ShardInfo
+    from pipeline.dataset.shards import ShardInfo
 
 DEFAULT_SOURCE = "default"  # the name of documents whose source gives no name and whose meta has none
 NAME_FIELD = "pile_set_name"

@@ -11,8 +11,7 @@ import os
 
 import pytest
 
-from pipeline import langid
-from pipeline.clean import normalize, wordscan
+from pipeline.clean import langid, normalize, wordscan
 
 ON_CI = bool(os.environ.get("CI"))
 
@@ -23,7 +22,7 @@ def _needs(kernel: object, name: str) -> pytest.MarkDecorator:
     )
 
 
-needs_walk = _needs(langid.walk_kernel, "pipeline._langid_walk")
+needs_walk = _needs(langid.walk_kernel, "pipeline.clean._langid_walk")
 needs_lines = _needs(normalize.lines_kernel, "pipeline.clean._lines")
 needs_wordscan = _needs(wordscan.scan_kernel, "pipeline.clean._wordscan")
 

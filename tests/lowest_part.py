@@ -35,7 +35,7 @@ LOWEST_PART = (
     # beside the flows, floors whose failure a build would not show
     "pipeline/ingest/test_encoding.py",  # charset-normalizer's detection (Shift-JIS, not gb18030)
     "pipeline/ingest/test_warc.py",  # warcio (ARC, LF-only headers) and trafilatura's per-page cache
-    "pipeline/test_storage.py::test_put_if_absent_race_has_one_winner",  # create-only puts on S3 (boto3, moto)
+    "pipeline/storage/test_storage.py::test_put_if_absent_race_has_one_winner",  # create-only puts on S3 (boto3, moto)
 )
 
 

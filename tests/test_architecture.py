@@ -40,8 +40,8 @@ RULES = {
     ),
 }
 TRAINING_MAY_USE_FROM_PIPELINE = (
-    "pipeline.manifest",
-    "pipeline.shards",
+    "pipeline.dataset.manifest",
+    "pipeline.dataset.shards",
     "pipeline.storage",
     "pipeline.config",
     "pipeline.errors",
@@ -286,6 +286,111 @@ def test_flows_room_checker_catches_a_violation(tmp_path: Path) -> None:
         {"flows/ui/a.py": "from flows.build.flow import x\n", "flows/build/b.py": "import flows.ui.a\n"},
     )
     assert flows_room_violations(tmp_path) == ["flows/ui/a.py:1 (flows.ui) imports flows.build.flow"]
+
+
+# The rooms of pipeline/ (DESIGN.md), in the pipeline's order: storage and units at the bottom, then the stages as a
+# document meets them, the dataset contract last. A room imports the rooms before it, never one after it; any room
+# may import the shared modules at pipeline/'s top (errors, config, records, sources) and any room's config module
+# (a source's settings name the clean rules it overrides). The shared modules import only storage, units and
+# config modules; corpus_config, the assembly of every room's config, sits above them all. Imports under
+# ``if TYPE_CHECKING:`` are type hints, not layering, and are not counted here (the circle rule counts them).
+PIPELINE_ROOMS = ("storage", "units", "ingest", "clean", "dedup", "decontam", "tokenize", "dataset")
+PIPELINE_SHARED = ("errors", "config", "records", "sources")
+PIPELINE_TOP = ("corpus_config",)
+
+
+def _runtime_imports(path: Path, root: Path) -> list[Import]:
+    """The imports of ``path`` outside ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    hinted: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.body:
+                hinted.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return [imp for imp in imports_of(path, root) if imp.line not in hinted]
+
+
+def _pipeline_place(module: str) -> str | None:
+    """The room (or shared/top module) of a pipeline module; None outside pipeline/."""
+    parts = module.split(".")
+    if parts[0] != "pipeline":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def pipeline_room_violations(root: Path = ROOT) -> list[str]:
+    found = []
+    for path in sources("pipeline", root):
+        here = _pipeline_place(module_name(path, root))
+        for imp in _runtime_imports(path, root):
+            there = _pipeline_place(imp.module)
+            if there is None or there == here or there == "__init__" or here in PIPELINE_TOP:
+                continue
+            config_module = there in PIPELINE_ROOMS and imp.module == f"pipeline.{there}.config"
+            if here in PIPELINE_ROOMS:
+                ok = (
+                    there in PIPELINE_SHARED
+                    or config_module
+                    or (there in PIPELINE_ROOMS and PIPELINE_ROOMS.index(there) < PIPELINE_ROOMS.index(here))
+                )
+            else:  # a shared module (or the package's __init__)
+                ok = there in PIPELINE_SHARED or there in ("storage", "units") or config_module
+            if not ok:
+                found.append(f"{path.relative_to(root)}:{imp.line} ({here}) imports {imp.module}")
+    return found
+
+
+def test_pipeline_rooms_read_in_the_pipeline_s_order_and_import_downward() -> None:
+    top = sorted(p.name for p in (ROOT / "pipeline").glob("*.py"))
+    assert len(top) <= 6 and top == sorted(
+        f"{m}.py" for m in ("__init__", *PIPELINE_SHARED, *PIPELINE_TOP)
+    ), f"pipeline/'s top holds only what every room uses: {top}"
+    rooms = sorted(p.parent.name for p in (ROOT / "pipeline").glob("*/__init__.py"))
+    assert rooms == sorted([*PIPELINE_ROOMS, "sample_corpus"]), rooms  # and the bundled corpus, data only
+    for init in (ROOT / "pipeline").rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc and len(doc) > 40, (
+            f"{init.relative_to(ROOT)}: a package says its one concern in a docstring"
+        )
+    violations = pipeline_room_violations()
+    assert not violations, (
+        "pipeline/ rooms import only the rooms before them (" + " < ".join(PIPELINE_ROOMS) + "), the shared "
+        "modules and config modules:\n" + "\n".join(violations)
+    )
+
+
+def test_pipeline_room_checker_catches_a_violation(tmp_path: Path) -> None:
+    _plant(
+        tmp_path,
+        {
+            "pipeline/__init__.py": "",
+            "pipeline/records.py": "from pipeline.units.protocol import x\nfrom pipeline.ingest.stage import y\n",
+            "pipeline/units/protocol.py": "from pipeline.dataset.manifest import m\n",
+            "pipeline/clean/stage.py": (
+                "from typing import TYPE_CHECKING\nfrom pipeline.ingest.stage import a\n"
+                "from pipeline.dedup.config import b\nfrom pipeline.tokenize.stage import c\n"
+                "if TYPE_CHECKING:\n    from pipeline.dataset.shards import ShardInfo\n"
+            ),
+        },
+    )
+    assert pipeline_room_violations(tmp_path) == [
+        "pipeline/clean/stage.py:4 (clean) imports pipeline.tokenize.stage",
+        "pipeline/records.py:2 (records) imports pipeline.ingest.stage",
+        "pipeline/units/protocol.py:1 (units) imports pipeline.dataset.manifest",
+    ]
+
+
+def test_a_private_name_is_not_read_across_pipeline_rooms(tmp_path: Path) -> None:
+    """Rule 6 over the new rooms: a private name of one room is read in no other."""
+    bad = tmp_path / "pipeline" / "dataset" / "publish.py"
+    bad.parent.mkdir(parents=True)
+    bad.write_text(
+        "from pipeline.units.cache import _entry\nfrom pipeline.tokenize import stage\nx = stage._bpe\n"
+    )
+    assert [f.split(" ", 1)[1] for f in private_import_violations([bad], tmp_path)] == [
+        "imports pipeline.units.cache._entry",
+        "uses stage._bpe",
+    ]
 
 
 def test_errors_module_is_dependency_free() -> None:
@@ -588,12 +693,12 @@ class Internal:
 # ceiling moves, and whatever is not listed here fails test_no_other_library_internals_are_read.
 LIBRARY_INTERNALS: dict[tuple[str, str], Internal] = {
     # ---- third-party libraries
-    ("pipeline/langid.py", "model._rowbase"): Internal(
+    ("pipeline/clean/langid.py", "model._rowbase"): Internal(
         "py3langid's automaton row offsets: FastIdentifier vectorises py3langid's own walk over its tables "
-        "(the reference stays in tests/pipeline/test_langid.py)",
+        "(the reference stays in tests/pipeline/clean/test_langid.py)",
         "py3langid 0.4.0 (0.3.0 has neither _rowbase nor _alias_pairs: pileworks needs py3langid>=0.4)",
     ),
-    ("pipeline/langid.py", "model._alias_pairs"): Internal(
+    ("pipeline/clean/langid.py", "model._alias_pairs"): Internal(
         "py3langid's language aliases, applied as its classify applies them", "py3langid 0.4.0"
     ),
     ("pipeline/clean/classifier.py", "self.model.f"): Internal(
@@ -769,7 +874,7 @@ def test_library_internals_checker_catches_a_violation(tmp_path: Path) -> None:
         (13, "model.f"),
     ]
     # a listed internal counts only where it is listed
-    assert _listed("pipeline/langid.py", "model._rowbase") and not _listed(
+    assert _listed("pipeline/clean/langid.py", "model._rowbase") and not _listed(
         "pipeline/dedup.py", "model._rowbase"
     )
     assert _listed("flows/cli/new.py", "argparse._SubParsersAction")

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from pipeline.manifest import Manifest
-from pipeline.shards import ShardInfo
+from pipeline.dataset.manifest import Manifest
+from pipeline.dataset.shards import ShardInfo
 from pipeline.storage import ObjectStore
 from training.cache import ShardCache
 from training.sampler import samples_per_rank

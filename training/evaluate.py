@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.manifest import load_manifest
+from pipeline.dataset.manifest import load_manifest
 from pipeline.storage import S3Options, sha256_bytes
 from training.cache import ShardCache
 from training.data import ShardDataset

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from pipeline.dataset.manifest import load_manifest
 from pipeline.errors import CheckpointError, PileworksError
-from pipeline.manifest import load_manifest
 from pipeline.storage import S3Options
 from training.generate import fp32_state_dict, resolve_tag_dir
 from training.model import ModelConfig

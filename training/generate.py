@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from pipeline.dataset.manifest import load_manifest
 from pipeline.errors import CheckpointError
-from pipeline.manifest import load_manifest
 from pipeline.storage import S3Options
 from training.checkpoint import select_resume_tag, verify_tag
 from training.model import GPT, ModelConfig

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.manifest import load_manifest
+from pipeline.dataset.manifest import load_manifest
 from pipeline.storage import S3Options
 from training.blend import SourceSamples, blend_sources, epoch_order
 from training.cache import ShardCache

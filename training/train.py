@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 
 from pipeline.config import parse_overrides
+from pipeline.dataset.manifest import Manifest, load_manifest
 from pipeline.errors import CheckpointError
-from pipeline.manifest import Manifest, load_manifest
 from pipeline.storage import ObjectStore, open_store, sha256_bytes
 from training.blend import BlendedDistributedSampler, blend_sources, epoch_order, source_tokens
 from training.cache import ShardCache

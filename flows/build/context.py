@@ -1,6 +1,6 @@
 """What every build task shares: the :class:`BuildContext` it receives (the store, the work folder, the resolved
 config), the retry policy of I/O tasks, the failure that names the stage and the part, and :func:`run_unit`, the
-per-part unit runner that reuses a unit from an earlier build when its key matches (``pipeline/unitcache.py``).
+per-part unit runner that reuses a unit from an earlier build when its key matches (``pipeline/units/cache.py``).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from typing import Any
 from flows.runtime import profile, shutdown
 from flows.runtime.heartbeat import beat_also, current_flow_run_id
 from flows.runtime.pool import WorkerDied
-from pipeline import unitcache
 from pipeline.corpus_config import CorpusConfig, config_from_dict
 from pipeline.errors import StageFailed, UnitNotDone
 from pipeline.storage import ObjectStore, open_store
 from pipeline.storage.options import S3Options
 from pipeline.storage.retry import is_permanent
 from pipeline.storage.uploads import UploadJournal, hold_lease, release_lease
-from pipeline.units import WRITER, StageStats, intact_marker, part_unit
+from pipeline.units import cache as unitcache
+from pipeline.units.protocol import WRITER, StageStats, intact_marker, part_unit
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from flows.build.passes import Passes
 from flows.runtime.workers import hand_over
 from flows.ui import run_names
 from pipeline.corpus_config import CorpusConfig
-from pipeline.units import StageStats
+from pipeline.units.protocol import StageStats
 
 
 @task(name="decontam-index", task_run_name="decontam: index", cache_policy=NO_CACHE, **IO_RETRIES)

@@ -67,14 +67,14 @@ from flows.runtime.runners import (
 )
 from flows.ui import build_artifacts, run_names
 from flows.ui.progress import RunProgress, stage_progress
-from pipeline import hashranges
 from pipeline.corpus_config import CorpusConfig, load_corpus_config
+from pipeline.dataset.manifest import MANIFEST_KEY, dataset_prefix
+from pipeline.dataset.shards import ShardInfo
 from pipeline.dedup import exact
 from pipeline.errors import StageFailed
-from pipeline.manifest import MANIFEST_KEY, dataset_prefix
-from pipeline.shards import ShardInfo
 from pipeline.storage.uploads import release_lease
-from pipeline.units import StageStats
+from pipeline.units import hashranges
+from pipeline.units.protocol import StageStats
 
 __all__ = ["BuildContext", "StageFailed", "build_corpus", "build_key"]
 

@@ -12,12 +12,13 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from pipeline import __version__, unitcache
+from pipeline import __version__
 from pipeline.corpus_config import CorpusConfig, config_from_dict, load_corpus_config
 from pipeline.ingest import config as ingest_config
 from pipeline.ingest import digests
 from pipeline.ingest import stage as ingest
 from pipeline.storage import open_store
+from pipeline.units import cache as unitcache
 
 
 def corpus_config(parameters: dict[str, Any]) -> CorpusConfig:

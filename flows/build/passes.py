@@ -16,7 +16,7 @@ from flows.build.plan import chunks, unchunk
 from flows.runtime import profile
 from flows.runtime.profile import BuildProfile
 from flows.ui.progress import stage_progress
-from pipeline.units import StageStats, mark_stage_success
+from pipeline.units.protocol import StageStats, mark_stage_success
 
 
 class Passes:

@@ -5,7 +5,7 @@
 No Prefect here: ``flows/build/tasks.py`` wraps each in a Prefect task that hands the call to a worker process
 (``flows/runtime/workers.py``), which imports only this module and the stages (forked, already loaded). Per-part
 steps go through :func:`flows.build.context.run_unit`, which restores a unit from an earlier build when its key
-matches (``pipeline/unitcache.py``) and names the stage and part when it fails. Messages go to :data:`log`, which
+matches (``pipeline/units/cache.py``) and names the stage and part when it fails. Messages go to :data:`log`, which
 the task wrapper re-emits in its task run's log.
 """
 
@@ -24,19 +24,22 @@ from flows.build.context import BuildContext, build_context, run_unit, stage_err
 from flows.build.inputs import list_and_plan, located_config, take_listing
 from flows.build.tokenizer_process import train_where_cheapest
 from flows.runtime import profile
-from pipeline import decontam, publish, tokenize, unitcache
-from pipeline.dedup import candidates, clusters, exact, near, signatures
-from pipeline.ingest import config as ingest_config
-from pipeline.ingest import stage as ingest
-from pipeline.manifest import (
+from pipeline import decontam
+from pipeline.dataset import publish
+from pipeline.dataset.manifest import (
     DatasetConflictError,
     Manifest,
     copy_verified,
     point_latest,
 )
+from pipeline.dedup import candidates, clusters, exact, near, signatures
+from pipeline.ingest import config as ingest_config
+from pipeline.ingest import stage as ingest
 from pipeline.sources import mixture_from_runs
 from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, mark_stage_success, merged_stats, part_name
+from pipeline.tokenize import stage as tokenize
+from pipeline.units import cache as unitcache
+from pipeline.units.protocol import StageStats, mark_stage_success, merged_stats, part_name
 
 # Its records reach the task run's log through the task wrapper (flows/runtime/workers.py), not twice.
 log = logging.getLogger(__name__)

@@ -39,9 +39,9 @@ from typing import Any
 from flows.build.context import build_context
 from flows.runtime import shutdown
 from flows.runtime.pool import cores, die_with_parent, in_pool_worker
-from pipeline import tokenize
 from pipeline.errors import StageFailed
 from pipeline.storage.retry import STATS
+from pipeline.tokenize import stage as tokenize
 
 # The largest training sample (the sampled parts' bytes) that trains in the flow's process (:func:`train_here`).
 IN_PROCESS_SAMPLE_BYTES = 64 * 1024 * 1024

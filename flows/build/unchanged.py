@@ -34,9 +34,9 @@ from flows.runtime.profile import BuildProfile
 from flows.runtime.recorded_run import completed_run
 from flows.ui import build_artifacts, run_names
 from pipeline.corpus_config import CorpusConfig
-from pipeline.manifest import LATEST_KEY, MANIFEST_KEY, dataset_prefix, load_manifest, point_latest
+from pipeline.dataset.manifest import LATEST_KEY, MANIFEST_KEY, dataset_prefix, load_manifest, point_latest
 from pipeline.storage import ObjectStore, join_key, open_store, read_object
-from pipeline.units import StageStats
+from pipeline.units.protocol import StageStats
 
 RECORD = "published.json"
 

@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_export(args: argparse.Namespace) -> int:
     if args.to == "fp32":
         return run_export_fp32(args)
-    from pipeline.hf_tokenizer import hf_tokenizer_files
+    from pipeline.tokenize.hf_files import hf_tokenizer_files
     from training.checkpoint import read_record
     from training.export_hf import export_hf, special_ids
     from training.generate import resolve_tag_dir

@@ -56,9 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_card(args: argparse.Namespace) -> int:
-    from pipeline.card import read_card
-    from pipeline.card_markdown import diff_cards, render_card, render_diff
-    from pipeline.manifest import load_manifest
+    from pipeline.dataset.card import read_card
+    from pipeline.dataset.card_markdown import diff_cards, render_card, render_diff
+    from pipeline.dataset.manifest import load_manifest
 
     s3 = resolve_s3(args)
     card = read_card(*load_manifest(args.dataset, s3))
@@ -74,7 +74,7 @@ def run_card(args: argparse.Namespace) -> int:
 
 
 def run_mixture(args: argparse.Namespace) -> int:
-    from pipeline.manifest import load_manifest
+    from pipeline.dataset.manifest import load_manifest
     from pipeline.sources import domain_tokens, format_mixture, format_top_domains
 
     manifest, store = load_manifest(args.dataset, resolve_s3(args))
@@ -98,7 +98,7 @@ def run_mixture(args: argparse.Namespace) -> int:
 
 def locate_build(dataset: str, s3: S3Options) -> tuple[ObjectStore, str]:
     """The store root and the near-dedup work folder of the build that published ``dataset``."""
-    from pipeline.manifest import load_manifest
+    from pipeline.dataset.manifest import load_manifest
 
     manifest, dstore = load_manifest(dataset, s3)
     build_key = manifest.lineage.get("build_key")

@@ -93,7 +93,7 @@ def check_train(manifest_uri: str, config_path: str | None, overrides: dict[str,
 
     A local dataset is looked up first (a second, before torch is imported); an ``s3://`` one needs the
     training config's ``s3:`` section to be reached at all."""
-    from pipeline.manifest import load_manifest
+    from pipeline.dataset.manifest import load_manifest
 
     if not manifest_uri.startswith("s3://"):
         load_manifest(manifest_uri, None)

@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeline.dataset.verify import verify_target
     from pipeline.storage import open_store
-    from pipeline.verify import verify_target
 
     target = str(args.target).rstrip("/").removesuffix("/manifest.json")
     if "://" not in target and not Path(target).expanduser().exists():

@@ -63,8 +63,8 @@ PRELOAD = [
     "pipeline.dedup.signatures",
     "pipeline.dedup.candidates",
     "pipeline.dedup.clusters",
-    "pipeline.tokenize",
-    "pipeline.publish",
+    "pipeline.tokenize.stage",
+    "pipeline.dataset.publish",
 ]
 
 # Loggers whose level the workers copy from the process that starts the pool (its root's, and the libraries the

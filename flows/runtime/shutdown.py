@@ -43,7 +43,7 @@ STOPPING = threading.Event()  # set by SIGINT or SIGTERM: the command is stoppin
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal, as a shell reports it
 WATCHDOG_S = 6.0  # the command leaves by then, whatever still runs (Kubernetes and Slurm give 30 s)
 KILL_WAIT_S = 2.0  # how long the killed children get to be gone (SIGKILL: milliseconds)
-# What our code names its temp files and folders (``pipeline/records.py``, ``pipeline/publish.py``,
+# What our code names its temp files and folders (``pipeline/records.py``, ``pipeline/dataset/publish.py``,
 # ``pipeline/clean/classifier.py``) and multiprocessing its own (``pymp-``, the fork server's socket): only those
 # are removed, where a killed process held them open (the command leaves with ``os._exit``, which skips
 # multiprocessing's clean-up at exit).

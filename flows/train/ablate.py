@@ -34,7 +34,7 @@ from flows.train.evaluate import evaluate
 from flows.train.flow import resolved_train_config, train
 from flows.ui.charts import bar_chart, markdown_image
 from pipeline.corpus_config import load_corpus_config
-from pipeline.manifest import load_manifest
+from pipeline.dataset.manifest import load_manifest
 from training.config import TrainConfig
 
 

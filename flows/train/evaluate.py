@@ -17,7 +17,7 @@ from prefect.artifacts import create_table_artifact
 from tokenizers import Tokenizer
 
 from pipeline.storage.options import resolve_s3_options
-from pipeline.tokenize import Encoder, TokenizeConfig
+from pipeline.tokenize.stage import Encoder, TokenizeConfig
 from training.checkpoint import read_record
 from training.evaluate import evaluate_checkpoint
 from training.export_hf import special_ids

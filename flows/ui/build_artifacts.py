@@ -7,14 +7,14 @@ import textwrap
 from typing import Any
 
 from flows.ui import charts, readable
-from pipeline.card import read_card
-from pipeline.card_markdown import render_card
 from pipeline.corpus_config import CorpusConfig
+from pipeline.dataset.card import read_card
+from pipeline.dataset.card_markdown import render_card
+from pipeline.dataset.manifest import Manifest, load_manifest
 from pipeline.dedup.audit import cluster_documents
-from pipeline.manifest import Manifest, load_manifest
 from pipeline.sources import mixture_table
 from pipeline.storage import S3Options, open_store
-from pipeline.units import StageStats
+from pipeline.units.protocol import StageStats
 
 MAX_TABLE_ROWS = 50  # longer shard/input lists stay in the manifest; the artifact says how many more
 PRESIGNED_EXPIRY_S = 7 * 24 * 3600  # S3's longest presigned-URL lifetime (SigV4)
@@ -145,7 +145,7 @@ def build_charts_markdown(summary: dict[str, Any]) -> str:
 
 
 def data_card_markdown(card: dict[str, Any]) -> str:
-    """The data card (``pipeline.card_markdown``) with charts: documents and bytes removed per rule, and the
+    """The data card (``pipeline.dataset.card_markdown``) with charts: documents and bytes removed per rule, and the
     training tokens per source."""
     rows = [r for r in card["waterfall"] if r["docs_removed"] or r["bytes_removed"]]
     rules = [f"{r['stage']}:{r['rule']}" for r in rows]

@@ -16,7 +16,7 @@ Two steps hand off through files, so each can run on its own worker and be resum
    ``run_clean_part`` loads with :func:`load_boilerplate`. In one process, ``merge_boilerplate``; spread over
    workers, ``merge_boilerplate_range`` per range of the hashes (a line's counts are all in one range), each
    leaving its sorted kept hashes in ``<count_folder>/ranges/r-RRRRR.npy``, then
-   ``pipeline.hashranges.join_ranges`` writes them one after another: the same bytes.
+   ``pipeline.units.hashranges.join_ranges`` writes them one after another: the same bytes.
 
 Memory of a merge does not grow with the corpus's lines: a range is read in runs of fences of at most
 ``budget_bytes`` (16 bytes per distinct (part, line) pair), from every part's table by a ranged get; the rows
@@ -36,7 +36,9 @@ import numpy as np
 from pipeline.clean import normalize
 from pipeline.clean.config import CleanConfig
 from pipeline.clean.normalize import line_hash, normalize_text
-from pipeline.hashranges import (
+from pipeline.records import Record, iter_part_batches
+from pipeline.storage import ObjectStore
+from pipeline.units.hashranges import (
     LAST_HASH,
     RangeReader,
     fence_bounds,
@@ -45,9 +47,7 @@ from pipeline.hashranges import (
     put_table,
     range_key,
 )
-from pipeline.records import Record, iter_part_batches
-from pipeline.storage import ObjectStore
-from pipeline.units import (
+from pipeline.units.protocol import (
     StageStats,
     done_stats_or_fail,
     finish_unit,
@@ -233,7 +233,7 @@ def merge_boilerplate_range(
     budget_bytes: int = MERGE_BUDGET_BYTES,
 ) -> int:
     """The boilerplate lines of range ``rng`` of ``ranges`` of the hashes, sorted, at ``range_key(count_folder,
-    rng)`` (``pipeline.hashranges.join_ranges`` puts the ranges together); returns how many. ``docs_total``: the
+    rng)`` (``pipeline.units.hashranges.join_ranges`` puts the ranges together); returns how many. ``docs_total``: the
     corpus's document count when the caller has it (the threshold needs it), else read from the parts' stats.
     A rerun of a done range reads its result."""
     key = range_key(count_folder, rng)

@@ -1,13 +1,13 @@
 """The clean stage's configs: text normalisation, boilerplate lines, the quality rules (``quality.py``), C4's
-rules (``c4.py``), language identification (``pipeline.langid``) and PII redaction (``pii.py``)."""
+rules (``c4.py``), language identification (``pipeline.clean.langid``) and PII redaction (``pii.py``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pipeline.clean.langid import LangIdConfig
 from pipeline.clean.url import UrlConfig
-from pipeline.langid import LangIdConfig
 
 NORMALIZATIONS = ("NFC", "NFKC")
 DEFAULT_TOP_NGRAM = ((2, 0.20), (3, 0.18), (4, 0.16))

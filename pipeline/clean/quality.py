@@ -87,7 +87,7 @@ from pipeline.clean import wordscan
 from pipeline.clean.config import QualityConfig
 from pipeline.clean.stopwords import stop_word_reason
 from pipeline.clean.wordscan import CJK_RANGES, MIX, STEP, Mark, repeated_keys, scan_chunks
-from pipeline.units import packed_ranges
+from pipeline.units.protocol import packed_ranges
 
 CJK_RE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in CJK_RANGES) + "]")
 BULLETS = ("•", "‣", "◦", "⁃", "●", "▪", "-", "*", "·", "–")

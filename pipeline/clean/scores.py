@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from pipeline.records import Record, iter_part_batches, quality_score, write_part
 from pipeline.sources import provenance, tally_document
 from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, checked_bytes, part_done, part_name, read_part_stats
+from pipeline.units.protocol import StageStats, checked_bytes, part_done, part_name, read_part_stats
 
 DROP_REASON = "classifier_low"
 STAGE = "classifier"  # the stats of the keep_fraction filter (a stage of the data card's waterfall)

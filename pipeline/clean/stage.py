@@ -1,5 +1,5 @@
 """The clean stage: normalise each document (``normalize.py``), remove the corpus-wide boilerplate lines
-(``boilerplate.py``), identify its language (``pipeline.langid``: ``language`` and ``language_score`` in the
+(``boilerplate.py``), identify its language (``pipeline.clean.langid``: ``language`` and ``language_score`` in the
 meta; a language outside ``langid.allow`` or a score under ``langid.min_score`` drops it), drop the documents
 that fail a quality rule (``quality.py``; before langid, C4's rules when enabled: ``c4.py``; the stop-word
 rule, ``stopwords.py``, once the language is known), redact the kept ones' email and public IP addresses
@@ -20,30 +20,29 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from pipeline import langid
-from pipeline.clean import normalize, wordscan
+from pipeline.clean import langid, normalize, wordscan
 from pipeline.clean.boilerplate import input_normalized, load_boilerplate
 from pipeline.clean.c4 import BadWords, apply_c4, load_bad_words
 from pipeline.clean.classifier import QualityModel, load_classifier
 from pipeline.clean.config import CleanConfig, QualityConfig
+from pipeline.clean.langid import LangIdConfig, identify_batch, language_verdict
 from pipeline.clean.normalize import normalize_text, normalize_whitespace, remove_boilerplate
 from pipeline.clean.pii import redact_document
 from pipeline.clean.quality import check_quality_batch
 from pipeline.clean.scores import DROP_REASON, add_histogram
 from pipeline.clean.stopwords import stop_word_reason
 from pipeline.clean.url import UrlRules, load_url_rules
-from pipeline.langid import LangIdConfig, identify_batch, language_verdict
 from pipeline.records import QUALITY_SCORE, Record, iter_part_batches, web_fields, write_part
 from pipeline.sources import SOURCE_NAME, SourceConfig, provenance, tally_document
 from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, done_part_stats
+from pipeline.units.protocol import StageStats, done_part_stats
 
 
 def missing_kernels() -> list[str]:
     """The compiled kernels of the clean stage that this install lacks (built by ``pip install`` where a C
     compiler is found): without them clean takes its numpy and Python paths, same output, about 1.7x the CPU."""
     kernels = {
-        "pipeline._langid_walk": langid.walk_kernel,
+        "pipeline.clean._langid_walk": langid.walk_kernel,
         "pipeline.clean._lines": normalize.lines_kernel,
         "pipeline.clean._wordscan": wordscan.scan_kernel,
     }

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.clean.config import QualityConfig
-from pipeline.units import packed_ranges
+from pipeline.units.protocol import packed_ranges
 
 scan_kernel: ModuleType | None
 try:  # the compiled scan (pipeline/clean/_wordscan.c), built at install where a C compiler is found

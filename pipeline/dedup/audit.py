@@ -24,7 +24,7 @@ from pipeline.dedup.lsh import s_curve, split_refs
 from pipeline.dedup.minhash import estimated_jaccard, set_jaccard
 from pipeline.dedup.signatures import gather_signatures, load_signatures
 from pipeline.storage import ObjectStore
-from pipeline.units import StageStats, checked_bytes, folder_key, part_name, part_unit, require_done
+from pipeline.units.protocol import StageStats, checked_bytes, folder_key, part_name, part_unit, require_done
 
 HIGH_REMOVAL_RATE = 0.5
 

@@ -19,7 +19,7 @@ from pipeline.dedup.lsh import band_keys, candidate_pairs, make_refs, partition_
 from pipeline.dedup.minhash import estimated_jaccard
 from pipeline.dedup.signatures import gather, index_store, load_signatures, open_index
 from pipeline.storage import ObjectStore
-from pipeline.units import (
+from pipeline.units.protocol import (
     StageStats,
     done_stats_or_fail,
     finish_unit,

@@ -26,7 +26,7 @@ from pipeline.dedup.graph import Clusters, choose_keepers, connected_labels
 from pipeline.dedup.lsh import split_refs, unique_pairs
 from pipeline.dedup.signatures import INFO_SCHEMA, doc_info
 from pipeline.storage import ObjectStore
-from pipeline.units import (
+from pipeline.units.protocol import (
     StageStats,
     finish_folder,
     folder_key,

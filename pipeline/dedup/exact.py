@@ -29,11 +29,11 @@ from __future__ import annotations
 import numpy as np
 import xxhash
 
-from pipeline.hashranges import RangeReader, hash_range, put_table, read_table
 from pipeline.records import Record, iter_part_batches, write_part
 from pipeline.sources import tally_document
 from pipeline.storage import ObjectStore
-from pipeline.units import (
+from pipeline.units.hashranges import RangeReader, hash_range, put_table, read_table
+from pipeline.units.protocol import (
     StageStats,
     done_part_stats,
     finish_folder,

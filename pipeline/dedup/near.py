@@ -33,7 +33,7 @@ from pipeline.dedup.signatures import run_signatures_part
 from pipeline.records import Record, iter_part_batches, text_bytes, write_part
 from pipeline.sources import tally_document
 from pipeline.storage import ObjectStore
-from pipeline.units import (
+from pipeline.units.protocol import (
     StageStats,
     done_part_stats,
     folder_key,

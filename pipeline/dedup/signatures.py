@@ -22,7 +22,7 @@ from pipeline.dedup.config import NearDedupConfig
 from pipeline.dedup.lsh import split_refs
 from pipeline.records import iter_part_batches
 from pipeline.storage import ObjectStore, open_store
-from pipeline.units import (
+from pipeline.units.protocol import (
     StageStats,
     checked_bytes,
     finish_unit,

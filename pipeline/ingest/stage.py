@@ -36,7 +36,7 @@ from pipeline.ingest.encoding import is_line_safe
 from pipeline.records import PartWriter, Quarantined, Record
 from pipeline.sources import DEFAULT_SOURCE, SourceConfig
 from pipeline.storage import ObjectStore, S3Options, StorageError, normalize_key, open_store, split_uri
-from pipeline.units import UNKNOWN_LANGUAGE, StageStats, done_part_stats, snippet
+from pipeline.units.protocol import UNKNOWN_LANGUAGE, StageStats, done_part_stats, snippet
 
 log = logging.getLogger(__name__)
 # A text transform applied to every document as it is read: (text, counters) -> text. A build passes the clean

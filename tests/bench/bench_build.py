@@ -20,7 +20,6 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
-from pipeline import tokenize
 from pipeline.clean import boilerplate
 from pipeline.clean import stage as clean
 from pipeline.clean.normalize import normalizer
@@ -29,7 +28,8 @@ from pipeline.dedup import exact, near
 from pipeline.ingest import stage as ingest
 from pipeline.sample_corpus import sample_corpus_path
 from pipeline.storage import open_store
-from pipeline.units import mark_stage_success, read_part_stats
+from pipeline.tokenize import stage as tokenize
+from pipeline.units.protocol import mark_stage_success, read_part_stats
 from tests.fixtures.publish_steps import shard_and_publish
 
 

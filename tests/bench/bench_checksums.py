@@ -1,4 +1,4 @@
-"""The cost of the checksums a unit's done marker records (``pipeline/proofs.py``), per MB of output.
+"""The cost of the checksums a unit's done marker records (``pipeline/units/proofs.py``), per MB of output.
 
 Hashes a buffer of random bytes with xxh64 (what local outputs record), sha256 and md5 (what S3's single-part
 ETag is, so on S3 the digest is reused, not computed), in CPU ms per MB; then the whole protocol on a local
@@ -21,7 +21,7 @@ from collections.abc import Callable
 import xxhash
 
 from pipeline.storage import FileStore
-from pipeline.units import StageStats, finish_unit, stats_bytes, unit_stats
+from pipeline.units.protocol import StageStats, finish_unit, stats_bytes, unit_stats
 
 
 def cpu_ms_per_mb(fn: Callable[[], object], mb: float, repeat: int = 3) -> float:

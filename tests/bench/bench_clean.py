@@ -23,10 +23,10 @@ import ftfy
 import zstandard
 
 from pipeline.clean.config import CleanConfig
+from pipeline.clean.langid import LangIdConfig, identify
 from pipeline.clean.normalize import FTFY_CONFIG, line_hash, normalize_text
 from pipeline.clean.quality import check_quality_batch
 from pipeline.clean.stage import clean_batch
-from pipeline.langid import LangIdConfig, identify
 from pipeline.records import Record
 from pipeline.sample_corpus import sample_corpus_path
 

@@ -1,7 +1,7 @@
 """Data-loader and sampler benchmark.
 
 1. Samples/s of ShardDataset + DataLoader at seq_len 2048 from cached shards (random tokens written with
-   pipeline.shards' ShardWriter, so the shards are the real format), for several worker counts.
+   pipeline.dataset.shards' ShardWriter, so the shards are the real format), for several worker counts.
 2. ResumableDistributedSampler at 10^9 samples: indices/s and the memory it holds (tracemalloc peak and RSS
    growth), next to what torch.randperm costs.
 

@@ -5,7 +5,7 @@ One command on a CUDA machine::
     .venv/bin/python tests/bench/bench_gpu.py [--micro-batch 16] [--steps 40] [--no-compile] [--json out.json]
         [--activation-checkpointing]
 
-It writes a random-token dataset in the published shard format (pipeline.shards' ShardWriter + a manifest),
+It writes a random-token dataset in the published shard format (pipeline.dataset.shards' ShardWriter + a manifest),
 then trains one rank with the same pieces ``training.train`` uses (DeepSpeed engine, ShardDataset, the
 resumable sampler, the DataLoader with workers and shard prefetch) and reports, over the steps after warm-up:
 tokens/s, MFU (``flops_per_token`` x tokens/s / the GPU's dense bf16 peak), the data-wait share of step time,

@@ -23,7 +23,7 @@ import zstandard
 from pipeline.ingest.config import IngestConfig, PartPlan
 from pipeline.ingest.stage import ingest_part, list_inputs, plan_parts
 from pipeline.sample_corpus import sample_corpus_path
-from pipeline.units import StageStats
+from pipeline.units.protocol import StageStats
 
 MB = 1024 * 1024
 

@@ -165,7 +165,7 @@ def mutate(text: str, rng: random.Random, rate: float) -> str:
 def write_corpus(root: str, docs: list[tuple[str, str]], copies: int, parts: int) -> None:
     from pipeline.records import Record, write_part
     from pipeline.storage import FileStore
-    from pipeline.units import StageStats
+    from pipeline.units.protocol import StageStats
 
     rng = random.Random(1)
     store = FileStore(root)

@@ -15,9 +15,9 @@ import time
 
 import zstandard
 
-from pipeline.fast_bpe import tiktoken_from_tokenizer
 from pipeline.sample_corpus import sample_corpus_path
-from pipeline.tokenize import Encoder, TokenizeConfig, train_tokenizer
+from pipeline.tokenize.fast_bpe import tiktoken_from_tokenizer
+from pipeline.tokenize.stage import Encoder, TokenizeConfig, train_tokenizer
 
 
 def sample_texts() -> list[str]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.manifest import Manifest, TokenizerInfo
-from pipeline.shards import ShardWriter, dtype_for_vocab, plan_shards
+from pipeline.dataset.manifest import Manifest, TokenizerInfo
+from pipeline.dataset.shards import ShardWriter, dtype_for_vocab, plan_shards
 from pipeline.storage import FileStore, sha256_bytes
 
 

@@ -47,7 +47,7 @@ def test_a_real_build_runs_and_its_runs_read_back_through_prefect(
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from flows.build.flow import build_corpus
-    from pipeline.manifest import load_manifest
+    from pipeline.dataset.manifest import load_manifest
 
     summary = build_corpus(
         inputs=[str(tiny_corpus)], output=str(tmp_path / "store"), overrides=TINY_OVERRIDES

@@ -13,13 +13,12 @@ import numpy as np
 import pytest
 import xxhash
 
-from pipeline import langid
-from pipeline.clean import normalize, quality, stopwords, wordscan
+from pipeline.clean import langid, normalize, quality, stopwords, wordscan
 from tests.kernels import needs_lines, needs_walk, needs_wordscan, require
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = "pipeline/_native.h"
-KERNELS = ("pipeline/_langid_walk.c", "pipeline/clean/_lines.c", "pipeline/clean/_wordscan.c")
+KERNELS = ("pipeline/clean/_langid_walk.c", "pipeline/clean/_lines.c", "pipeline/clean/_wordscan.c")
 
 
 def test_the_kernels_include_the_shared_header_and_keep_no_copy_of_it():
@@ -71,7 +70,7 @@ def test_a_buffer_of_the_wrong_size_or_alignment_is_refused():
     a start that is not aligned for them, raises ValueError naming the buffer."""
     require(normalize.lines_kernel, "pipeline.clean._lines")
     require(wordscan.scan_kernel, "pipeline.clean._wordscan")
-    require(langid.walk_kernel, "pipeline._langid_walk")
+    require(langid.walk_kernel, "pipeline.clean._langid_walk")
     assert normalize.lines_kernel and wordscan.scan_kernel and langid.walk_kernel
     keys = np.arange(4, dtype=np.uint64).tobytes()
     with pytest.raises(ValueError, match="boilerplate"):

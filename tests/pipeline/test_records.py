@@ -26,7 +26,7 @@ from pipeline.records import (
     write_part,
 )
 from pipeline.storage import FileStore
-from pipeline.units import StageStats, part_done, read_part_stats
+from pipeline.units.protocol import StageStats, part_done, read_part_stats
 
 MIXED = [
     Record("a.jsonl#L1", "Grüße aus Köln", "file:///a.jsonl", '{"lang": "de"}'),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.manifest import load_manifest
+from pipeline.dataset.manifest import load_manifest
 from pipeline.storage import FileStore, open_store
 from tests.fixtures.tiny_dataset import build_tiny_dataset
 from training.cache import ShardCache

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from flows.train.evaluate import encode_jsonl
-from pipeline.manifest import load_manifest
+from pipeline.dataset.manifest import load_manifest
 from tests.fixtures.fake_checkpoint import write_fake_checkpoint
 from tests.fixtures.tiny_dataset import build_tiny_dataset
 from training.cache import ShardCache

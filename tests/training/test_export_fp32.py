@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeline.dataset.manifest import load_manifest
 from pipeline.errors import CheckpointError
-from pipeline.manifest import load_manifest
 from tests.fixtures.fake_checkpoint import write_fake_checkpoint
 from tests.fixtures.tiny_dataset import build_tiny_dataset
 from training.generate import export_fp32, load_fp32

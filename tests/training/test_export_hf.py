@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipeline.manifest import load_manifest
+from pipeline.dataset.manifest import load_manifest
 from tests.fixtures.fake_checkpoint import write_fake_checkpoint
 from tests.fixtures.tiny_dataset import build_tiny_dataset, make_records
 from training.checkpoint import CheckpointError

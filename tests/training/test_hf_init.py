@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.manifest import load_manifest
+from pipeline.dataset.manifest import load_manifest
 from tests.fixtures.fake_checkpoint import write_fake_checkpoint
 from tests.fixtures.released_model import write_released_model
 from tests.fixtures.tiny_dataset import build_tiny_dataset

@@ -196,7 +196,7 @@ def test_trained_zero2_checkpoint_exports_to_transformers_with_equal_logits(
     import torch
 
     transformers = pytest.importorskip("transformers", reason="the hf extra is absent")
-    from pipeline.manifest import load_manifest
+    from pipeline.dataset.manifest import load_manifest
     from training.evaluate import evaluate_checkpoint
     from training.export_hf import export_hf
 

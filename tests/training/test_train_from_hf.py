@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.manifest import load_manifest
+from pipeline.dataset.manifest import load_manifest
 from tests.fixtures.released_model import write_released_model
 from tests.fixtures.tiny_dataset import build_tiny_dataset
 from tests.training.test_train_distributed import BASE, RUN_TIMEOUT_S, losses

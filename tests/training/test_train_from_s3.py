@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.manifest import load_manifest
+from pipeline.dataset.manifest import load_manifest
 from pipeline.storage import open_store
 from tests.fixtures.tiny_dataset import build_tiny_dataset
 from training.launch import run_local

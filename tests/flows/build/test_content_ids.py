@@ -21,7 +21,7 @@ import pytest
 from flows.build import unchanged
 from flows.build.inputs import list_and_plan
 from pipeline.corpus_config import load_corpus_config
-from pipeline.manifest import Manifest, load_manifest
+from pipeline.dataset.manifest import Manifest, load_manifest
 from pipeline.sample_corpus import sample_corpus_path
 from pipeline.storage import ObjectStore, S3Options, open_store
 from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
@@ -181,7 +181,7 @@ def test_a_unit_rotted_behind_its_mtime_is_named_once_and_recomputed(prefect_har
     _flip16_keeping_mtime(damaged)
     # A rebuild whose clean rules changed reads every ingest part, restored from the cache (hard links: the
     # same rotted bytes under the new work folder).
-    handler, logger = _Lines(), logging.getLogger("pipeline.units")
+    handler, logger = _Lines(), logging.getLogger("pipeline.units.protocol")
     logger.addHandler(handler)
     try:
         rerun = _build(str(raw), str(store), **{"clean.quality.min_words": 40})

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.card import read_card
-from pipeline.manifest import load_manifest
+from pipeline.dataset.card import read_card
+from pipeline.dataset.manifest import load_manifest
 from pipeline.records import iter_part_batches, read_quarantine
 from pipeline.storage import open_store, sha256_bytes
-from pipeline.units import StageStats
+from pipeline.units.protocol import StageStats
 from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
 
 pytestmark = pytest.mark.slow

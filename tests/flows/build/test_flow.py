@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.manifest import load_manifest
+from pipeline.dataset.manifest import load_manifest
 from tests.flows.tiny_corpus import TINY_OVERRIDES
 
 pytestmark = pytest.mark.slow
@@ -89,7 +89,7 @@ def test_a_rebuild_whose_new_document_is_dropped_reuses_the_published_dataset(
     it is, becomes ``latest`` again, and everything after publish reports it; the next rebuild is a no-change one."""
     from flows.build.unchanged import find_published
     from flows.runtime.profile import BuildProfile
-    from pipeline.card import read_card
+    from pipeline.dataset.card import read_card
 
     store, part0, part1 = tmp_path / "store", tiny_corpus / "part-0.jsonl", tiny_corpus / "part-1.jsonl"
     cold = _build(tiny_corpus, store)

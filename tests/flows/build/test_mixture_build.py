@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from pipeline.manifest import load_manifest
+from pipeline.dataset.manifest import load_manifest
 from pipeline.storage import open_store
 from tests.flows.tiny_corpus import TINY_OVERRIDES, _doc
 from tests.pipeline.ingest.test_encoding import FRENCH

@@ -13,12 +13,12 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.card import read_card
 from pipeline.clean.classifier import load_classifier
 from pipeline.clean.classifier_train import ClassifierTrainConfig, train_classifier
 from pipeline.clean.config import ClassifierConfig
 from pipeline.clean.scores import keep_count
-from pipeline.manifest import load_manifest
+from pipeline.dataset.card import read_card
+from pipeline.dataset.manifest import load_manifest
 from tests.fixtures.quality_texts import documentation_texts, license_texts, trained_model
 from tests.flows.tiny_corpus import TINY_OVERRIDES
 

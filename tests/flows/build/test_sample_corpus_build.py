@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.manifest import load_manifest
-from pipeline.shards import IndexedShard
+from pipeline.dataset.manifest import load_manifest
+from pipeline.dataset.shards import IndexedShard
 
 pytestmark = pytest.mark.slow
 

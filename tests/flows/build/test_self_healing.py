@@ -55,7 +55,7 @@ def _build(tiny_corpus: Path, output: str, s3: S3Options | None = None) -> dict:
 
 
 class _Lines(logging.Handler):
-    """The warnings of ``pipeline.units``, on its own logger (Prefect re-configures the root's handlers)."""
+    """The warnings of ``pipeline.units.protocol``, on its own logger (Prefect re-configures the root's handlers)."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -77,7 +77,7 @@ def _damage_and_rebuild(store: ObjectStore, build: Callable[[], dict]) -> None:
     # Without its published record the rerun takes the full path through every unit (with it, an intact published
     # dataset answers "nothing changed" and no unit is read: flows/build/unchanged.py).
     store.delete(f"work/{work}/{unchanged.RECORD}")
-    handler, logger = _Lines(), logging.getLogger("pipeline.units")
+    handler, logger = _Lines(), logging.getLogger("pipeline.units.protocol")
     logger.addHandler(handler)
     try:
         again = build()

@@ -25,8 +25,8 @@ from pipeline.errors import StageFailed
 from pipeline.records import write_part
 from pipeline.storage import FileStore
 from pipeline.storage.retry import STATS
-from pipeline.tokenize import TokenizeConfig, run_train_tokenizer
-from pipeline.units import StageStats
+from pipeline.tokenize.stage import TokenizeConfig, run_train_tokenizer
+from pipeline.units.protocol import StageStats
 from tests.fixtures.tiny_dataset import make_records
 
 PARTS = 4

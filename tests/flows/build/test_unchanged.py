@@ -7,7 +7,7 @@ from pathlib import Path
 
 from flows.build.unchanged import files_digest, published_record, record_published, unchanged_summary
 from pipeline.corpus_config import load_corpus_config
-from pipeline.manifest import MANIFEST_KEY, dataset_prefix
+from pipeline.dataset.manifest import MANIFEST_KEY, dataset_prefix
 from pipeline.storage import open_store
 
 WORK = "work/0123456789abcdef"

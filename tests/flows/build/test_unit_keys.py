@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pipeline.corpus_config import load_corpus_config
-from pipeline.unitcache import unit_config
+from pipeline.units.cache import unit_config
 from tests.flows.tiny_corpus import TINY_OVERRIDES
 
 # stage -> (a field the step does not read, a field it does), as dotted config paths with a new value

@@ -15,8 +15,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.card import read_card
-from pipeline.manifest import load_manifest
+from pipeline.dataset.card import read_card
+from pipeline.dataset.manifest import load_manifest
 from tests.fixtures.s3_corpus import upload_corpus
 from tests.fixtures.web_archives import Response, article, html_page, write_warc, write_wet
 from tests.flows.tiny_corpus import TINY_OVERRIDES

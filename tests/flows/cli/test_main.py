@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from flows.cli.main import USAGE_ERRORS
+from pipeline.dataset.manifest import DatasetConflictError
 from pipeline.errors import ConfigError, PileworksError
-from pipeline.manifest import DatasetConflictError
 
 
 def test_cli_reports_a_config_error_with_the_field(

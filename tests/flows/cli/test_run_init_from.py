@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers", reason="the hf extra is absen
 def released_pythia_like(folder: Path) -> int:
     """A Pythia-shaped model folder whose tokenizer (trained here) ends documents with <|endoftext|> and has
     no pad token, as Pythia's; returns the EOS id."""
-    from pipeline.tokenize import TokenizeConfig, train_tokenizer
+    from pipeline.tokenize.stage import TokenizeConfig, train_tokenizer
     from tests.fixtures.released_model import write_released_model
 
     rng = random.Random(0)
@@ -56,7 +56,7 @@ def test_run_overrides_build_with_the_models_tokenizer_and_train_from_it(tmp_pat
 @pytest.mark.distributed
 def test_prepare_and_train_from_a_released_model(prefect_harness, tiny_corpus: Path, tmp_path: Path) -> None:
     from flows.train.flow import prepare_and_train
-    from pipeline.manifest import load_manifest
+    from pipeline.dataset.manifest import load_manifest
     from training.hf_init import tokenize_overrides
 
     eos = released_pythia_like(tmp_path / "model")

@@ -166,7 +166,7 @@ def test_n_workers_use_n_cores_one_thread_per_worker_process(monkeypatch: pytest
     from distributed import Client, LocalCluster
 
     from flows.runtime import runners
-    from pipeline.tokenize import TokenizeConfig, encoder_threads
+    from pipeline.tokenize.stage import TokenizeConfig, encoder_threads
 
     runners.quiet_dask()  # what the local workers apply when they start
     with (

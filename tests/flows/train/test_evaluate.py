@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.manifest import load_manifest
+from pipeline.dataset.manifest import load_manifest
 from tests.fixtures.fake_checkpoint import write_fake_checkpoint
 from tests.fixtures.tiny_dataset import build_tiny_dataset
 from training.model import ModelConfig

@@ -23,10 +23,10 @@ from pipeline.clean.boilerplate import (
 from pipeline.clean.config import BoilerplateConfig, CleanConfig, QualityConfig
 from pipeline.clean.normalize import line_hash
 from pipeline.clean.stage import run_clean_part
-from pipeline.hashranges import HEAD_BYTES, fences_of, join_ranges, put_table
 from pipeline.records import Record, read_part, write_part
 from pipeline.storage import FileStore
-from pipeline.units import StageStats, finish_unit, put_npy, read_unit_stats
+from pipeline.units.hashranges import HEAD_BYTES, fences_of, join_ranges, put_table
+from pipeline.units.protocol import StageStats, finish_unit, put_npy, read_unit_stats
 from tests.fixtures.counting_store import counting
 from tests.kernels import needs_lines, require
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import unitcache
 from pipeline.clean.classifier import flatten, load_classifier, pin_classifier
 from pipeline.clean.classifier_train import ClassifierTrainConfig, roc_auc, sample_texts, train_classifier
 from pipeline.clean.config import ClassifierConfig, CleanConfig, QualityConfig
@@ -27,7 +26,8 @@ from pipeline.clean.stage import clean_batch
 from pipeline.corpus_config import load_corpus_config
 from pipeline.records import Record, quality_score, read_part, write_part
 from pipeline.storage import open_store
-from pipeline.units import StageStats
+from pipeline.units import cache as unitcache
+from pipeline.units.protocol import StageStats
 from tests.fixtures.quality_texts import documentation_texts, license_texts, trained_model
 
 

@@ -21,7 +21,7 @@ from pipeline.clean.stage import clean_batch, run_clean_part
 from pipeline.records import Record, read_part, write_part
 from pipeline.sample_corpus import sample_corpus_path
 from pipeline.storage import FileStore
-from pipeline.units import StageStats, part_done, read_part_stats
+from pipeline.units.protocol import StageStats, part_done, read_part_stats
 
 NO_QUALITY = CleanConfig(quality=QualityConfig(enabled=False))
 WORD_TEXT = (

@@ -15,12 +15,12 @@ from pipeline.clean.boilerplate import run_boilerplate_count_part
 from pipeline.clean.config import BoilerplateConfig, CleanConfig
 from pipeline.clean.normalize import line_hash, normalize_text, normalizer
 from pipeline.clean.stage import input_normalized, run_clean_part
-from pipeline.hashranges import read_table
 from pipeline.ingest.config import IngestConfig
 from pipeline.ingest.stage import list_inputs, plan_parts, run_ingest_part
 from pipeline.records import read_part
 from pipeline.storage import open_store
-from pipeline.units import get_npy
+from pipeline.units.hashranges import read_table
+from pipeline.units.protocol import get_npy
 from tests.pipeline.clean.test_clean import prose
 
 FOOTER = "Copyright 2026 The Example Project. All rights reserved worldwide."

@@ -12,11 +12,11 @@ import pytest
 
 from pipeline.clean import wordscan
 from pipeline.clean.config import CleanConfig, QualityConfig
+from pipeline.clean.langid import LangIdConfig
 from pipeline.clean.quality import check_quality, check_quality_batch
 from pipeline.clean.stage import clean_batch, clean_batch_by_source, source_clean_configs
 from pipeline.clean.stopwords import stop_word_reason
 from pipeline.config import build_config
-from pipeline.langid import LangIdConfig
 from pipeline.records import Record
 from pipeline.sources import SOURCE_ENTRY, SOURCE_NAME, SourceConfig
 from tests.kernels import needs_wordscan, require

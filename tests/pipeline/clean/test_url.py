@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from pipeline.clean.config import CleanConfig, QualityConfig
+from pipeline.clean.langid import LangIdConfig
 from pipeline.clean.stage import clean_batch, run_clean_part
 from pipeline.clean.url import UrlConfig, UrlRules, load_url_rules
-from pipeline.langid import LangIdConfig
 from pipeline.records import Record, read_part, write_part
 from pipeline.storage import open_store
-from pipeline.units import StageStats
+from pipeline.units.protocol import StageStats
 
 RULES = UrlRules(
     [

@@ -24,10 +24,10 @@ from pipeline.dedup.exact import (
     text_hashes,
     write_drop_lists,
 )
-from pipeline.hashranges import read_table
 from pipeline.records import Record, read_part, write_part
 from pipeline.storage import FileStore
-from pipeline.units import StageStats, npy_bytes
+from pipeline.units.hashranges import read_table
+from pipeline.units.protocol import StageStats, npy_bytes
 
 # part -> texts; "A" appears in parts 0, 1, 2 (twice in 1), "B" in parts 0 (twice) and 2, "Ä" only once
 PARTS = [

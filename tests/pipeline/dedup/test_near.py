@@ -28,7 +28,7 @@ from pipeline.dedup.signatures import (
 )
 from pipeline.records import Record, read_part, write_part
 from pipeline.storage import FileStore
-from pipeline.units import StageStats
+from pipeline.units.protocol import StageStats
 
 N_TOKENS = 400
 

@@ -21,7 +21,7 @@ from pipeline.ingest.stage import ingest_part, list_inputs, plan_parts, run_inge
 from pipeline.records import Quarantined, Record, read_part, read_quarantine
 from pipeline.sample_corpus import sample_corpus_path
 from pipeline.storage import open_store
-from pipeline.units import StageStats, read_part_stats
+from pipeline.units.protocol import StageStats, read_part_stats
 from tests.pipeline.ingest.test_encoding import CHINESE, FRENCH, JAPANESE, RUSSIAN, SPANISH
 
 WORDS = [
