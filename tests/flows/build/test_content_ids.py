@@ -24,6 +24,7 @@ from pipeline.corpus_config import load_corpus_config
 from pipeline.dataset.manifest import Manifest, load_manifest
 from pipeline.sample_corpus import sample_corpus_path
 from pipeline.storage import ObjectStore, S3Options, open_store
+from tests.fixtures.damage import WarningLines, flip16_keeping_mtime
 from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
 
 pytestmark = pytest.mark.slow
@@ -155,33 +156,15 @@ def test_one_edited_file_recomputes_only_its_units(prefect_harness, tmp_path: Pa
         assert warm["reused_units"][step] == [len(plans) - touched, len(plans)], warm["reused_units"]
 
 
-class _Lines(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
-def _flip16_keeping_mtime(path: Path) -> None:
-    st = path.stat()
-    data = bytearray(path.read_bytes())
-    at = len(data) // 2
-    data[at : at + 16] = bytes(b ^ 0xFF for b in data[at : at + 16])
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-
 def test_a_unit_rotted_behind_its_mtime_is_named_once_and_recomputed(prefect_harness, tmp_path: Path) -> None:
     raw, store = tmp_path / "raw", tmp_path / "store"
     write_tiny_corpus(raw, files=4)
     first = _build(str(raw), str(store))
     damaged = store / "work" / first["lineage"]["build_key"] / "ingest" / "part-00001.parquet"
-    _flip16_keeping_mtime(damaged)
+    flip16_keeping_mtime(damaged)
     # A rebuild whose clean rules changed reads every ingest part, restored from the cache (hard links: the
     # same rotted bytes under the new work folder).
-    handler, logger = _Lines(), logging.getLogger("pipeline.units.protocol")
+    handler, logger = WarningLines(), logging.getLogger("pipeline.units.protocol")
     logger.addHandler(handler)
     try:
         rerun = _build(str(raw), str(store), **{"clean.quality.min_words": 40})

@@ -12,6 +12,7 @@ import pytest
 
 from flows.build import unchanged
 from pipeline.storage import ObjectStore, S3Options, open_store
+from tests.fixtures.damage import WarningLines
 from tests.flows.tiny_corpus import TINY_OVERRIDES
 
 pytestmark = pytest.mark.slow
@@ -54,17 +55,6 @@ def _build(tiny_corpus: Path, output: str, s3: S3Options | None = None) -> dict:
     return flow(inputs=[str(tiny_corpus)], output=output, overrides=TINY_OVERRIDES | extra)
 
 
-class _Lines(logging.Handler):
-    """The warnings of ``pipeline.units.protocol``, on its own logger (Prefect re-configures the root's handlers)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
-
-
 def _damage_and_rebuild(store: ObjectStore, build: Callable[[], dict]) -> None:
     first = build()
     (work,) = {i.key.split("/")[1] for i in store.list("work/") if i.key.count("/") > 1}
@@ -77,7 +67,7 @@ def _damage_and_rebuild(store: ObjectStore, build: Callable[[], dict]) -> None:
     # Without its published record the rerun takes the full path through every unit (with it, an intact published
     # dataset answers "nothing changed" and no unit is read: flows/build/unchanged.py).
     store.delete(f"work/{work}/{unchanged.RECORD}")
-    handler, logger = _Lines(), logging.getLogger("pipeline.units.protocol")
+    handler, logger = WarningLines(), logging.getLogger("pipeline.units.protocol")
     logger.addHandler(handler)
     try:
         again = build()

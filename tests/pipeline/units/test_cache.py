@@ -5,7 +5,6 @@ with the cache entry they were restored by, and never served."""
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from pipeline.records import Record, read_part, write_part
 from pipeline.storage import FileStore
 from pipeline.units import cache as unitcache
 from pipeline.units.protocol import CACHE_ENTRY, StageStats, part_unit, unit_stats
+from tests.fixtures.damage import flip16_keeping_mtime
 
 
 class _Late(FileStore):
@@ -39,15 +39,6 @@ class _Late(FileStore):
 def _part(store: FileStore, folder: str, index: int = 0) -> None:
     records = [Record(f"a.jsonl#B{i}", f"text number {i} " * 20, "a.jsonl") for i in range(50)]
     write_part(store, folder, index, records, StageStats(stage="clean", docs_in=50, docs_out=50))
-
-
-def _flip16_keeping_mtime(path: Path) -> None:
-    st = path.stat()
-    data = bytearray(path.read_bytes())
-    at = len(data) // 2
-    data[at : at + 16] = bytes(b ^ 0xFF for b in data[at : at + 16])
-    path.write_bytes(bytes(data))
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # the size and mtime its marker recorded
 
 
 def test_an_entry_naming_the_unit_itself_is_never_copied_onto_it(tmp_path: Path) -> None:
@@ -81,7 +72,7 @@ def test_bytes_flipped_behind_their_mtime_are_named_once_and_their_unit_recomput
     unitcache.record(store, "clean", "key1", "work/a/clean", 0)
     assert unitcache.restore(store, "clean", "key1", "work/b/clean", 0)  # a hard link: the same bytes
     damaged = tmp_path / "work/b/clean/part-00000.parquet"
-    _flip16_keeping_mtime(damaged)
+    flip16_keeping_mtime(damaged)
     # the listing check trusts it (same size and tag): only reading the bytes shows the damage
     assert unit_stats(store, part_unit("work/b/clean", 0)) is not None
     with (
@@ -108,6 +99,6 @@ def test_intact_bytes_are_served_and_a_damaged_array_is_refused(tmp_path: Path) 
     put_npy(store, "work/a/hash/part-00000.npy", np.arange(1000, dtype=np.uint64))
     finish_unit(store, "work/a/hash/part-00000", StageStats(stage="exact_hash"))
     assert get_npy(store, "work/a/hash/part-00000.npy").sum() == 499500
-    _flip16_keeping_mtime(tmp_path / "work/a/hash/part-00000.npy")
+    flip16_keeping_mtime(tmp_path / "work/a/hash/part-00000.npy")
     with pytest.raises(UnitDamaged):
         get_npy(store, "work/a/hash/part-00000.npy")
