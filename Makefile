@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: setup ray demo build test test-fast test-slow test-lowest test-extras lint sanitize format clean-store
+.PHONY: azurite setup ray demo build test test-fast test-slow test-lowest test-extras lint sanitize format clean-store
 
 $(STAMP): pyproject.toml $(wildcard pipeline/*.c pipeline/*/*.c pipeline/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,6 +18,13 @@ $(STAMP): pyproject.toml $(wildcard pipeline/*.c pipeline/*/*.c pipeline/*.h)
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# Azure's storage emulator for the az:// tests (tests/fixtures/emulators.py), from npm into .cache/azurite; the
+# tests start it on 127.0.0.1 with --disableTelemetry
+AZURITE_VERSION ?= 3.37.0
+azurite:  ## Azurite (npm) for the az:// store tests
+	test -x .cache/azurite/node_modules/.bin/azurite-blob || npm install --silent --no-audit --no-fund \
+		--prefix .cache/azurite azurite@$(AZURITE_VERSION)
 
 ray: setup  ## the optional Ray runner (prefect-ray, ~240 MB): its test runs in make test once installed
 	$(BIN)/pip install -q -e '.[ray]'
@@ -50,7 +57,7 @@ $(LOWEST_STAMP): pyproject.toml .ci/floors.py $(wildcard pipeline/*.c pipeline/*
 	$(PY) -m venv $(LOWEST_VENV)
 	$(LOWEST_BIN)/pip install -q --upgrade pip
 	$(LOWEST_BIN)/pip install -q "$(TORCH_SPEC)"
-	$(PY) .ci/floors.py --extra test --extra trafilatura --extra justext --extra hf > $(LOWEST_VENV)/floors.txt
+	$(PY) .ci/floors.py --extra test --extra trafilatura --extra justext --extra gcs --extra azure --extra hf > $(LOWEST_VENV)/floors.txt
 	# with `pileworks export`'s safetensors (the hf extra's floor); not transformers, which needs a newer
 	# tokenizers than the core floor and is tested in make test
 	$(LOWEST_BIN)/pip install -q -c $(LOWEST_VENV)/floors.txt -e '.[test]' safetensors

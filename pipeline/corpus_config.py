@@ -23,7 +23,7 @@ from pipeline.dedup.config import ExactDedupConfig, NearDedupConfig
 from pipeline.ingest.config import IngestConfig
 from pipeline.sample_corpus import sample_corpus_path
 from pipeline.sources import SourceConfig, check_sources
-from pipeline.storage import S3Options
+from pipeline.storage import STORE_URI_HELP, S3Options
 from pipeline.tokenize.stage import TokenizeConfig
 
 DEFAULT_CONFIG = Path(__file__).with_name("configs") / "corpus.yaml"
@@ -64,7 +64,7 @@ class CorpusConfig:
         if self.manifest_link not in ("none", "presigned", "console"):
             raise ValueError(f"manifest_link must be none, presigned or console, got {self.manifest_link!r}")
         if not self.output:
-            raise ValueError("output must be a local path, file:// or s3:// URI")
+            raise ValueError(f"output must be {STORE_URI_HELP} URI")
         if self.sources and self.inputs:
             raise ValueError(
                 "give inputs (one source) or sources (named, weighted), not both; put the inputs in a source"

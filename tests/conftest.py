@@ -1,7 +1,8 @@
-"""Shared fixtures: a real S3 server (moto) on 127.0.0.1 and a ``store`` fixture over both backends.
+"""Shared fixtures: a real S3 server (moto) on 127.0.0.1 and a ``store`` fixture over both backends; the GCS
+emulator and Azurite (tests/fixtures/emulators.py) for the ``gs://`` and ``az://`` stores.
 
-S3 is never mocked in-process: boto3 talks HTTP to ``moto.server.ThreadedMotoServer``, so signing, retries,
-pagination and error parsing run exactly as against AWS.
+No store is mocked in-process: each SDK talks HTTP to a server on 127.0.0.1, so signing, retries, pagination and
+error parsing run exactly as against the cloud.
 """
 
 from __future__ import annotations
@@ -19,6 +20,14 @@ import pytest
 
 from pipeline.storage import ObjectStore, S3Options, open_store
 from tests.fixtures.aws_trap import aws_trap  # noqa: F401  (a fixture for every test module)
+from tests.fixtures.emulators import (
+    azurite,
+    azurite_connection_string,
+    create_azure_container,
+    create_gcs_bucket,
+    gcs_emulator,
+)
+from tests.fixtures.fault_proxy import FaultProxy
 
 # A private Prefect home for the whole session, set before anything imports prefect: a command that starts the
 # local background server (flows/runtime/local_server.py) starts it here, and the session stops it and removes the folder.
@@ -29,6 +38,22 @@ TEST_CACHE_DIR = tempfile.mkdtemp(prefix="pileworks-test-cache-")
 os.environ["PILEWORKS_CACHE_DIR"] = TEST_CACHE_DIR
 
 
+# Each cloud's credential chain would ask its metadata server (169.254.169.254) when it finds nothing else: point
+# those at a closed port of 127.0.0.1 (read at import by google-auth), and read no developer's gcloud config.
+CLOUD_TRAPS = {
+    "GCE_METADATA_HOST": "127.0.0.1:9",
+    "GCE_METADATA_IP": "127.0.0.1:9",
+    "AZURE_POD_IDENTITY_AUTHORITY_HOST": "http://127.0.0.1:9",
+    "CLOUDSDK_CONFIG": tempfile.mkdtemp(prefix="pileworks-test-gcloud-"),
+    # google-cloud-storage 3.x fetches each bucket's metadata in the background (its own retries) to label
+    # traces: off, so the fault tests count only the requests the store makes
+    "DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA": "true",
+}
+os.environ.update(CLOUD_TRAPS)
+for _name in ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST", "AZURE_STORAGE_CONNECTION_STRING"):
+    os.environ.pop(_name, None)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     from pathlib import Path
 
@@ -37,6 +62,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     stop_server(Path(TEST_PREFECT_HOME))
     shutil.rmtree(TEST_PREFECT_HOME, ignore_errors=True)
     shutil.rmtree(TEST_CACHE_DIR, ignore_errors=True)
+    shutil.rmtree(CLOUD_TRAPS["CLOUDSDK_CONFIG"], ignore_errors=True)
 
 
 FAKE_AWS_ENV = {
@@ -89,6 +115,56 @@ def s3_bucket(s3_server: str) -> S3Bucket:
         endpoint_url=s3_server, region="us-east-1", max_attempts=3, retry_budget_s=5.0, read_timeout=10.0
     )
     return S3Bucket(uri=f"s3://{bucket}/root", bucket=bucket, prefix="root", options=options)
+
+
+@dataclass(frozen=True)
+class CloudBucket:
+    """A fresh bucket/container of one cloud store: ``uri`` is a prefix inside it, ``server`` the emulator's
+    own URL (no proxy), ``options`` the store settings the tests open it with."""
+
+    uri: str
+    bucket: str
+    prefix: str
+    options: S3Options
+    server: str
+
+
+def _quick(**endpoints: str) -> S3Options:
+    return S3Options(max_attempts=3, retry_budget_s=5.0, read_timeout=10.0, **endpoints)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The GCS emulator behind a front that keeps create-only uploads (the emulator ignores them): its URL."""
+    with gcs_emulator(tmp_path_factory.mktemp("gcs")) as url:
+        front = FaultProxy(url, flavour="gcs", throttle_status=429, gcs_preconditions=True)
+        try:
+            yield front.url
+        finally:
+            front.close()
+
+
+@pytest.fixture(scope="session")
+def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Azurite's account URL; ``AZURE_STORAGE_CONNECTION_STRING`` names it for the session (no flag needed)."""
+    with azurite(tmp_path_factory.mktemp("azurite")) as url, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite_connection_string(url))
+        yield url
+
+
+@pytest.fixture
+def gcs_bucket(gcs_server: str) -> CloudBucket:
+    bucket = f"pw-test-{uuid.uuid4().hex[:12]}"
+    create_gcs_bucket(gcs_server, bucket)
+    return CloudBucket(f"gs://{bucket}/root", bucket, "root", _quick(gcs_endpoint_url=gcs_server), gcs_server)
+
+
+@pytest.fixture
+def azure_container(azurite_server: str) -> CloudBucket:
+    """A fresh container; its options name no endpoint: the connection string in the environment is used."""
+    container = f"pw-test-{uuid.uuid4().hex[:12]}"
+    create_azure_container(azurite_server, container)
+    return CloudBucket(f"az://{container}/root", container, "root", _quick(), azurite_server)
 
 
 @pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])

@@ -62,15 +62,19 @@ ALLOWED_LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         "start-up time: the clean rules (ftfy, the word-scan kernel: 0.3 CPU-s) load where clean runs, not in "
         "a rebuild that finds its dataset published"
     ),
-    (
-        "flows/build/context.py",
-        "pipeline.storage.s3",
-    ): "optional dependency: boto3, for recorded S3 uploads only",
     ("flows/ui/build_artifacts.py", "pipeline.storage.s3"): "optional dependency: boto3, for S3 links only",
     (
         "pipeline/storage/__init__.py",
         "pipeline.storage.s3",
     ): "start-up time: boto3 (0.2 CPU-s), s3:// stores only",
+    (
+        "pipeline/storage/__init__.py",
+        "pipeline.storage.gcs",
+    ): "optional dependency: google-cloud-storage, gs:// only",
+    (
+        "pipeline/storage/__init__.py",
+        "pipeline.storage.azure",
+    ): "optional dependency: azure-storage-blob, az:// only",
     ("training/preflight/dist.py", "training.config"): (
         "start-up time: training.config imports the model (torch); the other doctor checks run without torch"
     ),

@@ -55,7 +55,11 @@ EXIT_USER_ERROR = 2
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__)
-    parser.add_argument("--manifest", required=True, help="manifest URI (file://, s3:// or a local path)")
+    parser.add_argument(
+        "--manifest",
+        required=True,
+        help="manifest URI (a local path, file://, s3://, gs://, az:// or abfs[s]://)",
+    )
     parser.add_argument("--config", default=None, help="TrainConfig YAML/JSON (defaults when left out)")
     parser.add_argument(
         "--set",

@@ -21,6 +21,7 @@ from flows.runtime.pool import WorkerDied
 from pipeline.corpus_config import CorpusConfig, config_from_dict
 from pipeline.errors import StageFailed, UnitNotDone
 from pipeline.storage import ObjectStore, open_store
+from pipeline.storage.janitor import abort_recorded_uploads
 from pipeline.storage.options import S3Options
 from pipeline.storage.retry import is_permanent
 from pipeline.storage.uploads import UploadJournal, hold_lease, release_lease
@@ -151,10 +152,8 @@ def take_build_lease(store: ObjectStore, s3: S3Options | None, run: str | None =
     shutdown.at_stop(f"lease {store.uri} {run}", functools.partial(release_on_stop, store, run))
     removed = store.remove_dead_temp_files()
     aborted, journal = 0, UploadJournal(store)
-    # boto3 (0.1-0.2 CPU-s) loads only where a dead run recorded an upload, never for a local build
+    # a cloud SDK (boto3: 0.1-0.2 CPU-s) loads only where a dead run recorded an upload, never for a local build
     if s3 is not None and journal.records():
-        from pipeline.storage.s3 import abort_recorded_uploads
-
         aborted = abort_recorded_uploads(journal, s3)
     if removed or aborted:
         log.info(

@@ -23,7 +23,7 @@ def add_build_arguments(
 ) -> None:
     p.add_argument("--config", help="corpus YAML (default: the embedded pipeline/configs/corpus.yaml)")
     p.add_argument("--input", action="append", dest="inputs", help="input path/glob/URI (repeatable)")
-    p.add_argument("--output", help="store root: a folder, file:// or s3://bucket/prefix")
+    p.add_argument("--output", help="store root: a folder, file://, s3://, gs://, az:// or abfs[s]://")
     p.add_argument("--name", help="dataset name (default: the config's, `sample` for the bundled corpus)")
     add_set_argument(p, set_help)
     p.add_argument(

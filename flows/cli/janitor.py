@@ -1,4 +1,5 @@
-"""``pileworks janitor``: abort multipart uploads (S3) or temp files (local) left behind by killed processes.
+"""``pileworks janitor``: abort multipart uploads (S3), resumable sessions (GCS), uncommitted blocks (Azure) or
+temp files (local) left behind by killed processes.
 
 A running build's uploads are never touched (its lease says it is alive); a dead run's go at once, and so do
 the temp files of a writer on this host that no longer runs; the rest go by age (``--older-than``)."""
@@ -12,7 +13,9 @@ from flows.cli.s3_flags import add_s3_arguments, resolve_s3
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("janitor", help="abort dangling multipart uploads / temp files under a store root")
-    p.add_argument("--output", required=True, help="store root: a folder, file:// or s3://bucket/prefix")
+    p.add_argument(
+        "--output", required=True, help="store root: a folder, file://, s3://, gs://, az:// or abfs[s]://"
+    )
     p.add_argument(
         "--older-than", type=float, default=3600.0, help="only uploads started this many seconds ago"
     )
@@ -22,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.storage import open_store
-    from pipeline.storage.s3 import abort_recorded_uploads
+    from pipeline.storage.janitor import abort_recorded_uploads
     from pipeline.storage.uploads import UploadJournal, live_upload_ids
 
     s3 = resolve_s3(args)

@@ -45,11 +45,12 @@ def check_build(
     """Load the corpus config and list its inputs (exist, match something of a known format, readable)."""
     from pipeline.corpus_config import load_corpus_config
     from pipeline.ingest import stage as ingest
+    from pipeline.storage import is_remote
 
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
     with _quiet(ingest.log), _unreachable_is_one_line(cfg.s3):  # the flow lists again, and says what it skips
         ingest.list_inputs(list(cfg.resolved_inputs()), s3=_fast(cfg.s3), extensions=cfg.ingest.extensions)
-    if cfg.output.startswith("s3://"):  # the flow's first request there: no credentials, no bucket say so now
+    if is_remote(cfg.output):  # the flow's first request there: no credentials, no bucket say so now
         from pipeline.storage import open_store
         from pipeline.storage.uploads import UPLOADS_FOLDER
 
@@ -91,11 +92,12 @@ def _quiet(logger: logging.Logger) -> Iterator[None]:
 def check_train(manifest_uri: str, config_path: str | None, overrides: dict[str, Any]) -> Any:
     """Find the dataset (a manifest that loads and validates), then load the training config.
 
-    A local dataset is looked up first (a second, before torch is imported); an ``s3://`` one needs the
+    A local dataset is looked up first (a second, before torch is imported); a cloud one (``s3://``, ``gs://``, ``az://``) needs the
     training config's ``s3:`` section to be reached at all."""
     from pipeline.dataset.manifest import load_manifest
+    from pipeline.storage import is_remote
 
-    if not manifest_uri.startswith("s3://"):
+    if not is_remote(manifest_uri):
         load_manifest(manifest_uri, None)
     from flows.train.flow import (
         resolved_train_config,  # prefect and torch: only once a local dataset is found

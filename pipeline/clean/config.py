@@ -8,6 +8,7 @@ from typing import Literal
 
 from pipeline.clean.langid import LangIdConfig
 from pipeline.clean.url import UrlConfig
+from pipeline.storage import STORE_URI_HELP, is_store_uri
 
 NORMALIZATIONS = ("NFC", "NFKC")
 DEFAULT_TOP_NGRAM = ((2, 0.20), (3, 0.18), (4, 0.16))
@@ -164,12 +165,8 @@ class C4Config:
         if not self.end_marks or not all(isinstance(m, str) and m for m in self.end_marks):
             raise ValueError(f"C4Config.end_marks must list non-empty strings, got {self.end_marks!r}")
         path = self.bad_words_file
-        if path is not None and (
-            not path.strip() or ("://" in path and not path.startswith(("s3://", "file://")))
-        ):
-            raise ValueError(
-                f"C4Config.bad_words_file must be a local path, file:// or s3:// URI (or null), got {path!r}"
-            )
+        if path is not None and (not path.strip() or not is_store_uri(path)):
+            raise ValueError(f"C4Config.bad_words_file must be {STORE_URI_HELP} URI (or null), got {path!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,8 +218,8 @@ class ClassifierConfig:
 
     def __post_init__(self) -> None:
         m = self.model
-        if not isinstance(m, str) or not m.strip() or ("://" in m and not m.startswith(("s3://", "file://"))):
-            raise ValueError(f"clean.classifier.model: {m!r} must be a local path, file:// or s3:// URI")
+        if not isinstance(m, str) or not m.strip() or not is_store_uri(m):
+            raise ValueError(f"clean.classifier.model: {m!r} must be {STORE_URI_HELP} URI")
         if not isinstance(self.label, str) or not self.label or any(c.isspace() for c in self.label):
             raise ValueError(f"clean.classifier.label: {self.label!r} must be one label without spaces")
         if (self.min_score is None) == (self.keep_fraction is None):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from pipeline.records import normalize_url, url_host
-from pipeline.storage import S3Options, read_object
+from pipeline.storage import STORE_URI_HELP, S3Options, is_store_uri, read_object
 
 _TOKEN = re.compile(r"[^a-z0-9]+")
 
@@ -35,12 +35,8 @@ class UrlConfig:
 
     def __post_init__(self) -> None:
         for path in self.blocklist:
-            if (
-                not isinstance(path, str)
-                or not path.strip()
-                or ("://" in path and not path.startswith(("s3://", "file://")))
-            ):
-                raise ValueError(f"clean.url.blocklist: {path!r} must be a local path, file:// or s3:// URI")
+            if not isinstance(path, str) or not path.strip() or not is_store_uri(path):
+                raise ValueError(f"clean.url.blocklist: {path!r} must be {STORE_URI_HELP} URI")
         for word in self.banned_words:
             if not isinstance(word, str) or _TOKEN.sub("", word.lower()) != word.lower() or not word:
                 raise ValueError(

@@ -35,7 +35,15 @@ from pipeline.ingest.config import (
 from pipeline.ingest.encoding import is_line_safe
 from pipeline.records import PartWriter, Quarantined, Record
 from pipeline.sources import DEFAULT_SOURCE, SourceConfig
-from pipeline.storage import ObjectStore, S3Options, StorageError, normalize_key, open_store, split_uri
+from pipeline.storage import (
+    ObjectStore,
+    S3Options,
+    StorageError,
+    is_remote,
+    normalize_key,
+    open_store,
+    split_uri,
+)
 from pipeline.units.protocol import UNKNOWN_LANGUAGE, StageStats, done_part_stats, snippet
 
 log = logging.getLogger(__name__)
@@ -85,14 +93,14 @@ def _local_inputs(source: str) -> Iterator[InputFile]:
 
 
 def odd_key_reason(uri: str) -> str | None:
-    """Why the object key of an ``s3://`` input cannot be used (``..``, absolute, NUL, not canonical), or None.
+    """Why the object key of a cloud input (``s3://``, ``gs://``, ``az://``...) cannot be used (``..``, absolute, NUL, not canonical), or None.
 
     Such keys come from a listing (another tool wrote them); they are quarantined as ``bad_key``, and the
     build goes on, rather than read under a key our stores refuse or that resolves to another object.
     """
-    if not uri.startswith("s3://"):
+    if not is_remote(uri):
         return None
-    key = uri[len("s3://") :].partition("/")[2]
+    key = uri.split("://", 1)[1].partition("/")[2]
     try:
         canonical = normalize_key(key)
     except ValueError as exc:
@@ -102,9 +110,12 @@ def odd_key_reason(uri: str) -> str | None:
     return None
 
 
-def _s3_inputs(source: str, s3: S3Options | None) -> Iterator[InputFile]:
-    bucket, _, pattern = source[len("s3://") :].partition("/")
-    store = open_store(f"s3://{bucket}", s3=s3)
+def _remote_inputs(source: str, s3: S3Options | None) -> Iterator[InputFile]:
+    """The objects a cloud source names (``s3://``, ``gs://``, ``az://``, ``abfs[s]://``): a key, a folder, a glob."""
+    scheme, _, rest = source.partition("://")
+    bucket, _, pattern = rest.partition("/")
+    root = f"{scheme}://{bucket}"
+    store = open_store(root, s3=s3)
     cut = min([pattern.find(c) for c in _GLOB_CHARS if c in pattern] or [len(pattern)])
     prefix = pattern[:cut]
     infos = list(store.list(prefix)) if prefix else list(store.list())
@@ -116,7 +127,7 @@ def _s3_inputs(source: str, s3: S3Options | None) -> Iterator[InputFile]:
         exact = [i for i in infos if i.key == prefix]
         infos = exact or [i for i in infos if i.key.startswith(prefix.rstrip("/") + "/")]
     for info in infos:
-        yield InputFile(uri=f"s3://{bucket}/{info.key}", size=info.size, etag=info.etag, mtime=info.mtime)
+        yield InputFile(uri=f"{root}/{info.key}", size=info.size, etag=info.etag, mtime=info.mtime)
 
 
 # ---------------------------------------------------------------- where the inputs lie: the root and the names
@@ -203,7 +214,7 @@ def list_inputs(
     """
     found: dict[str, InputFile] = {}
     for source in sources:
-        files = list(_s3_inputs(source, s3) if source.startswith("s3://") else _local_inputs(source))
+        files = list(_remote_inputs(source, s3) if is_remote(source) else _local_inputs(source))
         usable = [f for f in files if format_of(f.uri, extensions) is not None]
         skipped = [f.uri for f in files if format_of(f.uri, extensions) is None]
         if skipped:  # INFO: a folder often holds a README; a source of nothing usable is an error below

@@ -200,6 +200,11 @@ class ObjectStore(ABC):
         build's); returns how many. Local: temp files (those of dead writers at once)."""
         return 0
 
+    def abort_upload(self, key: str, upload_id: str) -> bool:
+        """Abort one recorded upload (``key``: the full key in the bucket, as the journal records it); False
+        when it was gone already; raises when it could not be aborted (the record stays for the next try)."""
+        raise NotImplementedError(f"{type(self).__name__} records no uploads")
+
     def remove_dead_temp_files(self) -> int:
         """Remove the temp files of writers that provably died (a rerun's start); returns how many."""
         return 0

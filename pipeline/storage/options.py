@@ -1,7 +1,10 @@
 """The one store configuration: the ``s3:`` section shared by the corpus and training configs.
 
-Every store is opened with one (``open_store(uri, s3)`` has no default), so no code path can reach S3 with
-settings other than the ones the user gave. Credentials are never here: boto3's standard chain or a profile.
+Every store is opened with one (``open_store(uri, s3)`` has no default), so no code path can reach a cloud with
+settings other than the ones the user gave. The section kept its name from when S3 was the only cloud: its retry
+budget, timeouts and part sizes hold for ``gs://`` and ``az://`` stores too, beside their endpoints. Credentials
+are never here: each cloud's standard chain (boto3's or a profile; Application Default Credentials;
+``DefaultAzureCredential``, a connection string or a SAS token in the environment).
 """
 
 from __future__ import annotations
@@ -37,12 +40,19 @@ class S3Options:
     max_concurrency: int = 4  # multipart parts in flight at once (memory: this many chunks)
     connect_timeout: float = 10.0
     read_timeout: float = 60.0
+    # gs:// (pipeline.storage.gcs): None: STORAGE_EMULATOR_HOST, else Google. An http:// endpoint (an
+    # emulator) is reached without credentials: no token crosses plain HTTP; https:// ones use ADC.
+    gcs_endpoint_url: str | None = None
+    # az:// and abfs:// (pipeline.storage.azure): the account's Blob endpoint (https://ACCOUNT.blob.core.
+    # windows.net, a sovereign cloud's, Azurite's http://127.0.0.1:10000/devstoreaccount1). None: the
+    # BlobEndpoint of AZURE_STORAGE_CONNECTION_STRING, the abfs URI's account, or AZURE_STORAGE_ACCOUNT_NAME.
+    azure_endpoint_url: str | None = None
 
     def __post_init__(self) -> None:
-        if self.endpoint_url is not None and not self.endpoint_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"s3.endpoint_url must start with http:// or https://, got {self.endpoint_url!r}"
-            )
+        for name in ("endpoint_url", "gcs_endpoint_url", "azure_endpoint_url"):
+            value = getattr(self, name)
+            if value is not None and not value.startswith(("http://", "https://")):
+                raise ValueError(f"s3.{name} must start with http:// or https://, got {value!r}")
         if self.retry_budget_s < 0:
             raise ValueError(f"s3.retry_budget_s must be >= 0 (0: no retries), got {self.retry_budget_s}")
         if not 0 < self.retry_base_s <= self.retry_cap_s:

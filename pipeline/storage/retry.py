@@ -139,15 +139,19 @@ def call_with_retries(
     *,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
+    classify: Callable[[BaseException], str | None] = transient_reason,
 ) -> T:
-    """``fn()``, retried on transient failures within ``options.retry_budget_s`` and ``max_attempts``."""
+    """``fn()``, retried on transient failures within ``options.retry_budget_s`` and ``max_attempts``.
+
+    ``classify`` says why a failure is worth another try, or None: :func:`transient_reason` for S3; the
+    ``gs://`` and ``az://`` stores pass their SDK's (``pipeline.storage.gcs``, ``pipeline.storage.azure``)."""
     start = clock()
     for attempt in range(options.max_attempts):
         STATS.record()
         try:
             return fn()
         except Exception as exc:
-            reason = transient_reason(exc)
+            reason = classify(exc)
             if reason is None:
                 raise
             pause = backoff_s(attempt, options)

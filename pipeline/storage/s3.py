@@ -34,7 +34,6 @@ from pipeline.storage.base import (
 )
 from pipeline.storage.options import S3Options
 from pipeline.storage.retry import STATS, PermanentStorageError, backoff_s, call_with_retries
-from pipeline.storage.uploads import UploadJournal, run_alive
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -446,7 +445,8 @@ class S3Store(ObjectStore):
         Keep ``older_than_s`` above the longest upload you run: a live upload older than it is aborted too,
         unless its id is in ``keep`` (a live build's, from its journal and lease: ``live_upload_ids``).
         (moto reports every upload as initiated on 2010-11-10, so there any age up to ~16 years matches.)
-        Uploads recorded by runs that are gone are aborted at once by :func:`abort_recorded_uploads`.
+        Uploads recorded by runs that are gone are aborted at once by
+        :func:`pipeline.storage.janitor.abort_recorded_uploads`.
         """
         cutoff = time.time() - older_than_s
         aborted = 0
@@ -602,23 +602,3 @@ class _S3RawReader(io.RawIOBase):
             with contextlib.suppress(Exception):
                 self._body.close()
         super().close()
-
-
-def abort_recorded_uploads(journal: UploadJournal, s3: S3Options) -> int:
-    """Abort every multipart upload still recorded in ``journal`` whose run is gone (its lease expired or its
-    process died, see ``pipeline.storage.uploads``); a live build's uploads are left alone."""
-    if journal.store is None:
-        return 0
-    aborted, live = 0, {}
-    for record_key, record in journal.records():
-        run = str(record.get("run", ""))
-        if run not in live:
-            live[run] = run_alive(journal.store, run)
-        if live[run]:
-            continue
-        store = S3Store(record["bucket"], options=s3)
-        aborted += store.abort_upload(record["key"], record["upload_id"])
-        journal.store.delete(record_key)
-    if aborted:
-        log.info("aborted %d multipart upload(s) recorded by runs that are gone", aborted)
-    return aborted

@@ -46,9 +46,13 @@ class UploadJournal:
     def _record_key(self, upload_id: str) -> str:
         return f"{self.folder}/{hashlib.sha256(upload_id.encode()).hexdigest()[:32]}.json"
 
-    def started(self, bucket: str, key: str, upload_id: str) -> None:
+    def started(self, bucket: str, key: str, upload_id: str, store_uri: str = "") -> None:
+        """Record an upload; ``store_uri``: the bucket's URI when not ``s3://`` (``gs://b``, ``az://c``),
+        which the janitor opens to abort it (``pipeline.storage.janitor``)."""
         if self.store is not None:
             record = {"bucket": bucket, "key": key, "upload_id": upload_id, "started": time.time()}
+            if store_uri:
+                record["store_uri"] = store_uri
             if self.run:
                 record["run"] = self.run
             self.store.put_bytes(self._record_key(upload_id), json.dumps(record).encode())

@@ -57,7 +57,9 @@ def test_prepare_and_train_records_lineage_and_traces_steps(
     # ids name the input under its root (the same wherever the corpus lies); trace leads back to the file
     docs = traced["documents"]
     assert all(not d["doc_id"].startswith("file://") and d["location"] for d in docs)
-    assert all(d["uri"].startswith("file://") and Path(d["uri"].removeprefix("file://")).exists() for d in docs)
+    assert all(
+        d["uri"].startswith("file://") and Path(d["uri"].removeprefix("file://")).exists() for d in docs
+    )
 
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts()

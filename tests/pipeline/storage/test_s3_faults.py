@@ -12,8 +12,9 @@ import boto3
 import pytest
 
 from pipeline.storage import S3Options, StorageError, open_store
+from pipeline.storage.janitor import abort_recorded_uploads
 from pipeline.storage.retry import STATS
-from pipeline.storage.s3 import S3Store, abort_recorded_uploads
+from pipeline.storage.s3 import S3Store
 from pipeline.storage.uploads import UploadJournal
 from tests.fixtures.fault_proxy import FaultProxy
 
