@@ -136,17 +136,18 @@ def _remote_inputs(source: str, s3: S3Options | None) -> Iterator[InputFile]:
 def input_root(source: str, s3: S3Options | None) -> str:
     """The folder URI an input source's objects are named under: the folder itself, a file's or an object's
     parent, a glob's folder before its first wildcard (``/data/web/**/*.jsonl``: ``file:///data/web``)."""
-    if source.startswith("s3://"):
-        bucket, _, pattern = source[len("s3://") :].partition("/")
+    if is_remote(source):  # s3://, gs://, az://, abfs[s]://: <scheme>://<bucket or container>/<prefix>
+        scheme, _, rest = source.partition("://")
+        bucket, _, pattern = rest.partition("/")
         cut = min([pattern.find(c) for c in _GLOB_CHARS if c in pattern] or [len(pattern)])
         prefix = pattern[:cut]
         if cut == len(pattern) and prefix and not prefix.endswith("/"):
-            if open_store(f"s3://{bucket}", s3=s3).exists(prefix):  # one object: named under its parent
+            if open_store(f"{scheme}://{bucket}", s3=s3).exists(prefix):  # one object: named under its parent
                 prefix = prefix.rpartition("/")[0] + "/"
             else:
                 prefix += "/"
         folder = prefix.rpartition("/")[0]
-        return f"s3://{bucket}/{folder}".rstrip("/")
+        return f"{scheme}://{bucket}/{folder}".rstrip("/")
     path = os.path.abspath(os.path.expanduser(source.removeprefix("file://")))
     if any(c in path for c in _GLOB_CHARS):
         path = path[: min(path.find(c) for c in _GLOB_CHARS if c in path)].rpartition("/")[0] or "/"
@@ -156,12 +157,12 @@ def input_root(source: str, s3: S3Options | None) -> str:
 
 
 def common_root(roots: Sequence[str]) -> str:
-    """The deepest folder URI holding every root (all in one bucket, or all local); "" when they share none
-    (inputs in several buckets, or local and S3 at once: their names are then their URIs)."""
+    """The deepest folder URI holding every root (all in one bucket or container, or all local); "" when they
+    share none (inputs in several buckets, or local and a cloud at once: their names are then their URIs)."""
     if not roots:
         return ""
     split = [r.partition("://") for r in roots]
-    heads = {(scheme, rest.split("/", 1)[0] if scheme == "s3" else "") for scheme, _, rest in split}
+    heads = {(scheme, rest.split("/", 1)[0] if scheme != "file" else "") for scheme, _, rest in split}
     if len(heads) != 1:
         return ""
     paths = [rest.split("/") for _, _, rest in split]
@@ -191,7 +192,7 @@ def named_inputs(inputs: Sequence[InputFile], root: str) -> list[InputFile]:
 def relative_source(source: str, root: str) -> str:
     """An input source as written relative to ``root`` (``**/*.jsonl``; ``.`` for the root itself): what a
     config says about its inputs once where they lie is left out (the dataset id hashes this)."""
-    if source.startswith("s3://"):
+    if is_remote(source):
         uri = source.rstrip("/")
     else:
         path = os.path.abspath(os.path.expanduser(source.removeprefix("file://")))

@@ -1,5 +1,5 @@
 """A full build on ``gs://`` and on ``az://`` (inputs, work folder, dataset), each through a fault proxy that
-throttles 30% of the answers, publishes the dataset id of the same build into a local folder; 2 gloo ranks then
+throttles 30% of the answers, publishes the dataset id a local build of the same files publishes; 2 gloo ranks then
 stream its shards from the cloud store and upload their checkpoint to it."""
 
 from __future__ import annotations
@@ -73,10 +73,8 @@ def test_a_cloud_build_at_30_percent_throttling_gives_the_local_id_and_trains(
     write_corpus(tmp_path / "raw", megabytes=1.0)
     root = bucket.uri.rsplit("/", 1)[0]
     inputs = _upload(tmp_path / "raw", root, bucket.options)
-    # The same inputs built into a local folder (the dataset id names its inputs' URIs until ingest ids are
-    # content-based; then local inputs give the same id too)
-    direct = {"gcs": {"s3.gcs_endpoint_url": bucket.server}, "azure": {}}[kind]
-    local = _build(inputs, str(tmp_path / "local"), **direct)
+    # The same files built from a local folder into a local folder: ids by content, not by location
+    local = _build(str(tmp_path / "raw"), str(tmp_path / "local"))
     server = bucket.server.split("/devstoreaccount1")[0]
     proxy = FaultProxy(server, seed=5, flavour=kind, throttle_status=429 if kind == "gcs" else 503)
     endpoint = {"gcs": "s3.gcs_endpoint_url", "azure": "s3.azure_endpoint_url"}[kind]
