@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: azurite setup ray demo build test test-fast test-slow test-lowest test-extras lint sanitize format clean-store
+.PHONY: lowest-venv azurite setup ray demo build test test-fast test-slow test-lowest test-extras lint sanitize format clean-store
 
 $(STAMP): pyproject.toml $(wildcard pipeline/*.c pipeline/*/*.c pipeline/*.h)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -62,6 +62,8 @@ $(LOWEST_STAMP): pyproject.toml .ci/floors.py $(wildcard pipeline/*.c pipeline/*
 	# tokenizers than the core floor and is tested in make test
 	$(LOWEST_BIN)/pip install -q -c $(LOWEST_VENV)/floors.txt -e '.[test]' safetensors
 	touch $(LOWEST_STAMP)
+
+lowest-venv: $(LOWEST_STAMP)  ## only the lowest-versions venv (CI installs it while make test runs)
 
 test-lowest: $(LOWEST_STAMP)  ## the `lowest` tests at the floor of every direct dependency (CI runs it)
 	@$(LOWEST_BIN)/python -c "import importlib.metadata as m; print('lowest versions:', *(n + ' ' + m.version(n) \
