@@ -26,8 +26,11 @@ azurite:  ## Azurite (npm) for the az:// store tests
 	test -x .cache/azurite/node_modules/.bin/azurite-blob || npm install --silent --no-audit --no-fund \
 		--prefix .cache/azurite azurite@$(AZURITE_VERSION)
 
+# The ray extra's requirements as pyproject.toml lists them, into the venv where pileworks is already installed
+# (not `pip install -e '.[ray]'`, which would build the kernels in place again).
 ray: setup  ## the optional Ray runner (prefect-ray, ~240 MB): its test runs in make test once installed
-	$(BIN)/pip install -q -e '.[ray]'
+	$(BIN)/pip install -q $$($(BIN)/python -c 'import tomllib; \
+		print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["ray"])')
 
 demo: setup  ## prepare the bundled sample corpus and train the tiny model on 2 CPU ranks
 	$(BIN)/pileworks run
