@@ -37,9 +37,9 @@ from azure.core import MatchConditions
 from azure.storage.blob import BlobServiceClient, ContainerClient
 
 from pipeline.errors import AlreadyExistsError, PermanentStorageError, StorageError
-from pipeline.storage.base import ObjectInfo, ObjectStore, join_key, normalize_key, write_local_file
+from pipeline.storage.base import ObjectInfo, join_key, normalize_key
 from pipeline.storage.options import S3Options
-from pipeline.storage.ranged import open_ranged
+from pipeline.storage.ranged import RangedStore, open_ranged
 from pipeline.storage.retry import backoff_s, call_with_retries
 
 log = logging.getLogger(__name__)
@@ -181,7 +181,7 @@ def _block_id(upload_id: str, number: int) -> str:
     return base64.b64encode(f"{upload_id}-{number:08d}".encode()).decode()
 
 
-class AzureStore(ObjectStore):
+class AzureStore(RangedStore):
     """Objects under ``az://container/prefix``. See :class:`ObjectStore` for the contract of each method.
 
     ``put_if_absent`` is a Put Blob with ``If-None-Match: *``, which Azure Storage (and Azurite) enforce."""
@@ -440,21 +440,6 @@ class AzureStore(ObjectStore):
             if isinstance(cause, aexc.HttpResponseError) and int(cause.status_code or 0) == 412:
                 raise StorageError(f"{self.uri_of(key)} changed while it was read") from None
             raise
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        if start < 0 or length < 0:
-            raise ValueError(f"bad range start={start} length={length}")
-        if length == 0:
-            return b""
-        return self._range(key, start, length, None)
-
-    def get_file(self, key: str, path: str | Path) -> None:
-        def copy(out: BinaryIO) -> None:
-            with self.open_read(key) as src:
-                while block := src.read(1 << 20):
-                    out.write(block)
-
-        write_local_file(Path(path), copy)
 
     def open_read(self, key: str) -> BinaryIO:
         """Ranged GETs pinned to the ETag first seen: a cut costs one block, a rewrite is an error."""

@@ -36,9 +36,9 @@ from google.cloud import storage
 from google.resumable_media import DataCorruption, InvalidResponse
 
 from pipeline.errors import AlreadyExistsError, PermanentStorageError, StorageError, UploadAborted
-from pipeline.storage.base import ObjectInfo, ObjectStore, join_key, normalize_key, write_local_file
+from pipeline.storage.base import ObjectInfo, join_key, normalize_key
 from pipeline.storage.options import S3Options
-from pipeline.storage.ranged import open_ranged
+from pipeline.storage.ranged import RangedStore, open_ranged
 from pipeline.storage.retry import call_with_retries
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def client_for(options: S3Options) -> _Client:
     return cached[1]
 
 
-class GCSStore(ObjectStore):
+class GCSStore(RangedStore):
     """Objects under ``gs://bucket/prefix``. See :class:`ObjectStore` for the contract of each method.
 
     ``put_if_absent`` is an upload with ``ifGenerationMatch=0``, which GCS enforces atomically. (The PyPI
@@ -394,21 +394,6 @@ class GCSStore(ObjectStore):
             if isinstance(e.__cause__, gexc.RequestRangeNotSatisfiable):
                 return b""  # start at or past the end: the same answer as a local file
             raise
-
-    def get_range(self, key: str, start: int, length: int) -> bytes:
-        if start < 0 or length < 0:
-            raise ValueError(f"bad range start={start} length={length}")
-        if length == 0:
-            return b""
-        return self._range(key, start, length, None)
-
-    def get_file(self, key: str, path: str | Path) -> None:
-        def copy(out: BinaryIO) -> None:
-            with self.open_read(key) as src:
-                while block := src.read(1 << 20):
-                    out.write(block)
-
-        write_local_file(Path(path), copy)
 
     def open_read(self, key: str) -> BinaryIO:
         """Ranged GETs pinned to the generation first seen: a cut costs one block, a rewrite is an error."""

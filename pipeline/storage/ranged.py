@@ -8,8 +8,12 @@ object, and an object replaced while it is read is an error, not a mix of two ve
 from __future__ import annotations
 
 import io
+from abc import abstractmethod
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from pipeline.storage.base import ObjectStore, write_local_file
 
 READ_BLOCK = 8 * 1024 * 1024  # bytes per ranged GET: few requests per shard, bounded memory per reader
 
@@ -45,3 +49,27 @@ class RangedReader(io.RawIOBase):
 
 def open_ranged(fetch: Callable[[int, int], bytes], size: int, uri: str) -> io.BufferedReader:
     return io.BufferedReader(RangedReader(fetch, size, uri), buffer_size=READ_BLOCK)
+
+
+class RangedStore(ObjectStore):
+    """A store whose reads are ranged GETs (GCS, Azure): ``get_range`` and ``get_file`` over its own
+    ``_range(key, start, length, version)`` and :func:`open_ranged` stream."""
+
+    @abstractmethod
+    def _range(self, key: str, start: int, length: int, version: Any) -> bytes:
+        """Bytes ``[start, start + length)`` of ``key`` (of that ``version`` when not None), retried."""
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        if start < 0 or length < 0:
+            raise ValueError(f"bad range start={start} length={length}")
+        if length == 0:
+            return b""
+        return self._range(key, start, length, None)
+
+    def get_file(self, key: str, path: str | Path) -> None:
+        def copy(out: BinaryIO) -> None:
+            with self.open_read(key) as src:
+                while block := src.read(1 << 20):
+                    out.write(block)
+
+        write_local_file(Path(path), copy)
