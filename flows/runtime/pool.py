@@ -39,6 +39,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import psutil
+
 from flows.runtime import profile
 from flows.runtime.cores import cores
 from pipeline.errors import StageFailed
@@ -324,10 +326,30 @@ class WorkerPool:
         first = [d for d in dead if d[1] != "SIGTERM"]
         return first or dead
 
+    def gone(self) -> bool:
+        """Whether a worker process has ended (before a shutdown: it died), as the system sees it: a zombie, or
+        reaped already. Reads no exit code: the pool's manager thread may be reading it this moment, and a fork
+        server's is read once."""
+        for process in self.processes:
+            try:
+                if psutil.Process(process.pid).status() == psutil.STATUS_ZOMBIE:
+                    return True
+            except psutil.NoSuchProcess:
+                return True
+        return False
+
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         """Stop the workers (``wait``: after the calls at hand), then the listener once their last records are in
         (without ``wait``, on a thread of its own once the workers are gone: a call still running sends its last
         records after this returns)."""
+        if wait and self.gone():
+            # a worker that exited before the shutdown was killed, and may have held the call queue's lock (an
+            # idle worker waits inside it): the others would wait for that lock, never for the shutdown's word,
+            # and ``concurrent.futures`` would join them forever if its shutdown came before it saw the death.
+            # Ended here as it ends them once it sees one (``terminate_broken``); said by :meth:`died`.
+            for process in self.processes:
+                with contextlib.suppress(OSError, ValueError):
+                    process.terminate()
         self.executor.shutdown(wait=wait, cancel_futures=cancel_futures)
         if wait:
             self._stop_listener()

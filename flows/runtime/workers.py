@@ -204,6 +204,8 @@ class LocalWorkers(TaskRunner[Any]):
             self.starting.join()
         if self.processes is not None:  # after Ctrl-C: queued calls dropped, the running ones finish
             self.processes.shutdown(wait=exc_type is None, cancel_futures=True)
+            if exc_type is None:
+                said_dead(self.processes)
             self.processes = None
         if self.pool is not None:
             self.pool.__exit__(exc_type, exc_value, traceback)
@@ -213,6 +215,24 @@ class LocalWorkers(TaskRunner[Any]):
         self.env_added = []
         self.starting = None
         super().__exit__(exc_type, exc_value, traceback)
+
+
+def said_dead(pool: WorkerPool) -> None:
+    """Say a worker of ``pool`` that died after its last call (killed between tasks, or in the last pass once
+    its work was done): nothing was cut short, and no call renewed the pool, but a dead worker is always said
+    (an OOM kill the user should see). A renewed pool was said when it was renewed."""
+    if pool.broken or shutdown.STOPPING.is_set():
+        return
+    dead = pool.died()
+    if dead:
+        try:
+            logger: Any = get_run_logger()
+        except MissingContextError:
+            logger = logging.getLogger(__name__)
+        logger.warning(
+            "worker process %s died after its last task; nothing was cut short",
+            ", ".join(f"{pid} ({how})" for pid, how in dead),
+        )
 
 
 def awaited(claimed: Claimed, sink: Sink, poll_s: float = 0.1) -> Any:

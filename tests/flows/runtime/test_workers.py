@@ -3,6 +3,7 @@ a task's body runs in a worker process, its logs reach the task run, and a dead 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -177,6 +178,32 @@ def test_a_body_logs_to_its_task_run_and_a_dead_worker_costs_a_fresh_pool(
     ):
         die()
     assert time.monotonic() - started < 90  # failed after its fresh pools, not hung
+
+
+def test_a_worker_killed_between_tasks_is_said_when_the_pool_stops(caplog: pytest.LogCaptureFixture) -> None:
+    """A worker that dies after its last call (nothing cut short, no call left to renew the pool) is still said
+    once, by pid and signal, when the runner stops: an OOM kill never goes unseen."""
+    runner = make_task_runner("local", 2).duplicate()
+    with caplog.at_level(logging.WARNING, logger="flows.runtime.workers"), runner:
+        runner.start_soon()
+        pids = {runner.call(echo_pid, (n,), "test")[1] for n in range(6)}
+        victim = sorted(pids)[0]
+        os.kill(victim, signal.SIGKILL)  # between calls: none cut short, none left to renew the pool
+        with contextlib.suppress(psutil.NoSuchProcess):  # dead before the flow ends (a zombie, or reaped)
+            deadline = time.monotonic() + 10
+            while psutil.Process(victim).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+                time.sleep(0.01)
+    said = [r.getMessage() for r in caplog.records if "died" in r.getMessage()]
+    expected = f"worker process {victim} (SIGKILL) died after its last task; nothing was cut short"
+    assert said == [expected], said
+
+
+def test_a_pool_that_stops_undisturbed_says_no_death(caplog: pytest.LogCaptureFixture) -> None:
+    runner = make_task_runner("local", 2).duplicate()
+    with caplog.at_level(logging.WARNING, logger="flows.runtime.workers"), runner:
+        runner.start_soon()
+        assert runner.call(echo_pid, (1,), "test")[0] == 1
+    assert not [r for r in caplog.records if "died" in r.getMessage()]
 
 
 def echo_pid(value: int) -> tuple[int, int]:
