@@ -67,8 +67,8 @@ def _mc_item(row: dict[str, Any], where: str) -> McItem:
     gold = _first(row, ("gold", "label"))
     if not isinstance(context, str):
         raise ValueError(f'{where}: a multiple-choice line needs a string "query" (or "context")')
-    if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) for c in choices):
-        raise ValueError(f'{where}: "choices" must be a list of at least 2 strings')
+    if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) and c for c in choices):
+        raise ValueError(f'{where}: "choices" must be a list of at least 2 non-empty strings')
     if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
         raise ValueError(f'{where}: "gold" must be the index of the right choice (0..{len(choices) - 1})')
     return McItem(context, tuple(choices), gold)

@@ -153,7 +153,7 @@ def test_a_trailing_space_moves_to_the_continuation_and_the_whole_is_encoded(dat
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ('{"query": "q", "choices": ["a"], "gold": 0}', "at least 2 strings"),
+        ('{"query": "q", "choices": ["a"], "gold": 0}', "at least 2 non-empty strings"),
         ('{"query": "q", "choices": ["a", "b"], "gold": 2}', "index of the right choice"),
         ('{"choices": ["a", "b"], "gold": 0}', 'string "query"'),
         ('{"context": "q"}', '"continuation"'),
