@@ -62,7 +62,7 @@ def loglikelihoods(
 
     Pairs run longest first in right-padded batches (a causal model's padding on the right changes nothing)."""
     limit = model.cfg.max_seq_len
-    for context, continuation in pairs:
+    for _context, continuation in pairs:
         if not continuation or len(continuation) > limit:
             raise ValueError(f"a continuation must have 1 to {limit} tokens; got {len(continuation)}")
     out: list[tuple[float, bool]] = [(0.0, False)] * len(pairs)
@@ -128,13 +128,23 @@ def score_tasks(
     model = model.to(device).eval()
     results = {}
     for task in tasks:
-        requests = [r for item in task.items for r in item.requests()]
-        pairs = [encode_pair(tok, r, eos_id) for r in requests]
-        results[task.name] = summarize(task, item_scores(task, loglikelihoods(model, pairs, batch_size, device)))
+        owners = [(n, r) for n, item in enumerate(task.items, 1) for r in item.requests()]
+        pairs = [encode_pair(tok, r, eos_id) for _, r in owners]
+        for (n, _), (_, continuation) in zip(owners, pairs, strict=True):
+            if not 1 <= len(continuation) <= model.cfg.max_seq_len:
+                raise ValueError(
+                    f"task {task.name} ({task.path}) item {n}: a continuation of {len(continuation)} tokens; "
+                    f"the model reads 1 to {model.cfg.max_seq_len}"
+                )
+        results[task.name] = summarize(
+            task, item_scores(task, loglikelihoods(model, pairs, batch_size, device))
+        )
     return results
 
 
-def score_checkpoint(checkpoint: str | Path, tasks: Sequence[Task], *, batch_size: int = 16) -> dict[str, Any]:
+def score_checkpoint(
+    checkpoint: str | Path, tasks: Sequence[Task], *, batch_size: int = 16
+) -> dict[str, Any]:
     """Every task's scores for the newest verified checkpoint of ``checkpoint`` (or that tag folder), read with
     the checkpoint's own tokenizer and EOS."""
     model, record, tag_dir = load_model(checkpoint)

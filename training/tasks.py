@@ -55,7 +55,7 @@ class Task:
     name: str
     path: str
     kind: Literal["multiple_choice", "completion"]
-    items: tuple[McItem, ...] | tuple[CompletionItem, ...]
+    items: tuple[McItem | CompletionItem, ...]
 
 
 def _first(row: dict[str, Any], names: tuple[str, ...]) -> Any:
@@ -67,7 +67,11 @@ def _mc_item(row: dict[str, Any], where: str) -> McItem:
     gold = _first(row, ("gold", "label"))
     if not isinstance(context, str):
         raise ValueError(f'{where}: a multiple-choice line needs a string "query" (or "context")')
-    if not isinstance(choices, list) or len(choices) < 2 or not all(isinstance(c, str) and c for c in choices):
+    if (
+        not isinstance(choices, list)
+        or len(choices) < 2
+        or not all(isinstance(c, str) and c for c in choices)
+    ):
         raise ValueError(f'{where}: "choices" must be a list of at least 2 non-empty strings')
     if isinstance(gold, bool) or not isinstance(gold, int) or not 0 <= gold < len(choices):
         raise ValueError(f'{where}: "gold" must be the index of the right choice (0..{len(choices) - 1})')

@@ -121,7 +121,11 @@ def metric_summary(
     theirs = {seed: run_metrics(base[seed])[name] for seed in paired}
     diffs = [values[s][0] - theirs[s][0] for s in paired]
     delta_ci = t_interval(diffs)
-    item_diffs = [np.subtract(values[s][1], theirs[s][1]) for s in paired if values[s][1] is not None]
+    item_diffs = []
+    for seed in paired:
+        mine, base_items = values[seed][1], theirs[seed][1]
+        if mine is not None and base_items is not None:  # the same items, in the same order
+            item_diffs.append(np.subtract(mine, base_items))
     delta_item_ci = bootstrap_interval(np.array(item_diffs)) if item_diffs else None
     verdicts = [v for v in (holds_zero(delta_ci), holds_zero(delta_item_ci)) if v is not None]
     return out | {
@@ -158,7 +162,9 @@ def table_rows(results: Sequence[Mapping[str, Any]], tokens_seen: int | None = N
                 "seeds": len(runs),
                 "tokens_seen": tokens_seen if runs else None,
                 "epochs": round(epochs, 3) if epochs is not None and runs else None,
-                "docs_seen": round(epochs * r["docs"]) if epochs is not None and runs and r.get("docs") else None,
+                "docs_seen": round(epochs * r["docs"])
+                if epochs is not None and runs and r.get("docs")
+                else None,
                 "eval_loss": loss["mean"] if loss else None,
                 "eval_ppl": round(math.exp(loss["mean"]), 2) if loss else None,
                 "loss_std": round(statistics.stdev(losses), 4) if len(losses) > 1 else None,
@@ -192,7 +198,12 @@ def metric_cells(rows: Sequence[Mapping[str, Any]]) -> list[list[str]]:
             if r["variant"] == BASE:
                 delta = ["-", "-", "-", "-"]
             else:
-                delta = [f"{m['delta']:+.4f}" if m["delta"] is not None else "-", _cell(m["delta_ci"]), _cell(m["delta_item_ci"]), verdict(m)]
+                delta = [
+                    f"{m['delta']:+.4f}" if m["delta"] is not None else "-",
+                    _cell(m["delta_ci"]),
+                    _cell(m["delta_item_ci"]),
+                    verdict(m),
+                ]
             cells.append([r["variant"], name, _cell(m["mean"]), _cell(m["ci"]), _cell(m["item_ci"]), *delta])
     return cells
 

@@ -18,25 +18,25 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import random  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
+import numpy as np
+import torch
+from tokenizers import Tokenizer
 
-from pipeline.dataset.manifest import load_manifest  # noqa: E402
-from tests.fixtures.fake_checkpoint import write_fake_checkpoint  # noqa: E402
-from tests.fixtures.tiny_dataset import build_tiny_dataset, make_text  # noqa: E402
-from training.downstream import score_checkpoint  # noqa: E402
-from training.export_hf import export_hf  # noqa: E402
-from training.model import GPT, ModelConfig  # noqa: E402
-from training.tasks import read_tasks  # noqa: E402
+from pipeline.dataset.manifest import load_manifest
+from tests.fixtures.fake_checkpoint import write_fake_checkpoint
+from tests.fixtures.tiny_dataset import build_tiny_dataset, make_text
+from training.downstream import score_checkpoint
+from training.export_hf import export_hf
+from training.model import GPT, ModelConfig
+from training.tasks import read_tasks
 
 TOLERANCE = 1e-4
 YAML_MC = """task: {name}
@@ -110,14 +110,18 @@ def write_tasks(folder: Path, items: int) -> dict[str, Path]:
         others = [" ".join(sentences[(i + k * 7 + 1) % len(sentences)].split(" ")[-n:]) for k in range(3)]
         choices = [" ".join(words[cut:]), *others]
         rng.shuffle(choices)
-        mc.append({"query": " ".join(words[:cut]), "choices": choices, "gold": choices.index(" ".join(words[cut:]))})
+        mc.append(
+            {"query": " ".join(words[:cut]), "choices": choices, "gold": choices.index(" ".join(words[cut:]))}
+        )
         lam.append({"text": sentences[items + i]})
         w = sentences[2 * items + i].split(" ")
         pair.append({"context": " ".join(w[:-2]) + " ", "continuation": " ".join(w[-2:])})
     paths = {}
     for name, rows in (("bench_mc", mc), ("bench_lambada", lam), ("bench_pair", pair)):
         paths[name] = folder / f"{name}.jsonl"
-        paths[name].write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        paths[name].write_text(
+            "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8"
+        )
     for name, template in (("bench_mc", YAML_MC), ("bench_lambada", YAML_LAMBADA), ("bench_pair", YAML_PAIR)):
         (folder / f"{name}.yaml").write_text(template.format(name=name, path=paths[name]), encoding="utf-8")
     return paths
@@ -151,11 +155,16 @@ def compare(ours: dict, theirs: dict) -> dict[str, float]:
     mc, lls = ours["bench_mc"], lm_eval_item_lls(samples["bench_mc"])
     diffs["mc acc"] = abs(mc["acc"] - res["bench_mc"]["acc,none"])
     diffs["mc acc_norm"] = abs(mc["acc_norm"] - res["bench_mc"]["acc_norm,none"])
-    probs = [float(np.exp(item[gold] - np.logaddexp.reduce(item))) for item, gold in zip(lls, golds(mc), strict=True)]
+    probs = [
+        float(np.exp(item[gold] - np.logaddexp.reduce(item)))
+        for item, gold in zip(lls, golds(mc), strict=True)
+    ]
     diffs["mc prob (per item)"] = float(np.max(np.abs(np.array(probs) - mc["per_item"]["prob"])))
     for name in ("bench_lambada", "bench_pair"):
         item_lls = np.array([x[0] for x in lm_eval_item_lls(samples[name])])
-        diffs[f"{name} loglik (per item)"] = float(np.max(np.abs(item_lls - ours[name]["per_item"]["loglik"])))
+        diffs[f"{name} loglik (per item)"] = float(
+            np.max(np.abs(item_lls - ours[name]["per_item"]["loglik"]))
+        )
         diffs[f"{name} acc"] = abs(ours[name]["acc"] - res[name]["acc,none"])
         ppl = res[name]["perplexity,none"]  # exp of a mean: compared relative to its size
         diffs[f"{name} perplexity (relative)"] = abs(ours[name]["perplexity"] - ppl) / ppl

@@ -70,7 +70,9 @@ def test_a_model_trained_on_the_answers_beats_chance_and_an_untrained_one_does_n
     manifest, store, _ = dataset
     rows = write_mc_task(tmp_path / "lamps.jsonl")
     tasks = read_tasks([f"lamps={tmp_path / 'lamps.jsonl'}"])
-    cfg = ModelConfig(vocab_size=manifest.tokenizer.vocab_size, n_layer=2, n_head=4, d_model=64, max_seq_len=64)
+    cfg = ModelConfig(
+        vocab_size=manifest.tokenizer.vocab_size, n_layer=2, n_head=4, d_model=64, max_seq_len=64
+    )
     tok = Tokenizer.from_str(store.get_bytes(manifest.tokenizer.key).decode())
     trained = train_on_answers(cfg, tok, manifest.tokenizer.eos_id, rows)
     learned = score_checkpoint(checkpoint(tmp_path / "trained", dataset, cfg, trained), tasks)["lamps"]
@@ -107,7 +109,12 @@ def test_scores_equal_an_independent_computation_with_transformers(dataset, tmp_
 
     manifest = dataset[0]
     cfg = ModelConfig(
-        vocab_size=manifest.tokenizer.vocab_size, n_layer=2, n_head=4, d_model=64, max_seq_len=64, init_std=0.3
+        vocab_size=manifest.tokenizer.vocab_size,
+        n_layer=2,
+        n_head=4,
+        d_model=64,
+        max_seq_len=64,
+        init_std=0.3,
     )
     tag = checkpoint(tmp_path / "ckpt", dataset, cfg)
     hf_dir = export_hf(tag, tmp_path / "hf")
@@ -115,7 +122,11 @@ def test_scores_equal_an_independent_computation_with_transformers(dataset, tmp_
     hf_tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
     mc = write_mc_task(tmp_path / "mc.jsonl", seed=1)[:12]
     (tmp_path / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mc))
-    texts = ["The model was trained on the shard of data", "Attention is all the layer had ", "数据集 and 東京 are"]
+    texts = [
+        "The model was trained on the shard of data",
+        "Attention is all the layer had ",
+        "数据集 and 東京 are",
+    ]
     (tmp_path / "cloze.jsonl").write_text(
         json.dumps({"context": "The learning rate ", "continuation": "was high"})
         + "\n"
@@ -131,7 +142,9 @@ def test_scores_equal_an_independent_computation_with_transformers(dataset, tmp_
     assert ours["mc"]["acc"] == np.mean(acc) and ours["mc"]["acc_norm"] == np.mean(acc_norm)
     assert ours["mc"]["prob"] == pytest.approx(np.mean(prob), abs=1e-5)
     assert ours["mc"]["per_item"]["prob"] == pytest.approx(prob, abs=1e-5)
-    pairs = [("The learning rate ", "was high")] + [(t.rpartition(" ")[0], " " + t.rpartition(" ")[2]) for t in texts]
+    pairs = [("The learning rate ", "was high")] + [
+        (t.rpartition(" ")[0], " " + t.rpartition(" ")[2]) for t in texts
+    ]
     reference = [hf_loglik(hf_model, hf_tok, c, k) for c, k in pairs]
     cloze = ours["cloze"]
     assert cloze["kind"] == "completion" and cloze["items"] == 4
@@ -145,9 +158,14 @@ def test_a_trailing_space_moves_to_the_continuation_and_the_whole_is_encoded(dat
     tok = Tokenizer.from_str(store.get_bytes(manifest.tokenizer.key).decode())
     context, continuation = encode_pair(tok, Request("the model ", "was"), manifest.tokenizer.eos_id)
     whole = tok.encode("the model was", add_special_tokens=False).ids
-    assert context + continuation == whole and context == tok.encode("the model", add_special_tokens=False).ids
+    assert (
+        context + continuation == whole and context == tok.encode("the model", add_special_tokens=False).ids
+    )
     eos = manifest.tokenizer.eos_id
-    assert encode_pair(tok, Request("", "the"), eos) == ([eos], tok.encode("the", add_special_tokens=False).ids)
+    assert encode_pair(tok, Request("", "the"), eos) == (
+        [eos],
+        tok.encode("the", add_special_tokens=False).ids,
+    )
 
 
 @pytest.mark.parametrize(
@@ -177,3 +195,16 @@ def test_task_names_come_from_the_spec_or_the_file_stem(tmp_path: Path) -> None:
     assert (two.name, two.kind, two.items[0].continuation) == ("lam", "completion", " c")
     with pytest.raises(ValueError, match="must differ"):
         read_tasks([str(tmp_path / "arc.jsonl"), f"arc={tmp_path / 'lambada.jsonl'}"])
+
+
+def test_a_continuation_longer_than_the_model_reads_names_the_task_and_item(dataset, tmp_path: Path) -> None:
+    manifest = dataset[0]
+    cfg = ModelConfig(
+        vocab_size=manifest.tokenizer.vocab_size, n_layer=1, n_head=2, d_model=32, max_seq_len=16
+    )
+    tag = checkpoint(tmp_path / "ckpt", dataset, cfg)
+    path = tmp_path / "long.jsonl"
+    rows = [{"context": "The data", "continuation": " was"}, {"context": "The", "continuation": " data" * 40}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"task long .* item 2: a continuation of \d+ tokens"):
+        score_checkpoint(tag, read_tasks([str(path)]))

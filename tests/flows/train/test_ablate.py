@@ -37,7 +37,9 @@ def test_ablation_reports_every_variant_with_seeds_and_marks_a_failed_one(
     task = tmp_path / "pick.jsonl"
     task.write_text(
         "".join(
-            json.dumps({"query": f"Item {i} is", "choices": ["the data", "a rank", "one seed"], "gold": i % 3})
+            json.dumps(
+                {"query": f"Item {i} is", "choices": ["the data", "a rank", "one seed"], "gold": i % 3}
+            )
             + "\n"
             for i in range(6)
         )
@@ -70,7 +72,9 @@ def test_ablation_reports_every_variant_with_seeds_and_marks_a_failed_one(
         for seed in (1234, 1235):  # the same number of steps for every run
             metrics = Path(result["run_dir"]) / name / f"seed-{seed}"
             assert (metrics / "checkpoints").is_dir()
-    assert result["budget"] == "tokens" and result["budget_line"].startswith("equal tokens: every run trains 4")
+    assert result["budget"] == "tokens" and result["budget_line"].startswith(
+        "equal tokens: every run trains 4"
+    )
     for name in ("base", "noquality"):
         metrics, row = rows[name]["metrics"], rows[name]
         assert set(metrics) == {"eval_loss", "pick.acc", "pick.acc_norm", "pick.prob"}
