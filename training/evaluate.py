@@ -47,10 +47,11 @@ def stream_windows(stream: np.ndarray, seq_len: int) -> Iterator[np.ndarray]:
 def _loss_sums(model: GPT, windows: Iterator[np.ndarray], batch_size: int, max_samples: int | None) -> tuple:
     total, tokens, samples = 0.0, 0, 0
     batch: list[np.ndarray] = []
+    device = next(model.parameters()).device
 
     def flush() -> None:
         nonlocal total, tokens
-        x = torch.from_numpy(np.stack(batch)).long()
+        x = torch.from_numpy(np.stack(batch)).long().to(device)
         logits = model(x[:, :-1]).float()
         total += float(
             F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="sum")
@@ -89,6 +90,7 @@ def evaluate_checkpoint(
     if batch_size < 1 or (max_samples is not None and max_samples < 1):
         raise ValueError("batch_size and max_samples must be >= 1")
     model, record, tag_dir = load_model(checkpoint)
+    model.to("cuda" if torch.cuda.is_available() else "cpu")  # an ablation on a GPU evaluates there too
     seq_len = seq_len or int(record.get("train_config", {}).get("seq_len") or model.cfg.max_seq_len)
     if not 1 <= seq_len <= model.cfg.max_seq_len:
         raise ValueError(f"seq_len must lie in [1, {model.cfg.max_seq_len}] for this model; got {seq_len}")

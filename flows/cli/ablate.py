@@ -2,21 +2,29 @@
 compare their loss on your evaluation text (one table, printed and published as a Prefect artifact).
 
     pileworks ablate --base corpus.yaml --eval held_out.jsonl --tokens 2000000 --seeds 3 \\
+        --task arc=arc_easy.jsonl --task lambada.jsonl \\
         --variant rules=clean.quality.enabled=true \\
         --variant clf50=clean.classifier.model=q.bin,clean.classifier.keep_fraction=0.5
+
+Every metric comes with its 95% intervals and every difference to the base with a paired one; ``--json`` prints
+the whole result as one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 
 from flows.cli.build import add_set_argument
+from flows.cli.evaluate import add_task_argument
 from flows.cli.s3_flags import add_s3_arguments, dotted_s3_overrides
 from pipeline.config import parse_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    a = sub.add_parser("ablate", help="train a small model on each corpus variant and compare eval losses")
+    a = sub.add_parser(
+        "ablate", help="train a small model on each corpus variant and compare eval losses and task scores"
+    )
     a.add_argument("--base", default=None, help="the base corpus config (default: the embedded one)")
     a.add_argument(
         "--variant",
@@ -26,10 +34,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="a variant: the base with these overrides (NAME=--set k=v,... reads the same); repeatable",
     )
     a.add_argument("--eval", required=True, help="a .jsonl file of evaluation texts ({'text': ...} per line)")
-    a.add_argument(
-        "--tokens", type=int, required=True, help="training tokens per run (the same for every variant)"
+    add_task_argument(a)
+    budget = a.add_mutually_exclusive_group(required=True)
+    budget.add_argument(
+        "--tokens", type=int, default=None, help="training tokens per run (equal tokens for every variant)"
     )
-    a.add_argument("--seeds", type=int, default=1, help="training seeds per variant (2+ shows the spread)")
+    budget.add_argument("--steps", type=int, default=None, help="optimiser steps per run (equal steps)")
+    a.add_argument(
+        "--seeds", type=int, default=3, help="training seeds per variant (default 3; 2+ give intervals)"
+    )
     a.add_argument("--input", nargs="+", default=None, help="raw inputs (instead of the config's)")
     a.add_argument("--output", default=None, help="the store (default: the config's output)")
     add_set_argument(a, "override a base corpus config field (repeatable)")
@@ -42,6 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument(
         "--timeout", type=float, default=None, help="kill one training job after this many seconds"
     )
+    a.add_argument("--json", action="store_true", help="print every row and score as one JSON object")
     add_s3_arguments(a)
     a.set_defaults(func=run_ablate, precheck=precheck_ablate)
 
@@ -54,7 +68,7 @@ def precheck_ablate(args: argparse.Namespace) -> None:
     if not args.variant:
         raise ValueError("give at least one --variant NAME=k=v to compare with the base")
     base = parse_overrides(args.set) | dotted_s3_overrides(args)
-    check_inputs(args.base, base, parse_variants(args.variant), args.eval)
+    check_inputs(args.base, base, parse_variants(args.variant), args.eval, args.task)
 
 
 def run_ablate(args: argparse.Namespace) -> int:
@@ -75,6 +89,11 @@ def run_ablate(args: argparse.Namespace) -> int:
         nproc=args.nproc,
         workdir=args.workdir,
         timeout_s=args.timeout,
+        tasks=args.task,
+        steps=args.steps,
     )
-    print(format_table(result["rows"]))
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "markdown"}, indent=1))
+    else:
+        print(format_table(result["rows"], result["budget_line"]))
     return 0

@@ -1,4 +1,5 @@
-"""``evaluate``: a checkpoint's loss and perplexity as a Prefect flow run with a table artifact.
+"""``evaluate``: a checkpoint's loss and perplexity, and its downstream task scores, as a Prefect flow run with
+table artifacts.
 
 Two checkpoints evaluated on the same data show as two runs of this flow with comparable artifacts. A user's
 ``.jsonl`` file is encoded here, by the pipeline's tokenize stage with the checkpoint's own tokenizer, exactly as
@@ -19,9 +20,11 @@ from tokenizers import Tokenizer
 from pipeline.storage.options import resolve_s3_options
 from pipeline.tokenize.stage import Encoder, TokenizeConfig
 from training.checkpoint import read_record
+from training.downstream import score_checkpoint
 from training.evaluate import evaluate_checkpoint
 from training.export_hf import special_ids
 from training.generate import resolve_tag_dir
+from training.tasks import read_tasks
 
 
 def read_jsonl_texts(path: str | Path) -> list[str]:
@@ -78,6 +81,20 @@ def evaluation_row(result: dict[str, Any]) -> dict[str, Any]:
     return {k: result.get(k) for k in keys}
 
 
+def task_rows(scores: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per task and metric: the score and its 95% bootstrap interval over the task's items."""
+    rows = []
+    for name, task in scores.items():
+        for metric in ("acc", "acc_norm", "prob"):
+            if metric in task:
+                low, high = task[f"{metric}_interval"] or (None, None)
+                rows.append(
+                    {"task": name, "items": task["items"], "metric": metric, "score": task[metric]}
+                    | {"ci_low": low, "ci_high": high}
+                )
+    return rows
+
+
 @flow(name="evaluate", result_serializer="json")
 def evaluate(
     checkpoint: str,
@@ -86,9 +103,12 @@ def evaluate(
     batch_size: int = 8,
     max_samples: int | None = None,
     s3: dict[str, Any] | None = None,
+    tasks: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Loss and perplexity of ``checkpoint`` on ``data`` (its dataset's valid split when None); ``s3``: the
-    store configuration (``S3Options`` fields) for ``s3://`` datasets."""
+    """Loss and perplexity of ``checkpoint`` on ``data`` (its dataset's valid split when None) and the scores
+    of each ``tasks`` file (``NAME=FILE`` or ``FILE``: :mod:`training.tasks`); ``s3``: the store configuration
+    (``S3Options`` fields) for ``s3://`` datasets."""
+    task_list = read_tasks(tasks or [])
     tokens, documents = None, None
     if data is not None and data.endswith(".jsonl"):
         tokens, documents = encode_jsonl(checkpoint, data)
@@ -115,4 +135,9 @@ def evaluate(
     create_table_artifact(
         [evaluation_row(result)], key="evaluation", description="Checkpoint loss and perplexity"
     )
+    if task_list:
+        result["tasks"] = score_checkpoint(checkpoint, task_list, batch_size=batch_size)
+        create_table_artifact(
+            task_rows(result["tasks"]), key="evaluation-tasks", description="Task scores, 95% intervals"
+        )
     return result

@@ -34,6 +34,16 @@ def test_ablation_reports_every_variant_with_seeds_and_marks_a_failed_one(
     held_out = write_tiny_corpus(tmp_path / "held_out", files=1, docs_per_file=4, seed=99)
     eval_file = tmp_path / "eval.jsonl"
     eval_file.write_text(Path(held_out[0]).read_text())  # {"text": ...} lines the corpus does not hold
+    task = tmp_path / "pick.jsonl"
+    task.write_text(
+        "".join(
+            json.dumps(
+                {"query": f"Item {i} is", "choices": ["the data", "a rank", "one seed"], "gold": i % 3}
+            )
+            + "\n"
+            for i in range(6)
+        )
+    )
     result = ablate(
         eval_data=str(eval_file),
         tokens=256,  # 4 steps of 2 x 32 tokens
@@ -48,6 +58,7 @@ def test_ablation_reports_every_variant_with_seeds_and_marks_a_failed_one(
         train_overrides=TRAIN,
         nproc=1,
         workdir=str(tmp_path / "runs"),
+        tasks=[f"pick={task}"],
     )
     rows = {r["variant"]: r for r in result["rows"]}
     assert result["steps"] == 4 and result["seeds"] == [1234, 1235]
@@ -61,6 +72,17 @@ def test_ablation_reports_every_variant_with_seeds_and_marks_a_failed_one(
         for seed in (1234, 1235):  # the same number of steps for every run
             metrics = Path(result["run_dir"]) / name / f"seed-{seed}"
             assert (metrics / "checkpoints").is_dir()
+    assert result["budget"] == "tokens" and result["budget_line"].startswith(
+        "equal tokens: every run trains 4"
+    )
+    for name in ("base", "noquality"):
+        metrics, row = rows[name]["metrics"], rows[name]
+        assert set(metrics) == {"eval_loss", "pick.acc", "pick.acc_norm", "pick.prob"}
+        assert metrics["pick.acc"]["ci"] is not None and metrics["pick.acc"]["item_ci"] is not None
+        assert row["tokens_seen"] == 256 and row["epochs"] == round(256 / row["tokens"], 3)
+    paired = rows["noquality"]["metrics"]["eval_loss"]
+    assert paired["delta_ci"] is not None and isinstance(paired["within_noise"], bool)
+    assert "| noquality | pick.prob |" in result["markdown"]
     assert rows["base"]["delta_vs_base"] == 0.0
     assert rows["noquality"]["delta_vs_base"] == round(
         rows["noquality"]["eval_loss"] - rows["base"]["eval_loss"], 4

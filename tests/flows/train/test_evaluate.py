@@ -1,4 +1,5 @@
-"""``pileworks evaluate``: JSON on stdout and the result as a table artifact of an ``evaluate`` flow run."""
+"""``pileworks evaluate``: JSON on stdout (``--json``) or text, task scores with intervals, and the result as
+table artifacts of an ``evaluate`` flow run."""
 
 from __future__ import annotations
 
@@ -30,10 +31,19 @@ def test_evaluate_command_prints_json_and_publishes_an_artifact(
     write_fake_checkpoint(tmp_path / "ckpt", manifest, store, uri, cfg, step=7, seq_len=32)
     held = tmp_path / "held.jsonl"
     held.write_text(json.dumps({"text": "A held-out sentence that the model never saw, twice over."}) + "\n")
-    assert main(["evaluate", "--checkpoint", str(tmp_path / "ckpt"), "--data", str(held)]) == 0
+    task = tmp_path / "pick.jsonl"
+    task.write_text(json.dumps({"query": "The model", "choices": ["was", "rank"], "gold": 0}) + "\n")
+    ckpt = str(tmp_path / "ckpt")
+    assert main(["evaluate", "--checkpoint", ckpt, "--data", str(held), "--task", f"p={task}", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["step"] == 7 and result["documents"] == 1 and result["loss"] > 0
-    assert main(["evaluate", "--checkpoint", str(tmp_path / "ckpt")]) == 0
+    scores = result["tasks"]["p"]
+    assert scores["items"] == 1 and scores["acc"] in (0.0, 1.0) and 0 < scores["prob"] < 1
+    assert "per_item" not in scores and "acc_norm_interval" in scores
+    assert main(["evaluate", "--checkpoint", ckpt, "--task", str(task)]) == 0
+    text = capsys.readouterr().out
+    assert "pick (multiple_choice, 1 items): acc" in text and "perplexity" in text
+    assert main(["evaluate", "--checkpoint", ckpt, "--json"]) == 0
     valid = json.loads(capsys.readouterr().out)
     assert valid["split"] == "valid" and valid["dataset_id"] == manifest.dataset_id
     with get_client(sync_client=True) as client:
