@@ -20,16 +20,16 @@ from __future__ import annotations
 import heapq
 import itertools
 import json
+import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
 import numpy as np
 import pyarrow as pa
-import regex
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, pre_tokenizers
 
-from pipeline.tokenize.fast_bpe import GPT2_PATTERN, unicode_to_byte
+from pipeline.tokenize.fast_bpe import unicode_to_byte
 
 try:  # the compiled kernel (pipeline/tokenize/_bpe.c), built at install where a C compiler is found
     import pipeline.tokenize._bpe as bpe_kernel
@@ -39,8 +39,7 @@ except ImportError:  # no C compiler at install time: the Python path below (the
 COUNTS_SCHEMA = pa.schema(
     [pa.field("word", pa.binary(), nullable=False), pa.field("count", pa.int64(), nullable=False)]
 )
-_SPLIT = regex.compile(GPT2_PATTERN)
-_SURROGATE = regex.compile("[\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def safe_texts(texts: Sequence[str]) -> list[str]:
@@ -57,7 +56,8 @@ def safe_texts(texts: Sequence[str]) -> list[str]:
 
 def count_words(texts: Sequence[str], native: bool = True) -> pa.Table:
     """The distinct words of ``texts`` (UTF-8 bytes, split by the GPT-2 pattern) with their counts, in the order
-    first seen. ``texts`` must hold no lone surrogate (``pipeline.tokenize.stage`` replaces them)."""
+    first seen: by the compiled kernel, else by ``tokenizers``' ByteLevel pre-tokenizer (the reference it is
+    tested against). ``texts`` must hold no lone surrogate (:func:`safe_texts` replaces them)."""
     if native and bpe_kernel is not None:
         blob, ends, counts = bpe_kernel.count_words(list(texts))
         offsets = np.zeros(len(ends) // 8 + 1, dtype=np.int64)
@@ -66,12 +66,15 @@ def count_words(texts: Sequence[str], native: bool = True) -> pa.Table:
             pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(blob)]
         ).cast(pa.binary())
         return pa.table([words, pa.array(np.frombuffer(counts, dtype=np.int64))], schema=COUNTS_SCHEMA)
+    # the reference: tokenizers' own ByteLevel pre-tokenizer (its words over the byte-level alphabet)
+    split, to_byte = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), unicode_to_byte()
     found: Counter[bytes] = Counter()
     for text in texts:
         try:
-            found.update(w.encode("utf-8") for w in _SPLIT.findall(text))
+            text.encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError("count_words: a text holds a lone surrogate") from None
+        found.update(bytes(to_byte[c] for c in word) for word, _ in split.pre_tokenize_str(text))
     return pa.table(
         [pa.array(list(found), pa.binary()), pa.array(list(found.values()), pa.int64())], schema=COUNTS_SCHEMA
     )
