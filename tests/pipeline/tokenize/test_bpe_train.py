@@ -8,6 +8,7 @@ import random
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from tokenizers import Tokenizer, pre_tokenizers
@@ -156,3 +157,26 @@ def test_the_parts_budgets_read_the_hf_trainers_sample(tmp_path: Path, cap: int)
 def test_trainer_is_validated() -> None:
     with pytest.raises(ValueError, match=r"tokenize\.trainer"):
         TokenizeConfig(trainer="spm")  # type: ignore[arg-type]
+
+
+@needs_bpe
+def test_the_kernel_takes_empty_input_and_refuses_counts_that_do_not_match_the_words() -> None:
+    kernel = bpe_train.bpe_kernel
+    require(kernel, "pipeline.tokenize._bpe")
+    assert kernel is not None
+    assert kernel.count_words([]) == (b"", b"", b"") and kernel.count_words([""]) == (b"", b"", b"")
+    empty = bpe_train.merge_counts([])
+    assert empty.num_rows == 0 and bpe_train.learn_merges(empty, 10, 1) == []
+    ends, counts = np.array([2, 3], dtype=np.int64), np.array([1, 1], dtype=np.int64)
+    assert (
+        kernel.train_merges(b"abc", ends.tobytes(), counts.tobytes(), 5, 1)
+        == np.array([97, 98, 256], dtype=np.int32).tobytes()
+    )
+    with pytest.raises(ValueError, match="match the words"):
+        kernel.train_merges(b"abcd", ends.tobytes(), counts.tobytes(), 5, 1)
+    with pytest.raises(ValueError, match="match the words"):
+        kernel.train_merges(b"abc", ends.tobytes(), counts[:1].tobytes(), 5, 1)
+    with pytest.raises(ValueError, match="aligned"):
+        kernel.train_merges(b"abc", ends.tobytes()[:-1], counts.tobytes(), 5, 1)
+    with pytest.raises(ValueError, match="counts be >= 0"):
+        kernel.train_merges(b"abc", ends.tobytes(), np.array([1, -1], dtype=np.int64).tobytes(), 5, 1)
