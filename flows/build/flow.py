@@ -219,7 +219,7 @@ def count_words(run: Passes, folder: str, step: str, sizes: list[int]) -> None:
     """The ``counts`` trainer's pass: the words of each part of the tokenizer's sample counted on the workers,
     within the part's budget (``pipeline/tokenize/word_counts.py``); the training step merges them."""
     budgets = tokenize_stage.sample_budgets(sizes, build_context(run.ctx).cfg.tokenize.train_sample_bytes)
-    chunked = chunks(sorted(budgets), run.size)
+    chunked = chunks(sorted(budgets), run.light_size)  # a light pass: one task per worker
     keys = [u["key"] for u in run.units[step]]
     run.fan_out(
         "word-count",

@@ -70,15 +70,17 @@ def sample_counts(
     store: ObjectStore, in_folder: str, counts_folder: str | None, budgets: dict[int, int]
 ) -> tuple[pa.Table, StageStats]:
     """The training sample's merged word counts: each part's unit from ``counts_folder`` when it is done, else
-    counted here; and the sample's documents and bytes."""
-    tables, total = [], StageStats(stage="word_count")
-    for index, budget in sorted(budgets.items()):
-        unit = part_unit(counts_folder, index) if counts_folder is not None else None
-        done = done_part_stats(store, counts_folder, index) if counts_folder is not None else None
-        if unit is not None and done is not None:
-            table, stats = pq.read_table(io.BytesIO(store.get_bytes(f"{unit}.parquet"))), done
-        else:
-            table, stats = count_part(store, in_folder, index, budget)
-        tables.append(table)
+    counted here; and the sample's documents and bytes. Units are read several at a time (``store.map``)."""
+
+    def one(item: tuple[int, int]) -> tuple[pa.Table, StageStats]:
+        index, budget = item
+        if counts_folder is not None and (done := done_part_stats(store, counts_folder, index)) is not None:
+            data = store.get_bytes(f"{part_unit(counts_folder, index)}.parquet")
+            return pq.read_table(io.BytesIO(data)), done
+        return count_part(store, in_folder, index, budget)
+
+    parts = store.map(one, sorted(budgets.items()))
+    total = StageStats(stage="word_count")
+    for _, stats in parts:
         total.merge(stats)
-    return merge_counts(tables), total
+    return merge_counts(table for table, _ in parts), total
