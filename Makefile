@@ -92,7 +92,8 @@ SAN_DIR ?= build/sanitize
 SAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all -g
 SAN_TESTS := tests/pipeline/test_native.py tests/pipeline/clean/test_langid.py tests/pipeline/clean/test_wordscan.py \
 	tests/pipeline/clean/test_quality.py tests/pipeline/clean/test_stopwords.py \
-	tests/pipeline/clean/test_boilerplate.py tests/pipeline/clean/test_normalize_once.py
+	tests/pipeline/clean/test_boilerplate.py tests/pipeline/clean/test_normalize_once.py \
+	tests/pipeline/tokenize/test_bpe_train.py
 SAN_ENV := CI=true PYTHONPATH=. PYTHONMALLOC=malloc LD_PRELOAD="$$(gcc -print-file-name=libasan.so)" \
 	ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
@@ -103,7 +104,8 @@ sanitize: setup  ## the compiled kernels' tests with the kernels built under ASa
 	cd $(SAN_DIR) && CFLAGS="$(SAN_FLAGS)" $(abspath $(BIN))/python -c "from setuptools import setup; setup()" \
 		-q build_ext --inplace
 	cd $(SAN_DIR) && $(SAN_ENV) $(abspath $(BIN))/python -c "import pipeline.clean._langid_walk as a, \
-		pipeline.clean._lines as b, pipeline.clean._wordscan as c; files = [m.__file__ for m in (a, b, c)]; \
+		pipeline.clean._lines as b, pipeline.clean._wordscan as c, pipeline.tokenize._bpe as d; \
+		files = [m.__file__ for m in (a, b, c, d)]; \
 		assert all(f.startswith('$(abspath $(SAN_DIR))/') for f in files), files"
 	cd $(SAN_DIR) && $(SAN_ENV) $(abspath $(BIN))/python -m pytest -q -p no:cacheprovider --capture=sys $(SAN_TESTS)
 

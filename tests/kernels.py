@@ -12,6 +12,7 @@ import os
 import pytest
 
 from pipeline.clean import langid, normalize, wordscan
+from pipeline.tokenize import bpe_train
 
 ON_CI = bool(os.environ.get("CI"))
 
@@ -25,6 +26,7 @@ def _needs(kernel: object, name: str) -> pytest.MarkDecorator:
 needs_walk = _needs(langid.walk_kernel, "pipeline.clean._langid_walk")
 needs_lines = _needs(normalize.lines_kernel, "pipeline.clean._lines")
 needs_wordscan = _needs(wordscan.scan_kernel, "pipeline.clean._wordscan")
+needs_bpe = _needs(bpe_train.bpe_kernel, "pipeline.tokenize._bpe")
 
 
 def require(kernel: object, name: str) -> None:

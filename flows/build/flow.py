@@ -15,7 +15,7 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 
-from flows.build import head_start, unchanged
+from flows.build import head_start, steps, unchanged
 from flows.build.context import (
     DAMAGE_ROUNDS,
     BuildContext,
@@ -26,6 +26,7 @@ from flows.build.context import (
 from flows.build.decontam import run_decontam
 from flows.build.inputs import build_key, pin_model
 from flows.build.passes import Passes
+from flows.build.plan import chunks
 from flows.build.prepare import prepare
 from flows.build.steps import dedup_index_prefix
 from flows.build.tasks import (
@@ -51,6 +52,7 @@ from flows.build.tasks import (
     signatures_chunk_task,
     tokenize_chunk_task,
     tokenizer_task,
+    word_count_chunk_task,
     write_shards_task,
 )
 from flows.runtime.heartbeat import with_heartbeat
@@ -73,6 +75,7 @@ from pipeline.dataset.shards import ShardInfo
 from pipeline.dedup import exact
 from pipeline.errors import StageFailed
 from pipeline.storage.uploads import release_lease
+from pipeline.tokenize import stage as tokenize_stage
 from pipeline.units import hashranges
 from pipeline.units.protocol import StageStats
 
@@ -212,12 +215,30 @@ def resolve_exact(run: Passes) -> dict[str, Any]:
     return exact.finish_resolve(store, folder, run.n, [f["counts"] for f in found]).to_json()
 
 
+def count_words(run: Passes, folder: str, step: str, sizes: list[int]) -> None:
+    """The ``counts`` trainer's pass: the words of each part of the tokenizer's sample counted on the workers,
+    within the part's budget (``pipeline/tokenize/word_counts.py``); the training step merges them."""
+    budgets = tokenize_stage.sample_budgets(sizes, build_context(run.ctx).cfg.tokenize.train_sample_bytes)
+    chunked = chunks(sorted(budgets), run.light_size)  # a light pass: one task per worker
+    keys = [u["key"] for u in run.units[step]]
+    run.fan_out(
+        "word-count",
+        word_count_chunk_task,
+        chunked,
+        [folder] * len(chunked),
+        [[keys[i] for i in chunk] for chunk in chunked],
+        [[budgets[i] for i in chunk] for chunk in chunked],
+    )
+
+
 def tokenize_parts(run: Passes, folder: str, step: str, stats: dict[str, StageStats]) -> str:
     """Train (or load) the tokenizer, then tokenize every part; returns the tokenizer key."""
     c = build_context(run.ctx)
     stage_progress.stage("tokenizer (trained once per dataset name)")
     units = run.units.get(step, [])  # the parts' sizes, so training reads only its sample's parts
     sizes = [u["stats"]["bytes_out"] for u in units] if len(units) == run.n else None
+    if sizes is not None and steps.counts_to_train(run.ctx):
+        count_words(run, folder, step, sizes)
     threads = training_threads()  # training, a process of its own, gets the build's cores
     tokenizer = run.on_worker("train-tokenizer", tokenizer_task, run.ctx, folder, run.n, [], sizes, threads)
     run.profile.passes[-1]["threads"] = threads  # the pass just timed: the Rayon threads it was given

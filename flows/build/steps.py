@@ -38,6 +38,7 @@ from pipeline.ingest import stage as ingest
 from pipeline.sources import mixture_from_runs
 from pipeline.storage import ObjectStore
 from pipeline.tokenize import stage as tokenize
+from pipeline.tokenize import word_counts
 from pipeline.units import cache as unitcache
 from pipeline.units.protocol import StageStats, mark_stage_success, merged_stats, part_name
 
@@ -363,6 +364,34 @@ def tokenize_chunk(
     return out
 
 
+def word_count_chunk(
+    ctx: dict[str, Any], indices: list[int], in_folder: str, upstream: list[str], budgets: list[int]
+) -> list[dict[str, Any]]:
+    """Count the words of each part of the tokenizer's training sample, within its budget (the ``counts``
+    trainer's per-part step: ``pipeline/tokenize/word_counts.py``)."""
+    c = build_context(ctx)
+    store, folder = c.store(), c.folder("wordcounts")
+    return [
+        {
+            "word count": run_unit(
+                store,
+                "word count",
+                _unit_key(c, "word-count", up, budget),
+                folder,
+                index,
+                partial(
+                    word_counts.run_word_count_part,
+                    in_folder=in_folder,
+                    out_folder=folder,
+                    index=index,
+                    budget=budget,
+                ),
+            )
+        }
+        for index, up, budget in zip(indices, upstream, budgets, strict=True)
+    ]
+
+
 def boilerplate_range(ctx: dict[str, Any], rng: int, ranges: int, docs_total: int | None) -> dict[str, Any]:
     """The boilerplate lines of one range of the line hashes, read from every part's counts (``docs_total``: the
     corpus's documents, from the count units' results; None: read from their stats)."""
@@ -487,8 +516,7 @@ def train_tokenizer(
     with stage_errors("train-tokenizer"), profile.measure("train-tokenizer") as measured:
         c = build_context(ctx)
         store, cfg = c.store(), c.cfg
-        key = c.folder("tokenizer.json")
-        pin = f"cache/tokenizers/{unitcache.unit_key('tokenizer', cfg.name, c.config['tokenize'])}.json"
+        key, pin = tokenizer_keys(c)
         if (
             cfg.tokenize.tokenizer is None
             and cfg.pin_tokenizer
@@ -497,10 +525,12 @@ def train_tokenizer(
         ):
             _copy_tokenizer(store, pin, key)
             log.info("reusing the pinned tokenizer of dataset %s (%s)", cfg.name, store.uri_of(pin))
-        if cfg.tokenize.tokenizer is None and not store.exists(key):
+        if cfg.tokenize.tokenizer is None and not store.exists(key) and cfg.tokenize.trainer == "hf":
             sha = train_where_cheapest(ctx, in_folder, num_parts, key, sizes, threads, measured, in_process)
-        else:  # nothing to train: the given or pinned tokenizer, read here
-            sha = tokenize.run_train_tokenizer(store, in_folder, num_parts, key, cfg.tokenize, cfg.s3, sizes)
+        else:  # the counts trainer (merged word counts, one thread), or the given or pinned tokenizer: here
+            sha = tokenize.run_train_tokenizer(
+                store, in_folder, num_parts, key, cfg.tokenize, cfg.s3, sizes, c.folder("wordcounts")
+            )
         if cfg.tokenize.tokenizer is None and not store.exists(pin):
             _copy_tokenizer(store, key, pin)
         record = tokenize.sample_record_key(key)
@@ -512,6 +542,23 @@ def train_tokenizer(
             {k: v for k, v in sample.items() if k != "sample_parts"},
         )
         return {"key": key, "sample": sample}
+
+
+def tokenizer_keys(c: BuildContext) -> tuple[str, str]:
+    """The build's tokenizer key and where a trained tokenizer is pinned for its dataset name and config."""
+    pin = unitcache.unit_key("tokenizer", c.cfg.name, c.config["tokenize"])
+    return c.folder("tokenizer.json"), f"cache/tokenizers/{pin}.json"
+
+
+def counts_to_train(ctx: dict[str, Any]) -> bool:
+    """Whether the build ``ctx`` trains its tokenizer with the ``counts`` trainer: none given, none trained by an
+    earlier run of its work folder, none pinned for its name (then its word-count pass has work)."""
+    c = build_context(ctx)
+    store, cfg = c.store(), c.cfg.tokenize
+    key, pin = tokenizer_keys(c)
+    if cfg.tokenizer is not None or cfg.trainer != "counts" or store.exists(key):
+        return False
+    return not (c.cfg.pin_tokenizer and store.exists(pin))
 
 
 def _copy_tokenizer(store: ObjectStore, src: str, dst: str) -> None:

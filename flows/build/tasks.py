@@ -171,6 +171,14 @@ def clusters_task(
     return hand_over(steps.near_clusters, ctx, in_folder, num_parts, exact_stats, sig_stats)
 
 
+@task(name="word-count", task_run_name=run_names.parts("tokenizer: count words"), cache_policy=NO_CACHE)
+def word_count_chunk_task(
+    ctx: dict[str, Any], indices: list[int], in_folder: str, upstream: list[str], budgets: list[int]
+) -> list[dict[str, Any]]:
+    """Count the words of each part of the tokenizer's training sample, within its budget."""
+    return hand_over(steps.word_count_chunk, ctx, indices, in_folder, upstream, budgets)
+
+
 @task(name="train-tokenizer", task_run_name="train tokenizer", cache_policy=NO_CACHE)
 def tokenizer_task(
     ctx: dict[str, Any],

@@ -1,4 +1,8 @@
-"""Where a build's tokenizer trains: a child process of its own, or the flow's process for a small sample.
+"""Where a build's ``hf`` tokenizer trains: a child process of its own, or the flow's process for a small sample.
+
+The ``counts`` trainer (the default, ``pipeline/tokenize/bpe_train.py``) needs none of this: the words were
+counted on the workers, and its step merges the counts and learns the merges on one thread of the worker that runs
+it, on a heap the size of the sample's distinct words (``flows/build/steps.py``). What follows is ``trainer: hf``.
 
 Training a tokenizer on a large sample is one long, multi-threaded Rust call that allocates for its whole sample:
 in a worker process it would run on one thread (the workers' ``RAYON_NUM_THREADS=1``, fixed once Rayon's pool

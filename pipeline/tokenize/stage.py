@@ -12,10 +12,10 @@ Token parts become shards and a published dataset in ``pipeline.dataset.publish`
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
 import os
-import re
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -31,7 +31,9 @@ from pipeline.records import Record, iter_part_batches
 from pipeline.sources import provenance
 from pipeline.storage import ObjectStore, open_store, sha256_bytes, split_uri
 from pipeline.storage.options import S3Options
+from pipeline.tokenize.bpe_train import count_words, merge_counts, safe_texts, train_from_counts
 from pipeline.tokenize.fast_bpe import UnsupportedTokenizer, tiktoken_from_tokenizer, verify_same_ids
+from pipeline.tokenize.word_counts import sample_counts
 from pipeline.units.protocol import (
     StageStats,
     done_part_stats,
@@ -41,7 +43,6 @@ from pipeline.units.protocol import (
 )
 
 log = logging.getLogger(__name__)
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 TOKENS_SCHEMA = pa.schema(
     [
@@ -61,6 +62,11 @@ class TokenizeConfig:
     """``tokenizer``: path/URI of a tokenizer.json to use, or None to train a byte-level BPE on the corpus."""
 
     tokenizer: str | None = None
+    # How a tokenizer trains: "counts" (each sample part's words counted where the part is, the merges learnt
+    # from the merged counts in our compiled kernel: pipeline/tokenize/bpe_train.py) or "hf" (tokenizers'
+    # BpeTrainer over the sample's text, in a process of its own). Both give a byte-level BPE of the same
+    # sample; on our corpora the same tokenizer.json, byte for byte (ties fall alike), but nothing guarantees it.
+    trainer: Literal["counts", "hf"] = "counts"
     vocab_size: int = 8192
     min_frequency: int = 2
     special_tokens: tuple[str, ...] = ("<|endoftext|>", "<|pad|>")
@@ -89,6 +95,8 @@ class TokenizeConfig:
             raise ValueError(f"tokenize.eos_token {self.eos_token!r} must be one of special_tokens")
         if self.pad_token is not None and self.pad_token not in self.special_tokens:
             raise ValueError(f"tokenize.pad_token {self.pad_token!r} must be one of special_tokens or null")
+        if self.trainer not in ("counts", "hf"):
+            raise ValueError(f"tokenize.trainer must be 'counts' or 'hf', got {self.trainer!r}")
         if self.special_text not in ("text", "special"):
             raise ValueError(f"tokenize.special_text must be 'text' or 'special', got {self.special_text!r}")
         if self.train_sample_bytes < 1 or self.batch_size < 1:
@@ -110,7 +118,13 @@ def _capped(texts: Iterable[str], cap_bytes: int) -> Iterator[str]:
 
 
 def train_tokenizer(texts: Iterable[str], cfg: TokenizeConfig) -> Tokenizer:
-    """Byte-level BPE over the first ``train_sample_bytes`` of ``texts``; same input order -> same tokenizer."""
+    """Byte-level BPE over the first ``train_sample_bytes`` of ``texts`` by ``cfg.trainer``; same input order
+    -> same tokenizer."""
+    capped = _capped(texts, cfg.train_sample_bytes)
+    if cfg.trainer == "counts":
+        batches = iter(lambda: list(itertools.islice(capped, cfg.batch_size)), [])
+        counts = merge_counts(count_words(safe_texts(batch)) for batch in batches)
+        return train_from_counts(counts, cfg.vocab_size, cfg.min_frequency, cfg.special_tokens)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
@@ -121,7 +135,7 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizeConfig) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_capped(texts, cfg.train_sample_bytes), trainer=trainer)
+    tok.train_from_iterator(capped, trainer=trainer)
     return tok
 
 
@@ -153,6 +167,19 @@ def sample_parts(part_bytes: Sequence[int], sample_bytes: int) -> list[int]:
     return sorted({(2 * j + 1) * n // (2 * wanted) for j in range(wanted)})
 
 
+def sample_budgets(part_bytes: Sequence[int], sample_bytes: int) -> dict[int, int]:
+    """Each :func:`sample_parts` part's budget: the sample's bytes left after the sample's parts before it (by
+    ``part_bytes``), for the parts that get any. A part's documents are read while the bytes read so far are
+    below its budget, so the parts together read what :func:`_capped` reads of them in order."""
+    budgets, before = {}, 0
+    for index in sample_parts(part_bytes, sample_bytes):
+        if before >= sample_bytes:
+            break
+        budgets[index] = sample_bytes - before
+        before += part_bytes[index]
+    return budgets
+
+
 def sample_record_key(out_key: str) -> str:
     """Where :func:`run_train_tokenizer` records the sample it trained on (``<out_key>.sample.json``)."""
     return f"{out_key}.sample.json"
@@ -166,12 +193,14 @@ def run_train_tokenizer(
     cfg: TokenizeConfig,
     s3: S3Options | None,
     sizes: list[int] | None = None,
+    counts_folder: str | None = None,
 ) -> str:
     """Global step: put the tokenizer at ``out_key`` (trained on :func:`sample_parts` of the corpus, or copied
     from ``cfg.tokenizer``) and return its sha256; the sample (parts, bytes, documents) is recorded at
     :func:`sample_record_key`. Skips training when ``out_key`` already exists. ``sizes``: every part's bytes
     when the caller has them (a build's flow, from its units' stats), else each part's stats are read (one call
-    per part on S3)."""
+    per part on S3). ``counts_folder``: where the ``counts`` trainer finds the sample parts' word-count units
+    (:mod:`pipeline.tokenize.word_counts`); a part without one is counted here."""
     if store.exists(out_key):
         return sha256_bytes(store.get_bytes(out_key))
     if cfg.tokenizer is not None:
@@ -181,16 +210,14 @@ def run_train_tokenizer(
         if sizes is None or len(sizes) != num_parts:
             sizes = store.map(lambda i: read_part_stats(store, in_folder, i).bytes_out, range(num_parts))
         parts = sample_parts(sizes, cfg.train_sample_bytes)
-        seen = {"docs": 0, "bytes": 0}
-
-        def texts() -> Iterator[str]:
-            every = (r.text for i in parts for batch in iter_part_batches(store, in_folder, i) for r in batch)
-            for text in _capped(every, cfg.train_sample_bytes):
-                seen["docs"] += 1
-                seen["bytes"] += len(text.encode("utf-8", "replace"))
-                yield text
-
-        tok = train_tokenizer(texts(), cfg)
+        if cfg.trainer == "counts":
+            counts, stats = sample_counts(
+                store, in_folder, counts_folder, sample_budgets(sizes, cfg.train_sample_bytes)
+            )
+            tok = train_from_counts(counts, cfg.vocab_size, cfg.min_frequency, cfg.special_tokens)
+            seen = {"docs": stats.docs_in, "bytes": stats.bytes_in}
+        else:
+            tok, seen = _train_on_text(store, in_folder, parts, cfg)
         record = {
             "source": "trained",
             "corpus_parts": num_parts,
@@ -199,11 +226,29 @@ def run_train_tokenizer(
             "sample_parts": parts,
             "sample_docs": seen["docs"],
             "sample_bytes": seen["bytes"],
+            "trainer": cfg.trainer,
         }
     data = tok.to_str().encode("utf-8")
     store.put_bytes(sample_record_key(out_key), json.dumps(record, indent=1).encode())
     store.put_bytes(out_key, data)
     return sha256_bytes(data)
+
+
+def _train_on_text(
+    store: ObjectStore, in_folder: str, parts: list[int], cfg: TokenizeConfig
+) -> tuple[Tokenizer, dict[str, int]]:
+    """The ``hf`` trainer over the first ``train_sample_bytes`` of ``parts``' documents; the documents and bytes
+    it read."""
+    seen = {"docs": 0, "bytes": 0}
+
+    def texts() -> Iterator[str]:
+        every = (r.text for i in parts for batch in iter_part_batches(store, in_folder, i) for r in batch)
+        for text in _capped(every, cfg.train_sample_bytes):
+            seen["docs"] += 1
+            seen["bytes"] += len(text.encode("utf-8", "replace"))
+            yield text
+
+    return train_tokenizer(texts(), cfg), seen
 
 
 # ---------------------------------------------------------------- encoding
@@ -214,17 +259,6 @@ def _ordinary(tok: Tokenizer) -> Tokenizer:
     spec = json.loads(tok.to_str())
     spec["added_tokens"] = []
     return Tokenizer.from_str(json.dumps(spec))
-
-
-def _safe(texts: Sequence[str]) -> list[str]:
-    # Lone surrogates cannot cross into Rust; replace them (the clean stage should already have).
-    out = list(texts)
-    for i, t in enumerate(out):
-        try:
-            t.encode("utf-8")
-        except UnicodeEncodeError:
-            out[i] = _SURROGATE.sub("\ufffd", t)
-    return out
 
 
 THREADS_ENV = "PILEWORKS_THREADS"  # threads per process for encoding; set to 1 in each build worker process
@@ -248,7 +282,7 @@ class Encoder:
         self.num_threads = encoder_threads(cfg)
         if cfg.fast_path:
             sample = list(_capped(sample[: cfg.verify_docs], cfg.verify_bytes))
-            self.fast, reason = self._build_fast(tok, _safe(sample))
+            self.fast, reason = self._build_fast(tok, safe_texts(sample))
             if self.fast is None:
                 log.warning("tiktoken fast path disabled, using tokenizers: %s", reason)
             else:
@@ -263,7 +297,7 @@ class Encoder:
         return (None, f"ids differ from tokenizers on the sample: {mismatch}") if mismatch else (enc, None)
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
-        texts = _safe(texts)
+        texts = safe_texts(texts)
         if self.fast is not None and self.special:
             ids = self.fast.encode_batch(texts, num_threads=self.num_threads, allowed_special="all")
         elif self.fast is not None:

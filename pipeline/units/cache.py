@@ -147,6 +147,11 @@ def unit_config(stage: str, config: dict[str, Any]) -> dict[str, Any]:
         return _only(tok, "eos_token")
     if stage == "split-count":  # which documents are valid: the split rule
         return _only(config["shard"], "valid_fraction", "seed")
-    if stage in ("exact-hash", "exact-filter", "near-filter"):
+    if stage in (
+        "exact-hash",
+        "exact-filter",
+        "near-filter",
+        "word-count",
+    ):  # word-count: its budget is keyed
         return {}
     raise ValueError(f"no unit config for stage {stage!r}")

@@ -18,7 +18,12 @@ from tests.kernels import needs_lines, needs_walk, needs_wordscan, require
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = "pipeline/_native.h"
-KERNELS = ("pipeline/clean/_langid_walk.c", "pipeline/clean/_lines.c", "pipeline/clean/_wordscan.c")
+KERNELS = (
+    "pipeline/clean/_langid_walk.c",
+    "pipeline/clean/_lines.c",
+    "pipeline/clean/_wordscan.c",
+    "pipeline/tokenize/_bpe.c",
+)
 
 
 def test_the_kernels_include_the_shared_header_and_keep_no_copy_of_it():

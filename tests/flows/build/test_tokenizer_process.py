@@ -40,6 +40,8 @@ def build_ctx(tmp_path: Path, write: bool = True) -> dict[str, Any]:
         write_part(store, "docs", i, make_records(30, seed=i), StageStats(stage="clean", bytes_out=30_000))
     cfg = load_corpus_config(inputs=["unused"], output=str(tmp_path / "store"), name="t").to_dict()
     cfg["tokenize"]["vocab_size"] = 400
+    # the trainer that runs in a process of its own (the counts trainer trains where its step runs)
+    cfg["tokenize"]["trainer"] = "hf"
     return BuildContext(store_uri=store.uri, work="work/x", config=cfg).to_json()
 
 

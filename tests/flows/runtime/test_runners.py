@@ -119,6 +119,8 @@ def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_datas
     runs = [{p["name"]: p["task_runs"] for p in s["profile"]["passes"]} for s in (one, two)]
     assert [r["exact-resolve"] for r in runs] == [1, 2] and [r["exact-drop-lists"] for r in runs] == [1, 2]
     assert [r["boilerplate-merge"] for r in runs] == [1, 2]
+    # the tokenizer's words counted per part on the workers (tasks of runs of parts), merged by its training
+    assert runs[0]["word-count"] >= 1 and runs[1]["word-count"] >= 2
     # Shards are written, then copied under the dataset's prefix, by several tasks (runs of shards) on the
     # workers; the shard tables above show the same bytes (sha256) however many wrote them.
     passes = {p["name"]: p for p in two["profile"]["passes"]}
