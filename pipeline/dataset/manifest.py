@@ -57,6 +57,8 @@ VOLATILE_CONFIG_KEYS = frozenset(
         "run_name",
         "build_key",
         "memory_budget_mb",  # how the LSH work is split in memory, not what it finds
+        # how the tokenizer was trained, not which: its sha256 is in the id (the trainers write the same file)
+        "trainer",
     }
 )
 # Manifest fields that may differ between two publishes of the same content.
