@@ -69,9 +69,11 @@ def test_a_fork_of_the_command_is_not_the_command() -> None:
 # ---------------------------------------------------------------- real builds, stopped (slow)
 
 # A corpus whose steps last long enough to be caught in the act on a loaded 2-core machine: 1 MiB parts make
-# ingest a dozen units; a 30k vocabulary makes the tokenizer's training last seconds.
+# ingest a dozen units; a 30k vocabulary makes the tokenizer's training last seconds. The ``hf`` trainer: the
+# one that trains in a child process of a worker (the default ``counts`` trains on a worker's thread, under a
+# second here, and stops with the workers as ingest and tokenize do), so a stop must end that child too.
 CORPUS_MB = 12
-SETS = {"ingest.target_part_bytes": 1 << 20, "tokenize.vocab_size": 30000}
+SETS = {"ingest.target_part_bytes": 1 << 20, "tokenize.vocab_size": 30000, "tokenize.trainer": "hf"}
 REACH_S = 180  # the longest a build may take to reach a point
 STOP_S = 10  # a stopped build exits by then
 GONE_S = 5  # and every process of it is gone by then
