@@ -67,6 +67,7 @@ PRELOAD = [
     "pipeline.dedup.clusters",
     "pipeline.tokenize.stage",
     "pipeline.dataset.publish",
+    "flows.runtime.pool_warm",  # pyarrow's pandas import, once for every worker
 ]
 
 # Loggers whose level the workers copy from the process that starts the pool (its root's, and the libraries the
