@@ -192,7 +192,8 @@ def test_a_clean_unit_rotted_behind_its_mtime_is_named_once_and_recomputed(
         logger.removeHandler(handler)
     named = [line for line in handler.lines if "clean/part-00001.parquet" in line]
     assert len(named) == 1 and "recomputing its unit" in named[0], handler.lines
-    assert rerun["dataset_id"] == first["dataset_id"]  # the first rerun: the id of the build before the damage
+    # the first rerun publishes the id of the build before the damage
+    assert rerun["dataset_id"] == first["dataset_id"]
     n = rerun["reused_units"]["clean"][1]
     assert rerun["reused_units"]["clean"] == [n - 1, n]  # recomputed, not counted as reused
     assert rerun["reused_units"]["ingest"] == [n, n]  # what it was made from is intact
