@@ -24,10 +24,11 @@ TRAIN = {
 
 
 def test_prepare_and_train_records_lineage_and_traces_steps(
-    prefect_harness, tiny_corpus: Path, tmp_path: Path
+    prefect_harness, tiny_corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from prefect.client.orchestration import get_client
 
+    from flows.cli.main import main
     from flows.train.flow import prepare_and_train
     from tests.flows.tiny_corpus import TINY_OVERRIDES
     from training.checkpoint import read_record, select_resume_tag
@@ -60,6 +61,19 @@ def test_prepare_and_train_records_lineage_and_traces_steps(
     assert all(
         d["uri"].startswith("file://") and Path(d["uri"].removeprefix("file://")).exists() for d in docs
     )
+    # the corpus moved since: `pileworks trace --input-root` names each document's input where it lies now
+    moved = tmp_path / "moved" / "corpus"
+    moved.parent.mkdir()
+    tiny_corpus.rename(moved)
+    capsys.readouterr()
+    argv = ["trace", "--checkpoint", str(ckpts), "--step", "4", "--input-root", str(moved), "--json"]
+    assert main(argv) == 0
+    relocated = json.loads(capsys.readouterr().out)["documents"]
+    assert [d["doc_id"] for d in relocated] == [d["doc_id"] for d in docs]
+    for d in relocated:
+        path = Path(d["uri"].removeprefix("file://"))
+        assert path.is_relative_to(moved) and path.relative_to(moved).as_posix() == d["source"]
+        assert path.exists()
 
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts()

@@ -196,6 +196,24 @@ def test_published_manifest_bytes_and_id_are_unchanged() -> None:
     assert loaded.to_bytes() == golden and loaded.dataset_id == "de931302bd48c68845d2"
 
 
+def test_a_manifest_published_before_input_names_traces_its_documents_to_their_uris() -> None:
+    """Before issue 43 a document's ``source`` was its input's URI, the manifest's ``inputs`` had no ``name`` and
+    its lineage no ``input_root``: ``input_uri`` returns the URI the document holds, moved root or not (there
+    is no root to move it from), and a new manifest's name goes under its root or the one given."""
+    legacy = Manifest.from_json(json.loads(GOLDEN.read_bytes()))
+    assert "input_root" not in legacy.lineage and all("name" not in e for e in legacy.inputs)
+    assert legacy.input_uri("file:///in/a.txt") == "file:///in/a.txt"
+    assert legacy.input_uri("file:///in/a.txt", "file:///moved") == "file:///in/a.txt"
+    named = dataclasses.replace(
+        legacy,
+        inputs=[{**legacy.inputs[0], "name": "a.txt"}],
+        lineage={**legacy.lineage, "input_root": "file:///in"},
+    )
+    assert named.input_uri("a.txt") == "file:///in/a.txt"
+    assert named.input_uri("a.txt", "s3://bucket/moved/") == "s3://bucket/moved/a.txt"
+    assert named.input_uri("web/b.txt") == "file:///in/web/b.txt"  # a name the inputs list does not hold
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
