@@ -335,8 +335,14 @@ def test_checker_reports_a_planted_broken_link(tmp_path: Path) -> None:
     ]
 
 
+def plant(root: Path, files: dict[str, str]) -> None:
+    for rel, body in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(body)
+
+
 def test_checker_reports_planted_stale_code_names(tmp_path: Path) -> None:
-    _plant = {
+    tree = {
         "pipeline/__init__.py": "",
         "pipeline/units/__init__.py": "",
         "pipeline/units/protocol.py": "from pipeline.errors import StorageError\ndef checked_bytes(): ...\nDONE = 1\n",
@@ -344,9 +350,7 @@ def test_checker_reports_planted_stale_code_names(tmp_path: Path) -> None:
         "pipeline/clean/_lines.c": "",
         "infra/x.sh": "",
     }
-    for rel, body in _plant.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(body)
+    plant(tmp_path, tree)
     text = (
         "Alive: `pipeline/units/protocol.py`, `pipeline/units/protocol.checked_bytes`, `pipeline/units/`,\n"
         "pipeline.units.protocol.DONE, `pipeline.units.protocol.StorageError.x`, `pipeline.clean._lines`,\n"
@@ -366,16 +370,20 @@ def test_checker_reports_planted_stale_code_names(tmp_path: Path) -> None:
 
 
 def test_screen_check_reports_a_planted_old_tree(tmp_path: Path) -> None:
-    for rel in (
-        "pipeline/units/__init__.py",
-        "pipeline/units/cache.py",
-        "pipeline/dedup/__init__.py",
-        "pipeline/errors.py",
-        "flows/build/__init__.py",
-        "flows/build/flow.py",
-    ):
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text("")
+    plant(
+        tmp_path,
+        dict.fromkeys(
+            (
+                "pipeline/units/__init__.py",
+                "pipeline/units/cache.py",
+                "pipeline/dedup/__init__.py",
+                "pipeline/errors.py",
+                "flows/build/__init__.py",
+                "flows/build/flow.py",
+            ),
+            "",
+        ),
+    )
     text = (
         "## Architecture in one screen\n\n```\n"
         "flows/        the shell\n  build/   flow.py\n"
