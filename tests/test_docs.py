@@ -11,6 +11,7 @@ documented when a guide holds it as inline code: `` `pileworks server start` ``,
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import re
 import types
@@ -151,6 +152,93 @@ def broken_links(path: Path, text: str) -> list[str]:
     return broken
 
 
+# A path of the repository's code (`pipeline/units/protocol.py`, `tests/bench/README.md`, or `path.name` for a
+# name in a module: `flows/build/plan.sizing`) or a dotted module name (`pipeline.units.protocol.checked_bytes`),
+# wherever a markdown file names one. CHANGELOG.md is left out: its entries name the paths of their day.
+CODE_PATH = re.compile(r"(?<![\w/.\-~$])((?:pipeline|flows|training|tests|infra)/[\w./\-]*)")
+CODE_NAME = re.compile(r"(?<![\w./\-])((?:pipeline|flows|training)(?:\.[A-Za-z_]\w*)+)")
+MADE_BY_THE_USER = {"infra/.env"}  # infra/README.md: `cp infra/.env.example infra/.env`
+
+
+def top_level_names(module: Path) -> set[str]:
+    """What a module defines or imports at its top level."""
+    names: set[str] = set()
+    for node in ast.parse(module.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for target in targets for n in ast.walk(target) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    return names
+
+
+def _name_exists(parts: list[str], root: Path) -> bool:
+    """``parts`` of a dotted name: packages, then a module (a ``.py``, or a kernel's ``.c``), then a name in it."""
+    here = root / parts[0]
+    for i, part in enumerate(parts[1:], 1):
+        if (here / part / "__init__.py").exists():
+            here = here / part
+        elif (here / f"{part}.c").exists():
+            return True
+        elif (here / f"{part}.py").exists():
+            rest = parts[i + 1 :]
+            return not rest or rest[0] in top_level_names(here / f"{part}.py")
+        else:
+            return (here / "__init__.py").exists() and part in top_level_names(here / "__init__.py")
+    return (here / "__init__.py").exists()
+
+
+def missing_code(text: str, root: Path = ROOT) -> list[str]:
+    """The paths and module names ``text`` names that the tree at ``root`` does not hold."""
+    missing = []
+    for match in CODE_PATH.finditer(text):
+        path = match.group(1).rstrip(".-")
+        module, _, name = path.rpartition(".")
+        found = (root / path).exists() or path in MADE_BY_THE_USER
+        if not found and "/" in module and (root / f"{module}.py").exists():
+            found = name in top_level_names(root / f"{module}.py")
+        if not found:
+            missing.append(path)
+    for match in CODE_NAME.finditer(text):
+        if not _name_exists(match.group(1).split("."), root):
+            missing.append(match.group(1))
+    return missing
+
+
+def screen_gaps(markdown: str, root: Path = ROOT) -> list[str]:
+    """CONTRIBUTING.md's "Architecture in one screen": a top folder (``pipeline/``) starts a block; each room it
+    draws (``  units/``) is a folder there and each ``name.py``/``name.c`` it names is a file somewhere below it;
+    every room of pipeline/ and flows/ on disk is drawn."""
+    screen = markdown.split("## Architecture in one screen", 1)[1].split("```")[1]
+    gaps, drawn, top = [], set(), ""
+    for line in screen.splitlines():
+        if m := re.match(r"(\w+)/\s", line):
+            top = m.group(1)
+        elif m := re.match(r"  (\w+)/\s", line):
+            drawn.add(f"{top}/{m.group(1)}")
+            if not (root / top / m.group(1)).is_dir():
+                gaps.append(f"{top}/{m.group(1)}/: no such folder")
+        for name in re.findall(r"\b\w+\.(?:py|c)\b", line):
+            if top and not any((root / top).rglob(name)):
+                gaps.append(f"{top}/**/{name}: no such file")
+    for top in ("pipeline", "flows"):
+        on_disk = {f"{top}/{p.parent.name}" for p in (root / top).glob("*/__init__.py")}
+        gaps += [f"{room}/: not drawn" for room in sorted(on_disk - drawn)]
+    return gaps
+
+
+def markdown_files(root: Path = ROOT) -> list[Path]:
+    skip = {"build", "node_modules"}
+    return sorted(
+        p
+        for p in root.rglob("*.md")
+        if p.name != "CHANGELOG.md"
+        and not any(part.startswith(".") or part in skip for part in p.relative_to(root).parts)
+    )
+
+
 def guide_texts() -> list[str]:
     return [(ROOT / g).read_text() for g in GUIDES]
 
@@ -183,6 +271,17 @@ def test_front_page_is_short() -> None:
 def test_relative_links_resolve(name: str) -> None:
     path = ROOT / name
     assert not broken_links(path, path.read_text())
+
+
+def test_every_path_and_module_the_docs_name_exists() -> None:
+    files = markdown_files()
+    assert {ROOT / "CONTRIBUTING.md", ROOT / "pipeline" / "README.md"} <= set(files)
+    missing = {str(p.relative_to(ROOT)): found for p in files if (found := missing_code(p.read_text()))}
+    assert not missing, f"paths and modules named in the docs that do not exist: {missing}"
+
+
+def test_the_architecture_screen_draws_today_s_tree() -> None:
+    assert screen_gaps((ROOT / "CONTRIBUTING.md").read_text()) == []
 
 
 def test_readme_links_every_guide() -> None:
@@ -233,4 +332,67 @@ def test_checker_reports_a_planted_broken_link(tmp_path: Path) -> None:
     assert broken_links(page, text) == [
         "missing.md: no such file",
         "guide.md#no-such: no heading with that anchor",
+    ]
+
+
+def plant(root: Path, files: dict[str, str]) -> None:
+    for rel, body in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(body)
+
+
+def test_checker_reports_planted_stale_code_names(tmp_path: Path) -> None:
+    tree = {
+        "pipeline/__init__.py": "",
+        "pipeline/units/__init__.py": "",
+        "pipeline/units/protocol.py": "from pipeline.errors import StorageError\ndef checked_bytes(): ...\nDONE = 1\n",
+        "pipeline/clean/__init__.py": "",
+        "pipeline/clean/_lines.c": "",
+        "infra/x.sh": "",
+    }
+    plant(tmp_path, tree)
+    text = (
+        "Alive: `pipeline/units/protocol.py`, `pipeline/units/protocol.checked_bytes`, `pipeline/units/`,\n"
+        "pipeline.units.protocol.DONE, `pipeline.units.protocol.StorageError.x`, `pipeline.clean._lines`,\n"
+        "infra/x.sh. `infra/.env`, s3://bucket/pipeline/gone.py.\n"
+        "Gone: `pipeline/units.py`, pipeline/unitcache.py. `pipeline/units/protocol.nothing`,\n"
+        "`pipeline.units.checked_bytes`, pipeline.unitcache, `pipeline.units.protocol.nothing`, `infra/y.sh`\n"
+    )
+    assert missing_code(text, tmp_path) == [
+        "pipeline/units.py",
+        "pipeline/unitcache.py",
+        "pipeline/units/protocol.nothing",
+        "infra/y.sh",
+        "pipeline.units.checked_bytes",
+        "pipeline.unitcache",
+        "pipeline.units.protocol.nothing",
+    ]
+
+
+def test_screen_check_reports_a_planted_old_tree(tmp_path: Path) -> None:
+    plant(
+        tmp_path,
+        dict.fromkeys(
+            (
+                "pipeline/units/__init__.py",
+                "pipeline/units/cache.py",
+                "pipeline/dedup/__init__.py",
+                "pipeline/errors.py",
+                "flows/build/__init__.py",
+                "flows/build/flow.py",
+            ),
+            "",
+        ),
+    )
+    text = (
+        "## Architecture in one screen\n\n```\n"
+        "flows/        the shell\n  build/   flow.py\n"
+        "pipeline/     the library\n  errors.py   errors\n  units/   cache.py\n"
+        "  unitcache.py   the old cache\n  tokenize/   stage.py\n```\n"
+    )
+    assert screen_gaps(text, tmp_path) == [
+        "pipeline/**/unitcache.py: no such file",
+        "pipeline/tokenize/: no such folder",
+        "pipeline/**/stage.py: no such file",
+        "pipeline/dedup/: not drawn",
     ]

@@ -7,7 +7,7 @@ Two steps hand off through files, so each can run on its own worker and be resum
    (``pipeline.clean.normalize.normalize_text``, so the hashes match what clean will see; a part that ingest
    wrote normalised, as a build's ingest does, is read as it is), hash every stripped line of
    at least ``min_line_chars`` characters with xxhash64 and count the documents that contain it (once per
-   document). Writes ``<count_folder>/part-NNNNN.npy``, a hash table (``pipeline/hashranges``) of rows (hash,
+   document). Writes ``<count_folder>/part-NNNNN.npy``, a hash table (``pipeline.units.hashranges``) of rows (hash,
    document count) sorted by hash, so a merge reads one range of the hashes of every part (a ranged get)
    without the rest; then ``part-NNNNN.stats.json`` and, last, ``part-NNNNN.done``. (Before, a 2 x n array
    beside a ``.fences.npy``: still read, whole.)

@@ -2,7 +2,7 @@
 
 - A published dataset: its ``manifest.json`` parses, every object it lists (shards, indexes, tokenizer files,
   the card) is there with its sha256, and ``latest.json`` points at a dataset that has a manifest.
-- With ``work``: every build unit whose marker records its outputs (``pipeline/proofs``), each output hashed
+- With ``work``: every build unit whose marker records its outputs (``pipeline.units.proofs``), each output hashed
   whatever its tag says. A damaged unit is recomputed by the next build that reads it: its reader checks the bytes
   against the marker's digest, names the file, drops the marker and the build runs its steps again.
 """

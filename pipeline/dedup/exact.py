@@ -6,7 +6,7 @@ documents has probability ~1e-15).
 
 Three steps hand off through files (keys relative to the store; ``NNNNN`` is the part index):
 
-1. ``run_exact_hash_part`` -> ``<hash_folder>/part-NNNNN.npy``: a hash table (``pipeline/hashranges``) of rows
+1. ``run_exact_hash_part`` -> ``<hash_folder>/part-NNNNN.npy``: a hash table (``pipeline.units.hashranges``) of rows
    (high 64 bits, low 64 bits of each record's hash, its position in the part), sorted; then
    ``part-NNNNN.stats.json``; then ``part-NNNNN.done``. (Before, a (n, 2) array of the hashes in part order:
    still read, whole.)
@@ -153,7 +153,7 @@ def resolve_hash_range(
 ) -> dict[str, int]:
     """The duplicates whose hash falls in range ``rng`` of ``ranges``, as rows (part, position, part and position of
     the kept copy) sorted by part then position, with each part's bounds in them; returns the range's counts.
-    Each part's table is read by its head and the rows of the range (``pipeline/hashranges``), not whole."""
+    Each part's table is read by its head and the rows of the range (``pipeline.units.hashranges``), not whole."""
     lo, hi = hash_range(rng, ranges)
 
     def in_range(index: int) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,7 @@ Every reader is a generator over one *piece* (a whole object, a byte range of on
 groups) that yields a ``Record`` for each good document and a ``Quarantined`` for each bad one, so bad input is
 counted where it is found and never stops the good records after it.
 
-A byte range owns the lines that start in it (see :mod:`pipeline.ingest_streams`) and the paragraphs whose
+A byte range owns the lines that start in it (see :mod:`pipeline.ingest.streams`) and the paragraphs whose
 preceding blank line starts in it, so a grid of ranges over a file yields every line/paragraph exactly once.
 Ids use byte offsets (``#B<offset>``), which do not depend on how the file was split; compressed streams,
 always read whole, use line numbers (``#L<n>``); parquet rows ``#row<n>``; UTF-16/32 paragraphs ``#P<n>``.
@@ -84,7 +84,7 @@ class ReadContext:
         web: dict[str, str] | None = None,
     ) -> Item:
         """A Record, or a Quarantined ``empty_doc``; NULs are counted here and left for clean to handle.
-        ``web``: the document's URL and crawl date (``pipeline.sources.URL``...), kept beside our provenance."""
+        ``web``: the document's URL and crawl date (``pipeline.records.URL``, ``WARC_DATE``), kept beside our provenance."""
         if not text.strip():
             return self.quarantine(
                 pos, "empty_doc", "no non-whitespace text", text.encode("utf-8", "replace")

@@ -1,4 +1,5 @@
-"""Where the bundled sample corpus lives (installed as package data, so it works from a wheel too)."""
+"""Where the bundled sample corpus lives (installed as package data, so it works from a wheel too);
+``build_sample`` is the script that rebuilt it from Debian's documentation packages (PROVENANCE.md)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,11 @@ Keys are relative to the store's root (a local folder, or a bucket/container + p
 and are checked by :func:`normalize_key`: no ``..``, no leading ``/``, no NUL, nothing outside the root. Nothing
 outside this package touches a cloud SDK. Each cloud's SDK loads only when a store of its kind is opened.
 README.md beside this file says how each cloud is reached (endpoints, credentials, emulators, HDFS).
+
+Modules: ``base`` (the interface and key rules), one backend each in ``local``, ``s3``, ``gcs`` and ``azure``;
+``options`` (the one ``s3:`` config section), ``retry`` (what may be retried, and the loop), ``ranged`` (a
+resumable reader of ranged GETs for the GCS and Azure stores), ``uploads`` (the journal of multipart uploads in
+flight) and ``janitor`` (aborting the uploads a dead run left, on every cloud).
 """
 
 from __future__ import annotations

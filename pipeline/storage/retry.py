@@ -1,4 +1,4 @@
-"""Our own retry loop for each S3 operation, and the one test of what may be retried at all.
+"""Our own retry loop for each store operation (S3, GCS, Azure), and the one test of what may be retried at all.
 
 botocore's standard mode shares a retry quota per client: under sustained throttling the quota runs dry and
 then nothing is retried. So botocore makes one attempt and :func:`call_with_retries` retries transient

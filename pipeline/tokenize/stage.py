@@ -1,4 +1,4 @@
-"""Stage 4: train (or load) a byte-level BPE tokenizer and turn docs parts into token parts.
+"""The tokenize stage: train (or load) a byte-level BPE tokenizer and turn docs parts into token parts.
 
 Every document is encoded as *ordinary text* (a literal ``<|endoftext|>`` inside a document stays text, so a
 document cannot forge a control token) and gets the EOS id appended. Encoding runs on all cores: tiktoken's

@@ -31,7 +31,7 @@ from pipeline.units.proofs import bytes_digest, check_outputs, folder_listing, r
 log = logging.getLogger(__name__)
 
 SUCCESS = "_SUCCESS"
-CACHE_ENTRY = "cache_entry"  # in a unit restored from the unit cache (pipeline/unitcache): the entry's key
+CACHE_ENTRY = "cache_entry"  # in a unit restored from the unit cache (pipeline.units.cache): the entry's key
 # The build run computing units in this context (``flows/build/context.run_unit``): each marker written records it,
 # so a unit this run computed before its steps ran again is not counted as reused.
 WRITER: contextvars.ContextVar[str] = contextvars.ContextVar("pileworks_unit_writer", default="")
@@ -180,7 +180,7 @@ def stats_bytes(stats: StageStats) -> bytes:
 
 def finish_unit(store: ObjectStore, unit: str, stats: StageStats) -> StageStats:
     """Stats, then the marker, after the unit's outputs: a unit without its marker is never read and is redone.
-    The marker holds the stats too and what proves the outputs' bytes (``pipeline/proofs``), so a rerun
+    The marker holds the stats too and what proves the outputs' bytes (``pipeline.units.proofs``), so a rerun
     reads one object to skip the unit."""
     store.put_bytes(f"{unit}.stats.json", stats_bytes(stats))
     outputs = [i for k, i in unit_listing(store, unit).items() if k not in _own_files(unit)]
@@ -303,7 +303,7 @@ def finish_folder(
     store: ObjectStore, folder: str, stats: StageStats, stats_name: str = "stats.json"
 ) -> StageStats:
     """A global step's end: ``folder/<stats_name>``, then ``folder/_SUCCESS``, after its outputs. ``_SUCCESS``
-    records the outputs under ``folder`` as a unit's marker does (``pipeline/proofs``)."""
+    records the outputs under ``folder`` as a unit's marker does (``pipeline.units.proofs``)."""
     store.put_bytes(f"{folder}/{stats_name}", stats_bytes(stats))
     own = (f"{folder}/{stats_name}", f"{folder}/{SUCCESS}")
     outputs = [i for k, i in folder_listing(store, folder).items() if k not in own]

@@ -377,7 +377,18 @@ def _matrix(docs: list[tuple[str, str]], mine: list[str | None], their: list[str
             if len(examples[kind]) < 3:
                 examples[kind].append(doc_id)
     agree = sum(1 for a, b in zip(mine, their, strict=True) if bool(a) == bool(b))
-    return {"matrix": dict(matrix), "agreement": agree / len(docs), "disagreements": examples}
+    # per kind of document (changelog, man, ...): the figure depends on the machine's mix of them
+    by_kind: dict[str, list[int]] = {}
+    for (doc_id, _), a, b in zip(docs, mine, their, strict=True):
+        counts = by_kind.setdefault(doc_id.split(":")[0], [0, 0])
+        counts[0] += bool(a) == bool(b)
+        counts[1] += 1
+    return {
+        "matrix": dict(matrix),
+        "agreement": agree / len(docs),
+        "agreement_by_kind": {kind: round(n / total, 4) for kind, (n, total) in sorted(by_kind.items())},
+        "disagreements": examples,
+    }
 
 
 # ---------------------------------------------------------------- report
@@ -424,6 +435,7 @@ def main() -> None:
     print("\nGopher, one rule at a time")
     for rule, row in report["gopher"].items():
         print(f"  {rule:24s} agreement {row['agreement']:.4f} {row['matrix']}")
+        print(f"    by kind: {row['agreement_by_kind']}")
         for kind, ids in row["disagreements"].items():
             if ids:
                 print(f"    {kind}: {ids}")

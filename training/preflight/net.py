@@ -273,7 +273,7 @@ def check_hostfile(cfg: DoctorConfig) -> list[CheckResult]:
                 "hostfile",
                 Status.WARN,
                 "pdsh is not installed (DeepSpeed's default multi-node launcher)",
-                "apt-get install pdsh, or launch with infra/launch/torchrun.sh",
+                "apt-get install pdsh, or launch with infra/launch/torchrun_node.sh",
             )
         )
     with cf.ThreadPoolExecutor(max_workers=min(16, len(nodes))) as pool:

@@ -1,4 +1,4 @@
-"""Units that prove their bytes (``pipeline/proofs``, through ``pipeline/units``): a done marker records each
+"""Units that prove their bytes (``pipeline.units.proofs``, through ``pipeline.units.protocol``): a done marker records each
 output, and a damaged output costs a recompute of its unit (one warning naming the file), never a failed build;
 on S3 the check costs no extra round trip."""
 
