@@ -93,13 +93,17 @@ def _trafilatura(options: dict[str, Any]) -> Extractor:
 def _justext(options: dict[str, Any]) -> Extractor:
     try:
         import justext
+        from lxml.etree import ParserError
     except ImportError as exc:
         raise _missing("justext", exc) from exc
     options = dict(options)
     stoplist = justext.get_stoplist(options.pop("stoplist"))
 
     def extract(html: str) -> str:
-        paragraphs = justext.justext(html, stoplist, **options)
+        try:
+            paragraphs = justext.justext(html, stoplist, **options)
+        except ParserError:  # lxml's "Document is empty" (an empty page, or only a comment): no text
+            return ""
         return "\n\n".join(p.text for p in paragraphs if not p.is_boilerplate)
 
     return extract
