@@ -73,10 +73,13 @@ test-lowest: $(LOWEST_STAMP)  ## the `lowest` tests at the floor of every direct
 		for n in ('prefect', 'prefect-dask', 'pydantic', 'fastapi', 'numpy', 'pyarrow', 'torch', 'deepspeed', 'dask')))"
 	$(LOWEST_BIN)/python -m pytest -q -m lowest
 
-# Each HTML extractor extra (trafilatura, justext) installed from pyproject.toml's lists into a fresh venv of its
-# own, then made to extract a page (.ci/extras.py): the extras must install a working set, not only our .venv.
-test-extras:  ## the extractor extras, each from a fresh venv, extract text (CI runs it)
-	$(PY) .ci/extras.py trafilatura justext
+# Each HTML extractor extra installed as a user installs it, `pip install '<a copy of this tree>[justext]'` then
+# `[trafilatura]`, into a fresh venv (torch's CPU wheel first), then made to extract a page (.ci/extras.py): the
+# extras must install a working set beside pileworks' own dependencies, not only in our .venv. One venv for both,
+# in turn: a full install takes about 3 minutes, two fresh ones 6, and trafilatura's requirements hold jusText's,
+# so the second install on top of the first resolves what a fresh one would.
+test-extras:  ## the extractor extras, installed with pileworks in a fresh venv, extract text (CI runs it)
+	$(PY) .ci/extras.py --torch "$(TORCH_SPEC)" justext trafilatura
 
 lint: setup
 	$(BIN)/ruff check .

@@ -34,7 +34,8 @@ LOWEST_PART = (
     "flows/test_deployments.py",  # serve's deployments
     # beside the flows, floors whose failure a build would not show
     "pipeline/ingest/test_encoding.py",  # charset-normalizer's detection (Shift-JIS, not gb18030)
-    "pipeline/ingest/test_warc.py",  # warcio (ARC, LF-only headers) and trafilatura's per-page cache
+    "pipeline/ingest/test_crawlers.py",  # warcio's ARC, LF-only and whole-file gzip reading; trafilatura's per-page cache
+    "pipeline/ingest/test_warc.py",  # trafilatura's and jusText's extraction, FastWARC's reading
     "pipeline/storage/test_storage.py::test_put_if_absent_race_has_one_winner",  # create-only puts on S3 (boto3, moto)
 )
 

@@ -49,7 +49,10 @@ def check_build(
 
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
     with _quiet(ingest.log), _unreachable_is_one_line(cfg.s3):  # the flow lists again, and says what it skips
-        ingest.list_inputs(list(cfg.resolved_inputs()), s3=_fast(cfg.s3), extensions=cfg.ingest.extensions)
+        listed = ingest.list_inputs(
+            list(cfg.resolved_inputs()), s3=_fast(cfg.s3), extensions=cfg.ingest.extensions
+        )
+    _check_extractor(cfg.ingest, [ingest.format_of(f.uri, cfg.ingest.extensions) for f in listed])
     if is_remote(cfg.output):  # the flow's first request there: no credentials, no bucket say so now
         from pipeline.storage import open_store
         from pipeline.storage.uploads import UPLOADS_FOLDER
@@ -57,6 +60,17 @@ def check_build(
         with _unreachable_is_one_line(cfg.s3):
             next(iter(open_store(cfg.output, _fast(cfg.s3)).list(UPLOADS_FOLDER + "/")), None)
     return cfg
+
+
+def _check_extractor(ingest_cfg: Any, formats: list[str | None]) -> None:
+    """Where a WARC or ARC file is listed, build its HTML extractor now: a package that is missing (trafilatura,
+    jusText, lxml_html_clean) is one line naming the pip command that installs it, before Prefect or any worker
+    starts, not an error of the first ingest task. WET files hold text and need no extractor."""
+    from pipeline.ingest import html
+    from pipeline.ingest.config import WEB_FORMATS
+
+    if any(fmt in WEB_FORMATS and not fmt.startswith("wet") for fmt in formats if fmt is not None):
+        html.build_extractor(ingest_cfg.html)
 
 
 @contextlib.contextmanager

@@ -55,12 +55,13 @@ class ExtractorMissing(ValueError):
 
 def _missing(name: str, exc: ImportError) -> ExtractorMissing:
     command = f"pip install 'pileworks[{_EXTRAS[name]}]'"
-    if "lxml.html.clean" in str(exc) or "lxml_html_clean" in str(exc):  # lxml >= 5.2 moved it out
+    said = " ".join(str(exc).split())  # lxml's own message is two lines: the error must stay one
+    if "lxml.html.clean" in said or "lxml_html_clean" in said:  # lxml >= 5.2 moved it out
         command = "pip install lxml_html_clean"
-    elif "LRUCache" in str(exc):  # trafilatura before 2.3 has no cache to give per page
+    elif "LRUCache" in said:  # trafilatura before 2.3 has no cache to give per page
         command = "pip install 'trafilatura>=2.3'"
     return ExtractorMissing(
-        f"ingest.html.extractor: {name} is not installed or not usable ({exc}); install it with "
+        f"ingest.html.extractor: {name} is not installed or not usable ({said}); install it with "
         f"{command} or choose another extractor ({', '.join(EXTRACTORS)})"
     )
 
@@ -92,13 +93,17 @@ def _trafilatura(options: dict[str, Any]) -> Extractor:
 def _justext(options: dict[str, Any]) -> Extractor:
     try:
         import justext
+        from lxml.etree import ParserError
     except ImportError as exc:
         raise _missing("justext", exc) from exc
     options = dict(options)
     stoplist = justext.get_stoplist(options.pop("stoplist"))
 
     def extract(html: str) -> str:
-        paragraphs = justext.justext(html, stoplist, **options)
+        try:
+            paragraphs = justext.justext(html, stoplist, **options)
+        except ParserError:  # lxml's "Document is empty" (an empty page, or only a comment): no text
+            return ""
         return "\n\n".join(p.text for p in paragraphs if not p.is_boilerplate)
 
     return extract

@@ -48,7 +48,7 @@ from warcio.archiveiterator import ArchiveIterator as WarcioIterator
 from warcio.exceptions import ArchiveLoadFailed
 
 from pipeline.ingest import html
-from pipeline.ingest.encoding import UndecodableError
+from pipeline.ingest.encoding import UndecodableError, bom_encoding, decode_bytes
 from pipeline.ingest.readers import Item, ReadContext
 from pipeline.ingest.streams import DecompressingReader
 from pipeline.records import URL, WARC_DATE, normalize_url
@@ -437,8 +437,14 @@ def _dechunk(body: bytes) -> bytes:
 
 
 def decode_html(ctx: ReadContext, body: bytes, declared: str | None) -> tuple[str, str]:
-    """(text, codec) of a page: the HTTP header's charset (``declared``), else the page's ``<meta>``, else our
-    detection. Raises UndecodableError (``code`` ``unknown_charset`` when the declared charset is unknown)."""
+    """(text, codec) of a page: its byte-order mark, else the HTTP header's charset (``declared``), else the
+    page's ``<meta>``, else our detection. Raises UndecodableError (``code`` ``unknown_charset`` when the declared
+    charset is unknown)."""
+    if (
+        bom_encoding(body) is not None
+    ):  # the HTML standard's first rule, over the header: the mark is not text
+        decoded = decode_bytes(body)  # (kept, a U+FEFF before <!DOCTYPE> puts the <title> in the body's text)
+        return decoded.text, decoded.encoding
     label = declared or html.meta_charset(body)
     codec = html.known_charset(label)
     if codec is not None:

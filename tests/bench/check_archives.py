@@ -4,7 +4,8 @@
 For each archive given (files or folders; .warc, .warc.gz, .wet(.gz), .arc, .arc.gz), warcio lists the HTML
 responses (2xx, ``text/html`` or ``application/xhtml+xml``, decoded by warcio's ``content_stream``), then
 pileworks' ingest reads the same file; the script prints, per file, warcio's count, our documents, our quarantines
-by reason with a sample of each, and any page warcio reads that we neither kept nor quarantined.
+by reason with a sample of each, and any page warcio reads that we neither kept nor quarantined (a quarantine's
+location is read back with warcio for its URL).
 
 Real archives ship in packages' source distributions, for example pywb's sample archive (wget 1.14, wpull,
 webrecorder, Heritrix-style ARC and WARC)::
@@ -16,6 +17,8 @@ webrecorder, Heritrix-style ARC and WARC)::
 from __future__ import annotations
 
 import argparse
+import gzip
+import io
 import sys
 from collections import Counter
 from pathlib import Path
@@ -43,11 +46,30 @@ def warcio_html(path: Path) -> list[str]:
                 status = rec.http_headers.get_statuscode() or ""
                 mime = (rec.http_headers.get_header("Content-Type") or "").split(";")[0].strip().lower()
                 if status.startswith("2") and mime in HTML:
-                    rec.content_stream().read()
-                    urls.append(rec.rec_headers.get_header("WARC-Target-URI") or "")
+                    url = rec.rec_headers.get_header("WARC-Target-URI") or ""
+                    try:
+                        rec.content_stream().read()
+                    except Exception as exc:  # its decoder fails on this body: still an HTML page it lists
+                        print(f"  warcio cannot decode {url}: {type(exc).__name__}: {str(exc).strip()[:80]}")
+                    urls.append(url)
         except Exception as exc:  # warcio refuses some files: say so and go on
             print(f"  warcio stops in {path.name}: {type(exc).__name__}: {str(exc).strip()[:120]}")
     return urls
+
+
+def quarantined_url(path: Path, location: str) -> str:
+    """The target URL of the record a quarantine's location names (``B<offset>`` in the file, ``U<offset>`` in
+    the whole-file-decompressed one), "" where there is none to read."""
+    if location[:1] not in ("B", "U") or not location[1:].isdigit():
+        return ""
+    data = path.read_bytes()
+    if location[0] == "U":
+        data = gzip.decompress(data)
+    try:
+        rec = next(iter(ArchiveIterator(io.BytesIO(data[int(location[1:]) :]), arc2warc=True)))
+    except Exception:  # a record warcio cannot read either
+        return ""
+    return (rec.rec_headers.get_header("WARC-Target-URI") or "").strip("<>")
 
 
 def archives(args: list[str]) -> list[Path]:
@@ -75,7 +97,8 @@ def main() -> int:
         records, quarantined, stats = ingest_all([str(path)], cfg)
         ours = Counter(r.meta_dict().get("url", "") for r in records)
         held = Counter(q.reason for q in quarantined)
-        lost = [u for u in theirs if not ours[u.strip("<>")]]
+        held_urls = Counter(quarantined_url(path, q.location) for q in quarantined)
+        lost = [u for u in theirs if not ours[u.strip("<>")] and not held_urls[u.strip("<>")]]
         print(
             f"{path.name:45} warcio HTML {len(theirs):3}  documents {len(records):3}  "
             f"quarantined {dict(held) or '-'}  encoding_mismatch {stats.extra.get('encoding_mismatch', 0)}"

@@ -1,10 +1,14 @@
 """Done-when of web inputs: a build over a folder of ``.warc.gz`` (local and on the moto S3 server) and one of
 ``.wet.gz`` publishes documents with no HTML left and their ``url``/``warc_date`` in ``docs.parquet``; a
-blocklisted domain's pages are dropped as ``url_blocklisted``; every damaged record is counted, none lost."""
+blocklisted domain's pages are dropped as ``url_blocklisted``; every damaged record is counted, none lost. One
+WARC of the folder is gzipped as one whole file, as wget >= 1.20 writes URIs (``<https://…>``), one of an IDNA
+host: the blocklist meets the bracketed URL, ``inspect mixture --domains`` names the host decoded, and the
+document's ``#U`` location (what ``pileworks trace`` prints) leads to its record in the decompressed file."""
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import json
 import random
@@ -14,9 +18,11 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from warcio.archiveiterator import ArchiveIterator
 
 from pipeline.dataset.card import read_card
 from pipeline.dataset.manifest import load_manifest
+from pipeline.storage import open_store, split_uri
 from tests.fixtures.s3_corpus import upload_corpus
 from tests.fixtures.web_archives import Response, article, html_page, write_warc, write_wet
 from tests.flows.tiny_corpus import TINY_OVERRIDES
@@ -24,6 +30,8 @@ from tests.flows.tiny_corpus import TINY_OVERRIDES
 pytestmark = pytest.mark.slow
 PAGES = 16
 BAD = 3  # per WARC file: no HTTP headers, WARC-Truncated, an unknown charset nobody can decode
+# wget's bracketed target URIs, in a WARC gzipped as one whole file: the first blocklisted, the second IDNA
+WGET = ("<https://spam.host0.example/wget>", "<https://xn--bcher-kva.example/buch>")
 
 
 def _write_crawl(folder: Path, seed: int = 3) -> None:
@@ -51,6 +59,10 @@ def _write_crawl(folder: Path, seed: int = 3) -> None:
             ),
         ]
         write_warc(folder / f"crawl-{f}.warc.gz", good[:3] + bad + good[3:])
+    plain = folder / "wget.warc"
+    write_warc(plain, [Response(url, html_page(url, article(rng, 5)).encode()) for url in WGET], gz=False)
+    (folder / "wget.warc.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
 
 
 def _overrides(blocklist: Path) -> dict[str, Any]:
@@ -72,18 +84,31 @@ def _published(summary: dict[str, Any], s3: Any = None) -> tuple[Any, Any, list[
     return manifest, dstore, rows
 
 
-def _check_warc_build(manifest: Any, dstore: Any, rows: list[dict[str, Any]]) -> None:
+def _check_warc_build(manifest: Any, dstore: Any, rows: list[dict[str, Any]], s3: Any = None) -> None:
     stats = manifest.stats
     blocked = {f"https://spam.host0.example/p{f}" for f in range(2)} | {
         f"https://spam.host4.example/p{f}" for f in range(2)
     }
+    blocked.add(WGET[0].strip("<>"))  # the bracketed URL meets the blocklist
     assert stats["clean"]["dropped"]["url_blocklisted"] == len(blocked)
     assert stats["ingest"]["dropped"] == {"malformed_http": 2, "warc_truncated": 2, "unknown_charset": 2}
     firsts = [r for r in rows if r["piece"] == 0]
     urls = {r["url"] for r in firsts}
-    assert len(firsts) == PAGES - len(blocked) and urls.isdisjoint(blocked)
-    assert all(r["warc_date"].startswith("20") and r["doc_id"].split("#")[1].startswith("B") for r in firsts)
-    assert stats["ingest"]["docs_in"] == PAGES + 2 * BAD  # every response record: documents + quarantined
+    assert len(firsts) == PAGES + len(WGET) - len(blocked) and urls.isdisjoint(blocked)
+    assert all(r["warc_date"].startswith("20") for r in firsts)
+    assert {r["doc_id"].split("#")[1][0] for r in firsts if r["source"] != "wget.warc.gz"} == {"B"}
+    assert stats["ingest"]["docs_in"] == PAGES + 2 * BAD + len(
+        WGET
+    )  # every response: documents + quarantined
+    (idna,) = [r for r in firsts if r["source"] == "wget.warc.gz"]
+    assert idna["url"] == WGET[1].strip("<>") and idna["location"].startswith("U")
+    # trace's lead (docs.parquet's source and location, the manifest's input URI): the record in `zcat FILE`
+    root, key = split_uri(manifest.input_uri(idna["source"]))
+    whole = gzip.decompress(open_store(root, s3=s3).get_bytes(key))
+    at = whole[int(idna["location"][1:]) :]
+    assert f"WARC-Target-URI: {WGET[1]}\r\n".encode() in at.split(b"\r\n\r\n", 1)[0]  # as wget wrote it
+    record = next(iter(ArchiveIterator(io.BytesIO(at))))
+    assert record.rec_headers.get_header("WARC-Type") == "response" and record.content_stream().read()
     card = read_card(manifest, dstore)  # the data card tallies the URL drops per source like any other drop
     assert "url_blocklisted" in json.dumps(card)
 
@@ -112,10 +137,14 @@ def test_a_warc_folder_builds_with_urls_and_the_blocklist(
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
     capsys.readouterr()
-    args = parser.parse_args(["inspect", "mixture", summary["manifest_uri"], "--domains", "3"])
+    args = parser.parse_args(["inspect", "mixture", summary["manifest_uri"], "--domains", "30"])
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "top domains per source" in out and "host1.example" in out
+    table = out.split("top domains per source", 1)[1].splitlines()[2:]
+    named = {line.split()[1]: int(line.split()[-1]) for line in table if line.strip()}
+    assert named["bücher.example"] == 1  # the bracketed IDNA URL's host, decoded
+    assert sum(named.values()) == len({r["doc_id"] for r in rows})  # every document names a domain
 
 
 def test_a_wet_folder_builds_with_urls(prefect_harness, tmp_path: Path) -> None:
@@ -154,5 +183,6 @@ def test_a_warc_folder_on_s3_builds(prefect_harness, s3_server: str, tmp_path: P
     inputs = upload_corpus(tmp_path / "crawl", s3_server, bucket)
     overrides = _overrides(tmp_path / "b.txt") | {"s3.endpoint_url": s3_server, "s3.region": "us-east-1"}
     summary = build_corpus(inputs=[inputs], output=f"s3://{bucket}/store", overrides=overrides)
-    manifest, dstore, rows = _published(summary, S3Options(endpoint_url=s3_server, region="us-east-1"))
-    _check_warc_build(manifest, dstore, rows)
+    s3 = S3Options(endpoint_url=s3_server, region="us-east-1")
+    manifest, dstore, rows = _published(summary, s3)
+    _check_warc_build(manifest, dstore, rows, s3)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from flows.runtime.local_server import read_state
+from tests.fixtures.web_archives import Response, write_warc
 from tests.flows.cli.conftest import cli_env, run_cli
 from tests.flows.prefect_server import free_port
 
@@ -51,6 +52,59 @@ def test_an_unreachable_s3_endpoint_is_one_line(home: Path, tmp_path: Path) -> N
     )
     assert_one_line_failure(done, 1, f"cannot reach the S3 store at {dead}", "check s3.endpoint_url")
     assert done.seconds < 60  # one attempt, short timeouts: not botocore's retries
+
+
+@pytest.mark.parametrize(
+    ("extractor", "blocked", "fix"),
+    [
+        ("trafilatura", "trafilatura", "install it with pip install 'pileworks[trafilatura]'"),
+        (
+            "justext",
+            "lxml_html_clean",
+            "install it with pip install lxml_html_clean",
+        ),  # lxml >= 5.2 without it
+    ],
+)
+def test_a_missing_extractor_package_is_one_line_before_any_work(
+    home: Path, tmp_path: Path, extractor: str, blocked: str, fix: str
+) -> None:
+    # the package made unimportable as if it were not installed: a module of its name, first on the path,
+    # that raises what Python raises for a missing one
+    shadow = tmp_path / "not-installed"
+    shadow.mkdir()
+    said = f"No module named '{blocked}'"
+    (shadow / f"{blocked}.py").write_text(f"raise ModuleNotFoundError({said!r}, name={blocked!r})\n")
+    write_warc(tmp_path / "crawl.warc.gz", [Response("https://example.com/", b"<html><p>a page</p></html>")])
+    env = cli_env(home, PYTHONPATH=f"{shadow}:{cli_env(home)['PYTHONPATH']}")
+    args = [
+        "build",
+        "--input",
+        str(tmp_path / "crawl.warc.gz"),
+        "--set",
+        f"ingest.html.extractor={extractor}",
+    ]
+    done = run_cli([*args, "--output", str(tmp_path / "store")], env, tmp_path)
+    assert_one_line_failure(done, 1, f"ingest.html.extractor: {extractor} is not installed", fix)
+    assert done.err.count("\n") == 1 and not done.out  # one line, and no flow's progress before it
+    assert (
+        read_state(home) is None and not (tmp_path / "store").exists()
+    )  # no Prefect server, no store written
+
+
+def test_only_an_input_with_html_needs_the_extractor(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from flows.cli.precheck import _check_extractor
+    from pipeline.ingest.config import IngestConfig
+    from pipeline.ingest.html import ExtractorMissing, HtmlConfig
+
+    monkeypatch.setitem(sys.modules, "trafilatura", None)
+    monkeypatch.setattr("pipeline.ingest.html._BUILT", {})
+    cfg = IngestConfig(html=HtmlConfig(extractor="trafilatura"))
+    _check_extractor(cfg, ["jsonl", "wet.gz", None])  # text and WET: nothing to extract, nothing to check
+    for fmt in ("warc", "arc.gz"):
+        with pytest.raises(ExtractorMissing, match=r"pip install 'pileworks\[trafilatura\]'"):
+            _check_extractor(cfg, ["jsonl", fmt])
 
 
 def test_a_config_typo_names_the_field(home: Path, tmp_path: Path) -> None:

@@ -92,12 +92,19 @@ def test_charset_from_header_then_meta_then_detection(tmp_path: Path) -> None:
             html_page("c", [french], None).encode("utf-8"),
             "text/html; charset=x-unknown",
         ),
+        # a byte-order mark wins over the header (the HTML standard), and is no part of the text (wget 1.21 kept
+        # one before <!DOCTYPE>, whose <title> then became body text)
+        Response("http://d.example/", b"\xef\xbb\xbf" + html_page("d", [french]).encode(), "text/html"),
+        Response(
+            "http://e.example/", html_page("e", [french]).encode("utf-16"), "text/html; charset=iso-8859-1"
+        ),
     ]
     write_warc(tmp_path / "c.warc.gz", responses)
     records, quarantined, stats = ingest_all([str(tmp_path)])
     assert quarantined == []
     assert all("café est très bon" in r.text for r in records)
-    assert [r.meta_dict()["encoding"] for r in records] == ["cp1252", "cp1252", "utf-8"]
+    assert [r.meta_dict()["encoding"] for r in records] == ["cp1252", "cp1252", "utf-8", "utf-8", "utf-16"]
+    assert [r.text.startswith(("d\n", "e\n")) for r in records[3:]] == [True, True]  # the <h1>, once
     assert stats.extra["unknown_charset"] == 1
 
 
@@ -192,10 +199,12 @@ def test_html_helpers() -> None:
 
 @pytest.mark.parametrize("extractor", ["resiliparse", "trafilatura", "justext"])
 def test_each_extractor_removes_markup_and_boilerplate(tmp_path: Path, extractor: str) -> None:
-    write_warc(tmp_path / "c.warc.gz", pages(2))
+    # and an empty page (a 200 with no body: wget's crawls hold them), which jusText's lxml once raised on
+    empty = [Response("https://empty.example/", b""), Response("https://blank.example/", b" \n<!-- -->\n")]
+    write_warc(tmp_path / "c.warc.gz", pages(2) + empty)
     cfg = IngestConfig(html=HtmlConfig(extractor=extractor))
     records, quarantined, _ = ingest_all([str(tmp_path)], cfg)
-    assert len(records) == 2 and quarantined == []
+    assert len(records) == 2 and [q.reason for q in quarantined] == ["no_text_extracted"] * 2
     for rec in records:
         assert "<p>" not in rec.text and "tracker" not in rec.text and "All rights reserved" not in rec.text
         assert rec.text.count("of the day.") >= 10
