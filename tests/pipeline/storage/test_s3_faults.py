@@ -100,6 +100,18 @@ def test_a_refusal_longer_than_the_budget_fails_with_the_budget_named(
     assert time.monotonic() - started < 5.0
 
 
+def test_a_proxy_closed_during_a_refusal_never_listens_again(proxy: FaultProxy) -> None:
+    """What lets a test end inside a refusal window (the fixture closes the proxy at once, without waiting the
+    window out): the window's end finds the proxy closed and leaves its port shut."""
+    import socket
+
+    proxy.refuse_for(0.2)
+    proxy.close()
+    time.sleep(0.5)
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", proxy.port)) != 0
+
+
 def test_a_cut_mid_upload_leaves_no_partial_object(
     s3_server: str, s3_bucket, proxy: FaultProxy, via_proxy: S3Options, tmp_path: Path
 ) -> None:
