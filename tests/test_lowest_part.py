@@ -40,3 +40,24 @@ def test_a_file_entry_marks_its_tests_and_a_stale_one_fails_the_run(monkeypatch:
     monkeypatch.setattr(lowest_part, "LOWEST_PART", ("flows/test_gone.py",))
     with pytest.raises(pytest.UsageError, match=r"test_gone\.py names no file"):
         lowest_part.mark_lowest_part(items)  # type: ignore[arg-type]
+
+
+def test_every_test_file_is_collected_by_the_suite() -> None:
+    """Every ``test_*.py`` under tests/ is collected by a plain ``pytest`` (what ``make test`` runs): pytest skips
+    folders its ``norecursedirs`` names (by default ``build``, which hid tests/flows/build and a lowest-part entry
+    from CI), and a skipped folder would drop its tests unseen."""
+    import subprocess
+    import sys
+
+    root = lowest_part.TESTS.parent
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", ""],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    collected = {line.split("::", 1)[0] for line in listed.stdout.splitlines() if "::" in line}
+    files = {str(p.relative_to(root)) for p in lowest_part.TESTS.rglob("test_*.py") if "__pycache__" not in p.parts}
+    assert files - collected == set(), listed.stdout[-2000:] + listed.stderr[-2000:]
