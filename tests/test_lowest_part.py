@@ -59,5 +59,7 @@ def test_every_test_file_is_collected_by_the_suite() -> None:
         check=False,
     )
     collected = {line.split("::", 1)[0] for line in listed.stdout.splitlines() if "::" in line}
-    files = {str(p.relative_to(root)) for p in lowest_part.TESTS.rglob("test_*.py") if "__pycache__" not in p.parts}
+    files = {
+        str(p.relative_to(root)) for p in lowest_part.TESTS.rglob("test_*.py") if "__pycache__" not in p.parts
+    }
     assert files - collected == set(), listed.stdout[-2000:] + listed.stderr[-2000:]

@@ -23,11 +23,25 @@ def _port_taken(port: int) -> bool:
     return False
 
 
-@pytest.mark.skipif(
-    _port_taken(LOCAL_PROFILE_PORT),
-    reason=f"127.0.0.1:{LOCAL_PROFILE_PORT} is taken (another Prefect server?): the `local` profile names that "
-    "port, so this test needs it free",
-)
+PORT_WAIT_S = 240.0  # CI runs the lowest-versions job beside make test: its local servers try 4200 first too
+
+
+def _wait_for_the_port() -> None:
+    """Wait (bounded) until 4200 is free: another suite's local server may hold it for one of its tests. Skipped
+    when it stays taken on a developer's machine (a Prefect server of theirs); under CI that fails instead."""
+    import os
+    import time
+
+    deadline = time.monotonic() + PORT_WAIT_S
+    while _port_taken(LOCAL_PROFILE_PORT):
+        if time.monotonic() > deadline:
+            why = f"127.0.0.1:{LOCAL_PROFILE_PORT} stayed taken for {PORT_WAIT_S:.0f} s (another Prefect server?)"
+            if os.environ.get("CI"):
+                pytest.fail(why)
+            pytest.skip(why + ": the `local` profile names that port, so this test needs it free")
+        time.sleep(0.5)
+
+
 def test_prefect_profile_local_makes_the_build_use_the_server_it_names(tmp_path: Path) -> None:
     import psutil
     from prefect.client.orchestration import get_client
@@ -45,6 +59,7 @@ def test_prefect_profile_local_makes_the_build_use_the_server_it_names(tmp_path:
     home.mkdir()
     env = cli_env(home, PREFECT_PROFILE="local")  # and no PREFECT_API_URL (cli_env drops every PREFECT_*)
     assert "PREFECT_API_URL" not in env
+    _wait_for_the_port()
     with prefect_server(tmp_path / "server", port=LOCAL_PROFILE_PORT) as server:
         done = run_cli([*argv, *sets, "--json", "--workers", "1"], env, tmp_path, timeout_s=300)
         assert done.code == 0, done.err[-3000:]
