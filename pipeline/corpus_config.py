@@ -37,7 +37,8 @@ class DedupConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class CorpusConfig:
-    """``inputs`` empty means the bundled sample corpus; ``output`` is the store root (path, file:// or s3://)."""
+    """``inputs`` empty means the bundled sample corpus; ``output`` is the store root (a path, file://, s3://,
+    gs://, az:// or abfs[s]://)."""
 
     name: str = "sample"
     inputs: tuple[str, ...] = ()

@@ -25,6 +25,15 @@ class PermanentStorageError(StorageError):
     """A store operation that cannot succeed by retrying (no credentials, no such bucket, a bad profile)."""
 
 
+class RetryBudgetSpent(StorageError):
+    """Transient failures for a whole retry budget: ``reason`` says which kind (``connection``, ``throttled``,
+    ``server-5xx``), so a caller can tell an unreachable store from a refusal whatever the cloud's SDK."""
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class AlreadyExistsError(StorageError):
     """A create-only write found the object already there (a racing publisher won)."""
 

@@ -167,6 +167,20 @@ def azure_container(azurite_server: str) -> CloudBucket:
     return CloudBucket(f"az://{container}/root", container, "root", _quick(), azurite_server)
 
 
+@pytest.fixture(
+    params=[
+        pytest.param("s3", marks=pytest.mark.s3),
+        pytest.param("gcs", marks=pytest.mark.gcs),
+        pytest.param("azure", marks=pytest.mark.azure),
+    ]
+)
+def cloud_bucket(request: pytest.FixtureRequest) -> S3Bucket | CloudBucket:
+    """A fresh bucket of each cloud store (moto, the GCS emulator, Azurite): its ``uri`` (a prefix inside it)
+    and the ``options`` to open it with, for the paths that take any store URI where s3:// was taken."""
+    name = {"s3": "s3_bucket", "gcs": "gcs_bucket", "azure": "azure_container"}[request.param]
+    return request.getfixturevalue(name)
+
+
 @pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
 def store(request: pytest.FixtureRequest, tmp_path) -> ObjectStore:
     """An empty ObjectStore on each backend: a tmp folder, then a fresh moto bucket prefix."""

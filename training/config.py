@@ -49,7 +49,7 @@ class TrainConfig:
         default_factory=dict
     )  # ModelConfig field overrides, e.g. {tie_embeddings: false}
     seq_len: int = 256
-    # Start from a Hugging Face GPTNeoXForCausalLM folder (local or s3://) instead of random weights: its
+    # Start from a Hugging Face GPTNeoXForCausalLM folder (local, s3://, gs://, az://), not random weights: its
     # config.json replaces preset and model overrides, and the dataset must use its tokenizer (training.hf_init).
     init_from: str | None = None
     # Recompute each block in backward instead of keeping its activations: less memory, about a third more compute.
@@ -79,7 +79,7 @@ class TrainConfig:
     checkpoint_interval: int = 100
     keep_last: int = 3
     checkpoint_upload_uri: str | None = None
-    # how to reach s3:// (manifest, shards, checkpoint upload): the same s3: section as the corpus config
+    # how to reach s3://, gs://, az:// (manifest, shards, checkpoint upload): the corpus config's s3: section
     s3: S3Options = field(default_factory=S3Options)
     eval_interval: int = 100
     eval_batches: int = 8

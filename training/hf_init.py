@@ -4,7 +4,8 @@ The inverse of :mod:`training.export_hf`: ``config.json`` becomes our :class:`Mo
 one line naming the field, where our model cannot compute the same function), the weights are renamed and the
 fused qkv rows regrouped from GPT-NeoX's ``[heads, (q, k, v), head_dim]`` to our ``[q | k | v]``. Weights are
 read weights-only: safetensors, or ``torch.load(weights_only=True)`` for ``pytorch_model.bin``; sharded folders
-(``*.index.json``) too. The folder is local or ``s3://``; nothing is ever fetched from a hub.
+(``*.index.json``) too. The folder is local or on any store (``s3://``, ``gs://``, ``az://``); nothing is ever
+fetched from a hub.
 
 The dataset must be tokenized with the model's tokenizer: :func:`tokenizer_differences` compares the
 dataset's ``tokenizer.json`` and special ids with the folder's and says what differs.
@@ -184,7 +185,8 @@ def _load_file(name: str, data: bytes) -> dict[str, torch.Tensor]:
 
 
 def load_hf_model(uri: str, s3: S3Options | None = None, *, weights: bool = True) -> HfModel:
-    """The model of a ``GPTNeoXForCausalLM`` folder (local path, ``file://`` or ``s3://``) as ours.
+    """The model of a ``GPTNeoXForCausalLM`` folder (a local path or a store URI: ``file://``, ``s3://``,
+    ``gs://``, ``az://``) as ours.
 
     ``weights=False``: config, special ids and tokenizer only (``state`` empty), for checks before a run."""
     store = open_store(uri, s3)

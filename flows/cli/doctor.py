@@ -45,7 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         dest="connect_timeout_s",
         help="deadline of each name lookup and TCP connect in s (default 3)",
     )
-    p.add_argument("--store", help="object store to probe: s3://bucket/prefix or a local path/file:// URI")
+    p.add_argument(
+        "--store", help="object store to probe: s3://, gs://, az:// bucket/prefix or a local path/file:// URI"
+    )
     add_s3_arguments(p)
     p.add_argument("--cache-dir", help="shard cache folder (default runs/train/shard-cache, the trainer's)")
     p.add_argument("--checkpoint-dir", help="checkpoint folder (default runs/train)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,16 +49,16 @@ def check_build(
     from pipeline.storage import is_remote
 
     cfg = load_corpus_config(config_path, inputs=inputs, output=output, name=name, overrides=overrides)
-    with _quiet(ingest.log), _unreachable_is_one_line(cfg.s3):  # the flow lists again, and says what it skips
-        listed = ingest.list_inputs(
-            list(cfg.resolved_inputs()), s3=_fast(cfg.s3), extensions=cfg.ingest.extensions
-        )
+    sources = list(cfg.resolved_inputs())
+    # the flow lists again, and says what it skips
+    with _quiet(ingest.log), _unreachable_is_one_line(cfg.s3, sources):
+        listed = ingest.list_inputs(sources, s3=_fast(cfg.s3), extensions=cfg.ingest.extensions)
     _check_extractor(cfg.ingest, [ingest.format_of(f.uri, cfg.ingest.extensions) for f in listed])
     if is_remote(cfg.output):  # the flow's first request there: no credentials, no bucket say so now
         from pipeline.storage import open_store
         from pipeline.storage.uploads import UPLOADS_FOLDER
 
-        with _unreachable_is_one_line(cfg.s3):
+        with _unreachable_is_one_line(cfg.s3, [cfg.output]):
             next(iter(open_store(cfg.output, _fast(cfg.s3)).list(UPLOADS_FOLDER + "/")), None)
     return cfg
 
@@ -73,23 +74,46 @@ def _check_extractor(ingest_cfg: Any, formats: list[str | None]) -> None:
         html.build_extractor(ingest_cfg.html)
 
 
+# per scheme: the store's name, the s3: field and flag of its endpoint, the endpoint when none is set
+_ENDPOINTS = {
+    "s3://": ("S3", "endpoint_url", "--s3-endpoint-url", "AWS"),
+    "gs://": ("GCS", "gcs_endpoint_url", "--gcs-endpoint-url", "Google"),
+    "az://": ("Azure", "azure_endpoint_url", "--azure-endpoint-url", "AZURE_STORAGE_CONNECTION_STRING's"),
+}
+
+
+def _endpoint_hint(s3: Any, uris: list[str]) -> tuple[str, str]:
+    """``(the GCS store at URL, check s3.gcs_endpoint_url (--gcs-endpoint-url))`` for the cloud ``uris`` name;
+    for several clouds, each one's setting."""
+    schemes = {"az://" if u.startswith(("abfs://", "abfss://")) else u[: u.find("://") + 3] for u in uris}
+    hints = [_ENDPOINTS[s] for s in sorted(schemes) if s in _ENDPOINTS]
+    if len(hints) != 1:
+        return "a cloud store", "check " + (", ".join(f"s3.{f} ({flag})" for _, f, flag, _ in hints) or "s3:")
+    name, field, flag, default = hints[0]
+    if name == "GCS":
+        default = os.environ.get("STORAGE_EMULATOR_HOST") or default
+    return f"the {name} store at {getattr(s3, field, None) or default}", f"check s3.{field} ({flag})"
+
+
 @contextlib.contextmanager
-def _unreachable_is_one_line(s3: Any) -> Iterator[None]:
+def _unreachable_is_one_line(s3: Any, uris: list[str]) -> Iterator[None]:
     """A store that does not answer the one quick try: say so, and what to check (not the retry budget)."""
-    from pipeline.errors import StorageError
+    from pipeline.errors import RetryBudgetSpent, StorageError
     from pipeline.storage.retry import transient_reason
 
     try:
         yield
     except StorageError as exc:
         cause = exc.__cause__
-        reason = transient_reason(cause) if cause is not None else None
+        reason = exc.reason if isinstance(exc, RetryBudgetSpent) else None
+        if reason is None and cause is not None:
+            reason = transient_reason(cause)
         if reason is None:
             raise
-        endpoint = getattr(s3, "endpoint_url", None) or "AWS"
+        where, check = _endpoint_hint(s3, uris)
         raise StorageError(
-            f"cannot reach the S3 store at {endpoint} ({reason}: {cause}); check s3.endpoint_url "
-            "(--s3-endpoint-url) and that the store is up"
+            f"cannot reach {where}{' for ' + uris[0] if len(uris) == 1 else ''} ({reason}: {cause}); {check} "
+            "and that the store is up"
         ) from cause
 
 

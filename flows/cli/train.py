@@ -46,8 +46,8 @@ def add_init_from_argument(p: argparse.ArgumentParser) -> None:
         "--init-from",
         default=None,
         metavar="FOLDER",
-        help="start from a Hugging Face GPTNeoXForCausalLM folder (local or s3://, e.g. a Pythia model you "
-        "downloaded) instead of random weights: sets init_from",
+        help="start from a Hugging Face GPTNeoXForCausalLM folder (a local path or an s3://, gs:// or az:// "
+        "prefix, e.g. a Pythia model you downloaded) instead of random weights: sets init_from",
     )
 
 

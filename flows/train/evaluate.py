@@ -107,7 +107,7 @@ def evaluate(
 ) -> dict[str, Any]:
     """Loss and perplexity of ``checkpoint`` on ``data`` (its dataset's valid split when None) and the scores
     of each ``tasks`` file (``NAME=FILE`` or ``FILE``: :mod:`training.tasks`); ``s3``: the store configuration
-    (``S3Options`` fields) for ``s3://`` datasets."""
+    (``S3Options`` fields) for datasets on ``s3://``, ``gs://`` or ``az://``."""
     task_list = read_tasks(tasks or [])
     tokens, documents = None, None
     if data is not None and data.endswith(".jsonl"):

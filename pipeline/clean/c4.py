@@ -157,8 +157,9 @@ def _compiled(data: bytes) -> BadWords:
 
 
 def load_bad_words(uri: str | None, s3: S3Options | None) -> BadWords | None:
-    """The list at ``uri`` (a local path, ``file://`` or ``s3://``; ``None``: no list), read through
-    ``pipeline.storage`` (run_clean_part reads it once per part) and compiled once per distinct content."""
+    """The list at ``uri`` (a local path, ``file://``, ``s3://``, ``gs://`` or ``az://``; ``None``: no list),
+    read through ``pipeline.storage`` (run_clean_part reads it once per part) and compiled once per distinct
+    content."""
     if uri is None:
         return None
     data = read_object(uri, s3, "clean.c4.bad_words_file")

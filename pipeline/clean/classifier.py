@@ -1,8 +1,9 @@
 """Model-based quality: a fastText classifier's score for every document (``clean.classifier``).
 
 The model is any fastText supervised ``.bin`` (one trained with ``pileworks quality train``, or a published one
-such as DCLM's), read from a local path, ``file://`` or ``s3://``; ``label`` names the class whose probability
-is the document's ``quality_score`` (kept in its meta and published in every shard's ``docs.parquet``).
+such as DCLM's), read from a local path, ``file://``, ``s3://``, ``gs://`` or ``az://``; ``label`` names the
+class whose probability is the document's ``quality_score`` (kept in its meta and published in every shard's
+``docs.parquet``).
 
 A document is scored on the text clean publishes (normalised, boilerplate lines out, redacted): its first
 ``max_chars`` characters (1,000 by default; null: all), flattened to one line as fastText's ``predict``

@@ -155,7 +155,8 @@ class C4Config:
     drop_lorem_ipsum: bool = True
     drop_curly_bracket: bool = True
     min_sentences: int | None = 3  # the paper (JMLR version) and TFDS: 3; datatrove: 5
-    bad_words_file: str | None = None  # local path or s3:// URI, one word or phrase a line; none bundled
+    # a local path or store URI (s3://, gs://, az://), one word or phrase a line; none bundled
+    bad_words_file: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("min_words_per_line", "max_word_length", "min_sentences"):
@@ -203,7 +204,8 @@ LABEL_PREFIX = "__label__"  # fastText's default label prefix
 
 @dataclass(frozen=True, kw_only=True)
 class ClassifierConfig:
-    """``model``: a fastText supervised ``.bin`` (local path, ``file://`` or ``s3://``); ``label``: the class
+    """``model``: a fastText supervised ``.bin`` (local path, ``file://``, ``s3://``, ``gs://`` or ``az://``);
+    ``label``: the class
     whose probability is the score (``hq`` or ``__label__hq``); exactly one of ``min_score`` and
     ``keep_fraction``; ``sha256``: the model's hash (set when a build starts; give it to insist on one model)."""
 

@@ -1,10 +1,10 @@
 """URL rules for documents that carry a URL (WARC/WET records, or ``ingest.url_field`` of jsonl/parquet).
 
-``clean.url.blocklist``: files (local paths, ``file://`` or ``s3://``), one domain or URL per line (``#``
-comments and blank lines ignored, UT1/dolma-style lists work as they are). A domain blocks itself and every
-subdomain (``example.com`` blocks ``www.example.com``, not ``badexample.com``); a URL (with a ``/`` or a
-scheme) blocks that page, compared without its scheme, ``www.``, fragment and trailing slash. Drop reason
-``url_blocklisted``.
+``clean.url.blocklist``: files (local paths, ``file://``, ``s3://``, ``gs://`` or ``az://``), one domain or
+URL per line (``#`` comments and blank lines ignored, UT1/dolma-style lists work as they are). A domain blocks
+itself and every subdomain (``example.com`` blocks ``www.example.com``, not ``badexample.com``); a URL (with a
+``/`` or a scheme) blocks that page, compared without its scheme, ``www.``, fragment and trailing slash. Drop
+reason ``url_blocklisted``.
 
 ``clean.url.banned_words``: words that may not appear in the host or path, as a whole token between
 non-alphanumeric characters (datatrove's URLFilter matches banned words the same way), so ``sex`` drops
@@ -30,7 +30,8 @@ _TOKEN = re.compile(r"[^a-z0-9]+")
 
 @dataclass(frozen=True, kw_only=True)
 class UrlConfig:
-    blocklist: tuple[str, ...] = ()  # files or s3:// objects: one domain or URL per line
+    # files or store objects (s3://, gs://, az://): one domain or URL per line
+    blocklist: tuple[str, ...] = ()
     banned_words: tuple[str, ...] = ()  # words that may not appear (as a token) in the host or path
 
     def __post_init__(self) -> None:

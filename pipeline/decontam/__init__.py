@@ -6,9 +6,9 @@ shares an ``ngram``-unit window (13 by default) with any evaluation text.
 
 Two steps, so the corpus is streamed against a set built once:
 
-1. :func:`build_eval_index` reads every evaluation set (JSONL/parquet, optionally compressed, in any
-   store, through the ingest readers) and writes the sorted 64-bit hashes of all their n-grams, with a
-   bit mask of the sets each one occurs in, to one ``.npz`` object.
+1. :func:`build_eval_index` reads every evaluation set (JSONL/parquet, optionally compressed, local or on
+   ``s3://``, ``gs://``, ``az://``, through the ingest readers) and writes the sorted 64-bit hashes of all
+   their n-grams, with a bit mask of the sets each one occurs in, to one ``.npz`` object.
 2. :func:`run_decontam_part` loads it once per part and, per document, hashes every window (a rolling
    polynomial over per-unit xxhash64 values, vectorised with numpy) and looks them up with a binary search.
    ``mode="remove"`` drops a contaminated document; ``mode="cut"`` removes the matched spans and keeps the rest.

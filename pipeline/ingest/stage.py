@@ -1,9 +1,9 @@
-"""Ingest: raw objects (txt, jsonl[.gz|.zst], parquet on file:// or s3://) -> docs parts.
+"""Ingest: raw objects (txt, jsonl[.gz|.zst], parquet on file://, s3://, gs:// or az://) -> docs parts.
 
 Three steps, each a pure function over small serialisable values so a flow can fan out over parts:
 
-1. :func:`list_inputs` expands sources (paths, folders, globs, ``file://``, ``s3://bucket/prefix``) into
-   fingerprinted :class:`InputFile` objects, sorted by URI.
+1. :func:`list_inputs` expands sources (paths, folders, globs, ``file://``, ``s3://bucket/prefix``, ``gs://``,
+   ``az://``) into fingerprinted :class:`InputFile` objects, sorted by URI.
 2. :func:`plan_parts` packs them into :class:`PartPlan` units of similar byte size; a large uncompressed
    ``.jsonl``/``.txt`` is split into byte ranges and a large parquet file into row-group ranges.
 3. :func:`ingest_part` / :func:`run_ingest_part` read one plan into records (the readers live in

@@ -62,6 +62,12 @@ _DENIED = {
 _AZURE_LOGGERS = ("azure.core.pipeline.policies.http_logging_policy", "azure.identity")
 
 
+def _error_code(exc: BaseException) -> str:
+    """The service's error code (``AuthenticationFailed``), also where the SDK gives it as its enum."""
+    code = getattr(exc, "error_code", None) or ""
+    return str(getattr(code, "value", code))
+
+
 def transient_reason(exc: BaseException) -> str | None:
     """Why an Azure failure is worth another try (``throttled``, ``server-5xx``, ``connection``), or None."""
     if isinstance(exc, aexc.ClientAuthenticationError) and exc.status_code is None:
@@ -70,7 +76,7 @@ def transient_reason(exc: BaseException) -> str | None:
         return "connection"
     if isinstance(exc, aexc.HttpResponseError):
         status = int(exc.status_code or 0)
-        if status in (429, 503) or str(getattr(exc, "error_code", "") or "") in (
+        if status in (429, 503) or _error_code(exc) in (
             "ServerBusy",
             "OperationTimedOut",
         ):
@@ -252,10 +258,11 @@ class AzureStore(RangedStore):
                     f"Azure {op} {uri}: no usable credentials ({first}); {NO_CREDENTIALS_FIX}"
                 ) from None
             raise PermissionError(
-                f"{uri}: access denied ({op}, {e.status_code} {getattr(e, 'error_code', '')}); check the credentials and their role on the container"
+                f"{uri}: access denied ({op}, {e.status_code} {_error_code(e)}); check the credentials and "
+                "their role on the container"
             ) from None
         except aexc.HttpResponseError as e:
-            code, status = str(getattr(e, "error_code", "") or ""), int(e.status_code or 0)
+            code, status = _error_code(e), int(e.status_code or 0)
             if code == "ContainerNotFound":
                 endpoint = service_for(self.options, self.account).url
                 raise PermanentStorageError(

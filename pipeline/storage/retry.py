@@ -21,7 +21,7 @@ from typing import TypeVar
 
 import botocore.exceptions
 
-from pipeline.errors import PermanentStorageError, StorageError
+from pipeline.errors import PermanentStorageError, RetryBudgetSpent
 from pipeline.storage.options import S3Options
 
 log = logging.getLogger(__name__)
@@ -158,9 +158,10 @@ def call_with_retries(
             spent = clock() - start
             if attempt + 1 >= options.max_attempts or spent + pause > options.retry_budget_s:
                 STATS.record(gave_up=True)
-                raise StorageError(
+                raise RetryBudgetSpent(
                     f"{what} failed after {attempt + 1} tries in {spent:.1f} s ({reason}: {exc}); the store "
-                    f"kept failing for the whole retry budget (s3.retry_budget_s={options.retry_budget_s:g})"
+                    f"kept failing for the whole retry budget (s3.retry_budget_s={options.retry_budget_s:g})",
+                    reason=reason,
                 ) from exc
             STATS.record(retry_reason=reason)
             log.debug("%s: %s (%s), retry %d in %.2f s", what, reason, exc, attempt + 1, pause)

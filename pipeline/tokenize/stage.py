@@ -140,7 +140,7 @@ def train_tokenizer(texts: Iterable[str], cfg: TokenizeConfig) -> Tokenizer:
 
 
 def load_tokenizer(uri: str | Path, s3: S3Options | None) -> Tokenizer:
-    """Load a tokenizer.json from a local path, ``file://`` or ``s3://`` URI."""
+    """A tokenizer.json from a local path or a store URI (``file://``, ``s3://``, ``gs://``, ``az://``)."""
     text = str(uri)
     if "://" not in text:
         return Tokenizer.from_file(str(Path(text).expanduser()))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pipeline.dataset.manifest import load_manifest
+from pipeline.storage import open_store
 from tests.fixtures.fake_checkpoint import write_fake_checkpoint
 from tests.fixtures.released_model import write_released_model
 from tests.fixtures.tiny_dataset import build_tiny_dataset
@@ -120,6 +121,26 @@ def test_bin_and_sharded_folders_load_the_same_weights(dataset, tmp_path: Path, 
     loaded = load_hf_model(str(tmp_path)).state
     assert loaded.keys() == reference.keys()
     assert all(torch.equal(loaded[k], reference[k]) for k in reference)
+
+
+def test_init_from_a_folder_on_each_cloud_store_loads_what_the_local_folder_holds(
+    dataset, cloud_bucket, tmp_path: Path
+) -> None:
+    """``--init-from gs://...`` (az://, s3://): the same model, weights and tokenizer as from the folder."""
+    released(tmp_path, dataset)
+    store = open_store(f"{cloud_bucket.uri}/pythia", cloud_bucket.options)
+    for path in sorted(tmp_path.iterdir()):
+        store.put_file(path.name, path)
+    local, cloud = load_hf_model(str(tmp_path)), load_hf_model(store.uri, cloud_bucket.options)
+    assert cloud.config == local.config and cloud.tokenizer_json == local.tokenizer_json is not None
+    assert cloud.state.keys() == local.state.keys() and all(
+        torch.equal(cloud.state[k], local.state[k]) for k in local.state
+    )
+    manifest = dataset[0]  # the check before a run reads the folder without its weights
+    ours = dataset[1].get_bytes(manifest.tokenizer.key)
+    check_dataset_tokenizer(
+        load_hf_model(store.uri, cloud_bucket.options, weights=False), store.uri, manifest.tokenizer, ours
+    )
 
 
 def test_a_pickled_payload_in_a_bin_is_refused(dataset, tmp_path: Path) -> None:

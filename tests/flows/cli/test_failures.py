@@ -5,11 +5,13 @@ These fail before any flow starts, so they need no Prefect server (and must not 
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import pytest
 
 from flows.runtime.local_server import read_state
+from tests.fixtures.emulators import AZURITE_KEY, azurite_connection_string
 from tests.fixtures.web_archives import Response, write_warc
 from tests.flows.cli.conftest import cli_env, run_cli
 from tests.flows.prefect_server import free_port
@@ -105,6 +107,44 @@ def test_only_an_input_with_html_needs_the_extractor(monkeypatch: pytest.MonkeyP
     for fmt in ("warc", "arc.gz"):
         with pytest.raises(ExtractorMissing, match=r"pip install 'pileworks\[trafilatura\]'"):
             _check_extractor(cfg, ["jsonl", fmt])
+
+
+@pytest.mark.parametrize(
+    ("kind", "case"),
+    [
+        pytest.param("gcs", "missing", marks=pytest.mark.gcs),
+        pytest.param("gcs", "unreachable", marks=pytest.mark.gcs),
+        pytest.param("azure", "missing", marks=pytest.mark.azure),
+        pytest.param("azure", "wrong key", marks=pytest.mark.azure),
+    ],
+)
+def test_gs_and_az_stores_that_cannot_work_end_in_one_line_in_seconds(
+    home: Path, tmp_path: Path, request: pytest.FixtureRequest, kind: str, case: str
+) -> None:
+    """The output's first request (before Prefect): a missing bucket or container, a dead endpoint, a key
+    Azurite refuses. Each is one line and exit 1 in under 5 s, the command's start included."""
+    bucket = request.getfixturevalue("gcs_bucket" if kind == "gcs" else "azure_container")
+    scheme, flag = ("gs", "--gcs-endpoint-url") if kind == "gcs" else ("az", "--azure-endpoint-url")
+    endpoint, target, env = bucket.server, bucket.bucket, {}
+    if case == "missing":
+        target = "pw-no-such-bucket"
+    elif case == "unreachable":
+        endpoint = f"http://127.0.0.1:{free_port()}"
+    else:
+        wrong = base64.b64encode(b"not the key of devstoreaccount1, wrong on purpose!").decode()
+        env["AZURE_STORAGE_CONNECTION_STRING"] = azurite_connection_string(bucket.server).replace(
+            AZURITE_KEY, wrong
+        )
+    args = ["build", "--output", f"{scheme}://{target}/out", flag, endpoint]
+    done = run_cli(args, cli_env(home, **env), tmp_path)
+    says = {
+        "missing": ("'pw-no-such-bucket' does not exist", "create it"),
+        "unreachable": (f"cannot reach the GCS store at {endpoint}", "check s3.gcs_endpoint_url"),
+        "wrong key": ("access denied", "check the credentials"),
+    }[case]
+    assert_one_line_failure(done, 1, f"{scheme}://{target}/out", *says)
+    assert done.err.count("\n") == 1 and done.seconds < 5.0, (done.seconds, done.err)
+    assert read_state(home) is None  # no Prefect server was started for it
 
 
 def test_a_config_typo_names_the_field(home: Path, tmp_path: Path) -> None:

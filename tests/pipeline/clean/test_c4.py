@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import boto3
 import pytest
 
 from pipeline.clean.c4 import BadWords, c4_page, count_sentences, load_bad_words, sentence_spans
@@ -15,7 +14,7 @@ from pipeline.clean.stage import clean_batch
 from pipeline.config import parse_overrides
 from pipeline.corpus_config import load_corpus_config
 from pipeline.records import Record
-from tests.conftest import S3Bucket
+from pipeline.storage import open_store
 
 ON = C4Config(enabled=True)
 # Three kept lines of 1, 2 and 1 sentences: 4 sentences, 5+ words each.
@@ -228,12 +227,9 @@ def test_bad_words_file_errors(tmp_path: Path) -> None:
     assert load_bad_words(None, None) is None
 
 
-@pytest.mark.s3
-def test_bad_words_file_on_s3(s3_bucket: S3Bucket) -> None:
-    key = f"{s3_bucket.prefix}/lists/bad.txt"
-    client = boto3.client("s3", endpoint_url=s3_bucket.options.endpoint_url, region_name="us-east-1")
-    client.put_object(Bucket=s3_bucket.bucket, Key=key, Body=b"Mill\nold boat\n")
-    bad = load_bad_words(f"s3://{s3_bucket.bucket}/{key}", s3_bucket.options)
+def test_a_bad_words_file_on_each_cloud_store(cloud_bucket) -> None:
+    open_store(cloud_bucket.uri, cloud_bucket.options).put_bytes("lists/bad.txt", b"Mill\nold boat\n")
+    bad = load_bad_words(f"{cloud_bucket.uri}/lists/bad.txt", cloud_bucket.options)
     assert bad is not None and bad.words == ("mill", "old boat")
     assert run(PAGE, ON, bad)[1] == "c4_bad_words"
 

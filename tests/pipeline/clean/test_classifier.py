@@ -36,7 +36,7 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return trained_model(tmp_path_factory.mktemp("model") / "quality.bin")
 
 
-def _cfg(model: Path, **kw: object) -> ClassifierConfig:
+def _cfg(model: Path | str, **kw: object) -> ClassifierConfig:
     return ClassifierConfig(model=str(model), **kw)  # type: ignore[arg-type]
 
 
@@ -90,6 +90,20 @@ def test_a_model_changed_since_it_was_pinned_is_refused(tmp_path: Path, model_pa
     copy.write_bytes(copy.read_bytes() + b"\0")
     with pytest.raises(ValueError, match=r"m\.bin changed"):
         load_classifier(pinned, None)
+
+
+def test_a_model_on_each_cloud_store_is_pinned_and_scores_as_the_local_file(
+    cloud_bucket, model_path: Path
+) -> None:
+    open_store(cloud_bucket.uri, cloud_bucket.options).put_bytes(
+        "models/quality.bin", model_path.read_bytes()
+    )
+    uri = f"{cloud_bucket.uri}/models/quality.bin"
+    pinned = pin_classifier(_cfg(uri, min_score=0.5), cloud_bucket.options)  # what a build does first
+    assert pinned.sha256 == hashlib.sha256(model_path.read_bytes()).hexdigest()
+    texts = documentation_texts(3) + license_texts(3)
+    local = load_classifier(_cfg(model_path, min_score=0.5), None).score(texts)
+    assert load_classifier(pinned, cloud_bucket.options).score(texts) == local
 
 
 @pytest.mark.parametrize(

@@ -91,12 +91,13 @@ def test_clean_drops_by_url_counted_per_source(tmp_path: Path) -> None:
     assert [e["id"] for e in stats.examples["url_blocklisted"]] == ["f.warc.gz#B0"]
 
 
-@pytest.mark.s3
-def test_blocklist_on_s3(s3_bucket) -> None:
-    store = open_store(s3_bucket.uri, s3=s3_bucket.options)
+def test_a_blocklist_on_each_cloud_store(cloud_bucket) -> None:
+    store = open_store(cloud_bucket.uri, s3=cloud_bucket.options)
     store.put_bytes("lists/block.txt", b"bad.example\n")
     cfg = CleanConfig(
-        quality=CFG.quality, langid=CFG.langid, url=UrlConfig(blocklist=(f"{s3_bucket.uri}/lists/block.txt",))
+        quality=CFG.quality,
+        langid=CFG.langid,
+        url=UrlConfig(blocklist=(f"{cloud_bucket.uri}/lists/block.txt",)),
     )
     write_part(
         store,

@@ -172,14 +172,13 @@ def test_stage_over_files_parquet_and_reports(tmp_path: Path) -> None:
     assert EvalIndex.from_bytes(store.get_bytes("work/decontam/index.npz")).names == ("quiz", "exam")
 
 
-@pytest.mark.s3
-def test_eval_set_on_s3(s3_bucket) -> None:
+def test_an_eval_set_on_each_cloud_store(cloud_bucket) -> None:
     rng = random.Random(7)
     texts = make_eval(rng, 10)
-    store = open_store(s3_bucket.uri, s3=s3_bucket.options)
+    store = open_store(cloud_bucket.uri, s3=cloud_bucket.options)
     store.put_bytes("evals/quiz.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts).encode())
-    cfg = DecontamConfig(eval_sets=(EvalSet(name="quiz", inputs=(f"{s3_bucket.uri}/evals",)),))
-    index = build_eval_index(store, "index.npz", cfg, s3=s3_bucket.options)
+    cfg = DecontamConfig(eval_sets=(EvalSet(name="quiz", inputs=(f"{cloud_bucket.uri}/evals",)),))
+    index = build_eval_index(store, "index.npz", cfg, s3=cloud_bucket.options)
     assert index.texts == {"quiz": 10}
     doc = Record("x", " ".join(words(rng, 50) + texts[3].split()[5:20]), "src")
     out, _ = decontam_batch([doc], index, cfg, UnitHasher(), Counter())

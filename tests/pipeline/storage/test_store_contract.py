@@ -4,6 +4,7 @@ emulator (tests/fixtures/fault_proxy.py); tests/pipeline/storage/test_storage.py
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import gzip
 import io
@@ -25,6 +26,7 @@ from pipeline.storage.janitor import abort_recorded_uploads
 from pipeline.storage.retry import STATS
 from pipeline.storage.s3 import S3Store
 from pipeline.storage.uploads import UploadJournal
+from tests.fixtures.emulators import AZURITE_KEY, azurite_connection_string
 from tests.fixtures.fault_proxy import FaultProxy
 from tests.fixtures.tiny_dataset import build_tiny_dataset
 
@@ -376,6 +378,48 @@ def test_no_credentials_fail_at_once_in_one_line(
     store = open_store(bucket.uri, dataclasses.replace(bucket.options, **changes))
     started = time.monotonic()
     with pytest.raises(PermanentStorageError, match=r"[Cc]redentials") as err:
+        store.put_bytes("k", b"v")
+    assert time.monotonic() - started < 5.0 and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("faulty", [pytest.param("azure", marks=pytest.mark.azure)], indirect=True)
+def test_a_wrong_azure_account_key_is_refused_at_once_in_one_line(
+    faulty, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Azurite checks each request's shared-key signature, as Azure does: a connection string with another
+    key is answered 403 (Azure: AuthenticationFailed; Azurite: AuthorizationFailure), never retried. (The GCS
+    emulator and moto check no credential: a wrong key cannot be shown refused on them here; the storage
+    README says so.)"""
+    _kind, bucket, proxy, options = faulty
+    wrong = base64.b64encode(b"not the key of devstoreaccount1, wrong on purpose!").decode()
+    monkeypatch.setenv(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        azurite_connection_string(bucket.server).replace(AZURITE_KEY, wrong),
+    )
+    store = open_store(bucket.uri, options)  # the proxy's endpoint: a client of its own, built with this key
+    started = time.monotonic()
+    with pytest.raises(PermissionError, match=r"access denied \(put, 403 Auth\w+Failure?\)") as err:
+        store.put_bytes("k", b"v")
+    assert time.monotonic() - started < 5.0 and "\n" not in str(err.value)
+    assert proxy.counts()["requests"] == 1, proxy.log  # refused once, never retried
+    assert AZURITE_KEY not in str(err.value) and wrong not in str(err.value)
+
+
+@pytest.mark.gcs
+def test_a_google_key_file_that_is_no_key_fails_at_once_in_one_line(
+    gcs_bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bad credential on the client's side: ADC names a file that holds no key (google-auth refuses it
+    before any request). A well-formed key with a wrong secret is refused only by Google's token server: not
+    run here."""
+    junk = tmp_path / "key.json"
+    junk.write_text('{"type": "service_account", "client_email": "x@y"}')
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(junk))
+    store = open_store(
+        gcs_bucket.uri, dataclasses.replace(gcs_bucket.options, gcs_endpoint_url="https://127.0.0.1:9")
+    )
+    started = time.monotonic()
+    with pytest.raises(PermanentStorageError, match=r"no Google credentials .*key\.json") as err:
         store.put_bytes("k", b"v")
     assert time.monotonic() - started < 5.0 and "\n" not in str(err.value), str(err.value)
 

@@ -15,9 +15,10 @@ import pytest
 import zstandard
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
+from pipeline.corpus_config import load_corpus_config
 from pipeline.records import Record, write_part
 from pipeline.sample_corpus import sample_corpus_path
-from pipeline.storage import FileStore, sha256_file
+from pipeline.storage import FileStore, open_store, sha256_bytes, sha256_file
 from pipeline.tokenize.fast_bpe import UnsupportedTokenizer, tiktoken_from_tokenizer, verify_same_ids
 from pipeline.tokenize.stage import (
     TOKENS_SCHEMA,
@@ -101,6 +102,19 @@ def test_saved_tokenizer_reloads_and_round_trips_text(tmp_path: Path, tok: Token
             if "<|" in text:
                 continue  # added tokens are matched by plain encode(); the pipeline encodes them as text
             assert loaded.decode(loaded.encode(text).ids) == text
+
+
+def test_a_tokenizer_source_on_each_cloud_store(cloud_bucket, tok: Tokenizer, tmp_path: Path) -> None:
+    """``tokenize.tokenizer: gs://...`` (az://, s3://): the build's tokenizer step copies that tokenizer."""
+    open_store(cloud_bucket.uri, cloud_bucket.options).put_bytes("tok/tokenizer.json", tok.to_str().encode())
+    uri = f"{cloud_bucket.uri}/tok/tokenizer.json"
+    cfg = load_corpus_config(None, overrides={"tokenize.tokenizer": uri}).tokenize
+    out = FileStore(tmp_path / "store")
+    digest = run_train_tokenizer(out, "docs", 0, "tokenizer.json", cfg, s3=cloud_bucket.options)
+    assert out.get_bytes("tokenizer.json") == tok.to_str().encode() and digest == sha256_bytes(
+        tok.to_str().encode()
+    )
+    assert json.loads(out.get_bytes("tokenizer.json.sample.json")) == {"source": uri}
 
 
 def test_fast_path_ids_equal_tokenizers_on_tricky_and_sample_text(tok: Tokenizer, corpus: list[str]) -> None:
