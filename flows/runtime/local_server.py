@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -380,14 +381,36 @@ def resolve_api(start: bool = True, on_wait: Callable[[str], None] | None = None
     return Api(url=state.api_url, ui_url=state.url, source="started local server")
 
 
+BUSY_API_S = 20.0  # how long a configured API that takes connections may take to answer its health check
+
+
 def check_answers(url: str) -> None:
     """Raise :class:`PrefectApiUnavailable` (one line, the fix) when the API at ``url`` does not answer (Prefect
-    Cloud is left to its client, which checks its key)."""
-    if "api.prefect.cloud" not in url and not healthy(url):
-        raise PrefectApiUnavailable(
-            f"the Prefect API at {url} does not answer; start that server, or unset PREFECT_API_URL "
-            "(the environment's or the Prefect profile's) to use pileworks' local server"
-        )
+    Cloud is left to its client, which checks its key). One that refuses connections (nothing listens) is said
+    at once; one that takes them but is slow to answer (a busy machine) gets :data:`BUSY_API_S`."""
+    if "api.prefect.cloud" in url:
+        return
+    deadline = time.monotonic() + BUSY_API_S
+    while not healthy(url):
+        if _refused(url) or time.monotonic() > deadline:
+            raise PrefectApiUnavailable(
+                f"the Prefect API at {url} does not answer; start that server, or unset PREFECT_API_URL "
+                "(the environment's or the Prefect profile's) to use pileworks' local server"
+            )
+        time.sleep(0.5)
+
+
+def _refused(url: str) -> bool:
+    """Whether nothing takes TCP connections at ``url``'s host and port (or the name does not resolve)."""
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=HEALTH_TIMEOUT_S):
+            return False
+    except TimeoutError:
+        return False  # no answer either way: the deadline decides
+    except OSError:
+        return True
 
 
 def _ui_url(api_url: str) -> str | None:

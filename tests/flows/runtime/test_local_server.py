@@ -45,6 +45,46 @@ def test_a_dead_configured_api_fails_at_once_with_one_line() -> None:
     assert dead in message and "unset PREFECT_API_URL" in message and "\n" not in message
 
 
+def test_a_configured_api_slow_to_answer_is_waited_for_and_a_silent_one_is_not_for_ever() -> None:
+    """A server that takes the connection but answers its health check after the first check's timeout (a busy
+    machine) is used; one that never answers fails once the patience is spent."""
+    import http.server
+    import threading
+
+    from flows.runtime import local_server
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        calls = 0
+        answer = True
+
+        def do_GET(self) -> None:
+            Slow.calls += 1
+            if Slow.calls == 1:
+                time.sleep(local_server.HEALTH_TIMEOUT_S + 0.5)  # the first check times out
+            self.send_response(200 if Slow.answer else 500)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/api"
+    try:
+        local_server.check_answers(url)  # no raise: its second check answers
+        assert Slow.calls >= 2
+        Slow.answer, Slow.calls = False, 1
+        patience, local_server.BUSY_API_S = local_server.BUSY_API_S, 1.0
+        try:
+            with pytest.raises(PrefectApiUnavailable, match="does not answer"):
+                local_server.check_answers(url)
+        finally:
+            local_server.BUSY_API_S = patience
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_no_server_and_no_start_says_how_to_start_one(private_home: Path) -> None:
     with pytest.raises(PrefectApiUnavailable, match="pileworks server start"):
         resolve_api(start=False)
