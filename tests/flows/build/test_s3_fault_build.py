@@ -44,7 +44,7 @@ def test_a_multipart_build_completes_at_30_percent_503_with_the_clean_dataset_id
     # The build's own count over every process (worker processes report theirs with each unit).
     counts, stats = proxy.counts(), faulty["profile"]["storage"]
     assert faulty["dataset_id"] == clean["dataset_id"]
-    assert faulty["docs_out"] == clean["docs_out"] and faulty["tokens"] == clean["tokens"]
+    assert faulty["docs_out"] == clean["docs_out"] > 1000 and faulty["tokens"] == clean["tokens"]
     assert clean_requests > 300, clean_requests  # enough that a drained retry quota would have shown
     assert counts["injected_503"] > 0.25 * counts["requests"]
     assert stats["retries_throttled"] >= counts["injected_503"] * 0.9  # each 503 retried by the S3 call
