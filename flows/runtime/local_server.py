@@ -101,8 +101,12 @@ class Api:
 
 
 def healthy(api_url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
+    """Whether ``api_url``'s health check answers 200. An opener of its own each time: ``urlopen``'s global one
+    keeps the proxies of the environment it first saw, so a proxy set for a moment (and gone since) would take
+    every later check to it."""
     try:
-        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout_s) as resp:
+        opener = urllib.request.build_opener()  # its proxy handler reads the environment now
+        with opener.open(f"{api_url.rstrip('/')}/health", timeout=timeout_s) as resp:
             return bool(resp.status == 200)
     except (OSError, ValueError):
         return False

@@ -51,7 +51,7 @@ def free_port() -> int:
 
 def _healthy(api_url: str) -> bool:
     try:
-        with urllib.request.urlopen(f"{api_url}/health", timeout=5) as resp:
+        with urllib.request.build_opener().open(f"{api_url}/health", timeout=5) as resp:
             return resp.status == 200
     except OSError:
         return False

@@ -104,7 +104,7 @@ def api(server: Any, path: str, body: dict[str, Any]) -> Any:
         method="POST",
         headers={"content-type": "application/json"},
     )
-    with urllib.request.urlopen(req, timeout=30) as resp:
+    with urllib.request.build_opener().open(req, timeout=30) as resp:
         return json.load(resp)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 
@@ -80,6 +81,41 @@ def test_a_configured_api_slow_to_answer_is_waited_for_and_a_silent_one_is_not_f
                 local_server.check_answers(url)
         finally:
             local_server.BUSY_API_S = patience
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_proxy_set_for_a_moment_does_not_stay_in_the_health_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``urlopen``'s global opener keeps the proxies of its first call: a test (or a user's step) that set a
+    proxy for a moment sent every later check of this process to it (seen: the whole suite's servers
+    'not answering' after tests/flows/build/test_s3_guard's dead proxy)."""
+    import http.server
+    import threading
+
+    from flows.runtime import local_server
+
+    class Ok(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/api"
+    dead = f"http://127.0.0.1:{free_port()}"
+    try:
+        with monkeypatch.context() as m:
+            for name in ("HTTP_PROXY", "http_proxy"):
+                m.setenv(name, dead)
+            for name in ("NO_PROXY", "no_proxy"):
+                m.setenv(name, "127.0.0.1")
+            assert local_server.healthy(url)  # NO_PROXY: straight there
+            urllib.request.urlopen(f"{url}/health", timeout=3).close()  # the global opener, made now
+        assert local_server.healthy(url)  # the proxy is gone from the environment, so from the check
     finally:
         server.shutdown()
         server.server_close()
