@@ -310,7 +310,7 @@ def test_a_build_s_profile_counts_every_s3_call_but_those_after_it(
     overrides = FAST_BUILD | {"ingest.target_part_bytes": 100_000, "s3.endpoint_url": proxy.url}
     argv = ["build", "--input", inputs, "--output", f"s3://pw-count{workers}/store", "--json"]
     argv += ["--workers", str(workers), "--set=s3.region=us-east-1"]
-    argv += [f"--set={k}={v}" for k, v in overrides.items()]
+    argv += [f"--set={k}={json.dumps(v)}" for k, v in overrides.items()]
     try:
         assert main(argv) == 0
         requests = proxy.counts()["requests"]
