@@ -138,19 +138,26 @@ def _processes(children: list[psutil.Process]) -> set[tuple[int, float]]:
 def kill_children() -> int:
     """SIGKILL the command's child processes (:func:`descendants`): their units are written whole or not at all,
     so a kill loses nothing a rerun needs. The temp files they held open go too. Returns how many were killed."""
-    children = descendants()
-    for child in children:  # frozen first: what they hold open is read before they open more
-        with contextlib.suppress(psutil.Error):
-            child.suspend()
-    held = temp_files_of(children)
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-    alive = wait_gone(children, KILL_WAIT_S)
-    if alive:
-        log.warning("%d child process(es) still alive after SIGKILL: %s", len(alive), [p.pid for p in alive])
-    remove_temp_files(held)
-    return len(children)
+    killed: set[int] = set()
+    for _ in range(3):  # again for a child forked while the others were stopped (a pool starting its workers)
+        children = [c for c in descendants() if c.pid not in killed]
+        if not children:
+            break
+        for child in children:  # frozen first: what they hold open is read before they open more
+            with contextlib.suppress(psutil.Error):
+                child.suspend()
+        held = temp_files_of(children)
+        for child in children:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        killed.update(c.pid for c in children)
+        alive = wait_gone(children, KILL_WAIT_S)
+        if alive:
+            log.warning(
+                "%d child process(es) still alive after SIGKILL: %s", len(alive), [p.pid for p in alive]
+            )
+        remove_temp_files(held)
+    return len(killed)
 
 
 def wait_gone(processes: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
