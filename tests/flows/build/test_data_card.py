@@ -15,6 +15,7 @@ from pipeline.dataset.manifest import load_manifest
 from pipeline.records import iter_part_batches, read_quarantine
 from pipeline.storage import open_store, sha256_bytes
 from pipeline.units.protocol import StageStats
+from tests.fixtures.prefect_artifacts import artifacts_with_keys
 from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
 
 pytestmark = pytest.mark.slow
@@ -118,7 +119,7 @@ def test_data_card_of_a_build_and_against_another(prefect_harness, tmp_path: Pat
 
     # the flow run holds the data-card artifact, with its charts
     with get_client(sync_client=True) as client:
-        found = [a for a in client.read_artifacts() if a.key == "data-card"]
+        found = artifacts_with_keys(client, "data-card")
     assert (
         found
         and "## Removal waterfall" in str(found[-1].data)

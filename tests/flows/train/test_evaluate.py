@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.dataset.manifest import load_manifest
 from tests.fixtures.fake_checkpoint import write_fake_checkpoint
+from tests.fixtures.prefect_artifacts import artifacts_with_keys
 from tests.fixtures.tiny_dataset import build_tiny_dataset
 from training.model import ModelConfig
 
@@ -47,6 +48,6 @@ def test_evaluate_command_prints_json_and_publishes_an_artifact(
     valid = json.loads(capsys.readouterr().out)
     assert valid["split"] == "valid" and valid["dataset_id"] == manifest.dataset_id
     with get_client(sync_client=True) as client:
-        artifacts = [a for a in client.read_artifacts() if a.key == "evaluation"]
+        artifacts = artifacts_with_keys(client, "evaluation")
     rows = [json.loads(a.data)[0] if isinstance(a.data, str) else a.data[0] for a in artifacts]
     assert {round(r["loss"], 9) for r in rows} >= {round(result["loss"], 9), round(valid["loss"], 9)}

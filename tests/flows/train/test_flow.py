@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.prefect_artifacts import artifacts_with_keys
+
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 TRAIN = {
@@ -76,7 +78,16 @@ def test_prepare_and_train_records_lineage_and_traces_steps(
         assert path.exists()
 
     with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts()
+        artifacts = artifacts_with_keys(
+            client,
+            "training-curve",
+            "training-final",
+            "training-progress",
+            "stage-stats",
+            "build-charts",
+            "manifest",
+            "build-progress",
+        )
     keys = {a.key for a in artifacts}
     assert {
         "training-curve",
