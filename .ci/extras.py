@@ -6,10 +6,10 @@ torch's CPU wheel in first (as `make setup` does: nothing may pull a CUDA build)
 `pip install '<copy>[EXTRA]'` for each extra in turn and has the installed pileworks (not this checkout) extract a
 page with that extractor.
 
-One venv, not one per extra: a full install of pileworks takes about 3 minutes here, and the extras are checked
-in the order given, each on top of the one before. The first (justext: jusText and lxml_html_clean) is exactly what
-a user's fresh install gives; trafilatura's requirements include jusText's, so the second install resolves the set
-a fresh `[trafilatura]` install would, and pip would move any version it must.
+One venv, not one per extra: a full install of pileworks takes about 3 minutes here. Before each extra, the
+packages any extractor extra brings (EXTRA_PACKAGES) are uninstalled, so each extra must bring back on its own
+what its extractor imports: an extra that lost `lxml_html_clean` from its list fails here even when the extra
+checked before it had installed it.
 
     python .ci/extras.py [--torch torch==2.13.0] [--venv-root DIR] [justext trafilatura ...]
 """
@@ -37,6 +37,10 @@ assert text.count("stone bridge") >= 12, text[:300]
 assert pipeline.__file__.startswith(VENV), pipeline.__file__  # the installed package, not a checkout
 print(NAME, "extracts", len(text), "characters")
 """
+
+
+# every package an extractor extra lists or pulls in for the extractors' HTML cleaning
+EXTRA_PACKAGES = ["trafilatura", "justext", "lxml_html_clean"]
 
 
 def copy_tree(dest: Path) -> Path:
@@ -72,6 +76,13 @@ def main() -> int:
         subprocess.run([*pip, args.torch], check=True, stdin=subprocess.DEVNULL)
         print(f"{args.torch}: {time.monotonic() - started:.0f} s", flush=True)
         for name in args.extras:
+            # what an earlier extra left must not stand in for this one's requirements
+            subprocess.run(
+                [python, "-m", "pip", "uninstall", "-y", "-q", *EXTRA_PACKAGES],
+                check=True,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+            )
             started = time.monotonic()
             subprocess.run([*pip, f"{source}[{name}]"], check=True, stdin=subprocess.DEVNULL)
             print(f"pip install 'pileworks[{name}]': {time.monotonic() - started:.0f} s", flush=True)
