@@ -17,7 +17,9 @@ from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
-ROUNDS = 10
+# The unit cache's copy onto itself failed one race in three: 7 rounds find it with 94% odds (10: 98%, 40 s more
+# of CI)
+ROUNDS = 7
 ROUND_TIMEOUT_S = 60.0  # one round's two builds, at most (about 20 s on 2 cores, moto in this process)
 
 
