@@ -148,6 +148,8 @@ def test_a_moved_corpus_reuses_every_unit_and_a_touched_one_changes_nothing(
         os.utime(path, (path.stat().st_atime + 3600, path.stat().st_mtime + 3600))
     touched = _build(str(moved), store)
     assert touched["dataset_id"] == cold["dataset_id"] and "nothing_changed" in touched
+    manifest, published = load_manifest(touched["manifest_uri"], None)
+    _traces_to_its_record(manifest, published, root=touched["lineage"]["input_root"])
 
 
 def test_one_edited_file_recomputes_only_its_units(prefect_harness, tmp_path: Path) -> None:
@@ -169,6 +171,8 @@ def test_one_edited_file_recomputes_only_its_units(prefect_harness, tmp_path: Pa
     for step, counts in warm["reused_units"].items():
         assert counts == [len(plans) - touched, len(plans)], (step, warm["reused_units"])
     assert _tokenizer_sha(warm) == _tokenizer_sha(cold)
+    manifest, published = load_manifest(warm["manifest_uri"], None)  # the edited dataset traces as the first
+    _traces_to_its_record(manifest, published)
 
 
 def test_a_clean_unit_rotted_behind_its_mtime_is_named_once_and_recomputed(
