@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.storage import ObjectStore
+from pipeline.storage import ObjectStore, local_temp_prefix
 from pipeline.units.protocol import StageStats, checked_bytes, finish_unit, part_name, part_unit, require_done
 
 SCHEMA = pa.schema(
@@ -177,7 +177,7 @@ class PartWriter:
         self.store, self.folder, self.index = store, folder, index
         self.row_group_size = row_group_size
         self._buffer: list[Record] = []
-        fd, self._path = tempfile.mkstemp(prefix="pw-part-", suffix=".parquet")
+        fd, self._path = tempfile.mkstemp(prefix=local_temp_prefix("pw-part-"), suffix=".parquet")
         os.close(fd)
         self._writer = pq.ParquetWriter(self._path, SCHEMA, compression="zstd")
         self.rows = 0

@@ -33,7 +33,7 @@ from typing import Any, TypeVar, cast
 import psutil
 
 from pipeline.errors import StageFailed
-from pipeline.storage.base import TMP_PREFIX
+from pipeline.storage.base import TMP_PREFIX, local_temp_prefix
 
 R = TypeVar("R")
 
@@ -184,6 +184,10 @@ def temp_files_of(processes: list[psutil.Process]) -> set[Path]:
     tmp = Path(tempfile.gettempdir()).resolve()
     found: set[Path] = set()
     for process in processes:
+        # named by its pid (local_temp_prefix): held open or not at the freeze
+        for kind in TEMP_PREFIXES:
+            with contextlib.suppress(OSError):
+                found.update(tmp.glob(f"{local_temp_prefix(kind, process.pid)}*"))
         with contextlib.suppress(psutil.Error, OSError):
             held = [f.path for f in process.open_files()]
             held += [str(c.laddr) for c in process.net_connections(kind="unix") if c.laddr]

@@ -32,7 +32,7 @@ from typing import Any
 import fasttext
 
 from pipeline.clean.config import ClassifierConfig
-from pipeline.storage import S3Options, read_object
+from pipeline.storage import S3Options, local_temp_prefix, read_object
 
 FIELD = "clean.classifier.model"
 
@@ -74,7 +74,7 @@ def _label_prob(pairs: Sequence[tuple[float, str]], label: str) -> float:
 
 
 def _load_fasttext(data: bytes, where: str) -> Any:
-    fd, path = tempfile.mkstemp(prefix="pw-fasttext-", suffix=".bin")
+    fd, path = tempfile.mkstemp(prefix=local_temp_prefix("pw-fasttext-"), suffix=".bin")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -27,6 +27,7 @@ import numpy as np
 from pipeline.clean.classifier import QualityModel, flatten
 from pipeline.clean.config import LABEL_PREFIX, CleanConfig
 from pipeline.clean.normalize import normalize_text
+from pipeline.storage import local_temp_prefix
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,7 +157,7 @@ def train_classifier(
 
 def _fit(rows: Sequence[tuple[str, bool]], cfg: ClassifierTrainConfig) -> Any:
     ordered = sorted(rows, key=lambda r: _rank_key(r[0], cfg.seed + 2))  # shuffled, the same on every run
-    fd, path = tempfile.mkstemp(prefix="pw-fasttext-train-", suffix=".txt")
+    fd, path = tempfile.mkstemp(prefix=local_temp_prefix("pw-fasttext-") + "train-", suffix=".txt")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             for text, pos in ordered:

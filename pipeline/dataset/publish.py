@@ -55,7 +55,7 @@ from pipeline.dataset.shards import (
     split_of,
 )
 from pipeline.sources import shard_runs
-from pipeline.storage import ObjectStore, join_key, sha256_bytes
+from pipeline.storage import ObjectStore, join_key, local_temp_prefix, sha256_bytes
 from pipeline.tokenize.hf_files import hf_tokenizer_files
 from pipeline.tokenize.stage import special_id
 from pipeline.units.protocol import (
@@ -390,7 +390,7 @@ def run_window_unit(
     unit = join_key(out_folder, window_name(windows))
     if (done := unit_stats(store, unit)) is not None:
         return done
-    with tempfile.TemporaryDirectory(prefix="pileworks-shards-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=local_temp_prefix("pileworks-shards-")) as tmp:
         staged = Path(tmp)
         written = write_windows(store, token_folder, windows, staged, dtype, shard_cfg)
         runs = [shard_runs(staged / w.docs_key) for w in written]
@@ -513,7 +513,7 @@ def commit_dataset(store: ObjectStore, manifest: Manifest, tok: TokenizerFiles) 
     if already_published(store, manifest):
         return commit_manifest(store, manifest.name, manifest)
     prefix = dataset_prefix(manifest.name, manifest.dataset_id)
-    with tempfile.TemporaryDirectory(prefix="pileworks-tokenizer-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=local_temp_prefix("pileworks-tokenizer-")) as tmp:
         staged = Path(tmp)
         tok.stage(staged)
         files = {manifest.tokenizer.key: manifest.tokenizer.sha256, **manifest.tokenizer.files}

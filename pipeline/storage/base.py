@@ -32,6 +32,14 @@ def tmp_prefix() -> str:
     return f"{TMP_PREFIX}{os.getpid()}@{socket.gethostname()}~"
 
 
+def local_temp_prefix(kind: str, pid: int | None = None) -> str:
+    """``<kind><pid>-`` (this process's pid by default): the prefix of a temp file or folder this process makes in the machine's temp folder
+    (``kind``: one of ``flows/runtime/shutdown.py``'s ``TEMP_PREFIXES``). A command that stops kills its workers
+    and removes their temp files by this pid, including one made but not (or no longer) held open at the kill
+    (a part file between ``mkstemp`` and its writer's open)."""
+    return f"{kind}{os.getpid() if pid is None else pid}-"
+
+
 def tmp_writer_dead(name: str) -> bool:
     """Whether the temp file ``name`` was left by a process of this host that no longer runs (provably dead).
     A name from another host, or from before names carried their writer, is not: the age rule applies."""
