@@ -33,10 +33,10 @@ def tmp_prefix() -> str:
 
 
 def local_temp_prefix(kind: str, pid: int | None = None) -> str:
-    """``<kind><pid>-`` (this process's pid by default): the prefix of a temp file or folder this process makes in the machine's temp folder
-    (``kind``: one of ``flows/runtime/shutdown.py``'s ``TEMP_PREFIXES``). A command that stops kills its workers
-    and removes their temp files by this pid, including one made but not (or no longer) held open at the kill
-    (a part file between ``mkstemp`` and its writer's open)."""
+    """``<kind><pid>-`` (this process's pid by default): the prefix of a temp file or folder made in the
+    machine's temp folder (``kind``: one of ``flows/runtime/shutdown.py``'s ``TEMP_PREFIXES``). A command that
+    stops kills its workers and removes their temp files by this pid, including one made but not (or no longer)
+    held open at the kill (a part file between ``mkstemp`` and its writer's open)."""
     return f"{kind}{os.getpid() if pid is None else pid}-"
 
 

@@ -100,11 +100,10 @@ def test_a_killed_child_s_temp_files_go_and_nothing_else(command: None, tmp_path
 
 MAKE_AND_CLOSE = textwrap.dedent(
     """
-    import sys, tempfile, time
-    from pipeline.records import PartWriter  # noqa: F401  (the part writer's prefix, not a copy of it)
+    import os, tempfile, time
     from pipeline.storage import local_temp_prefix
     fd, path = tempfile.mkstemp(prefix=local_temp_prefix("pw-part-"), suffix=".parquet")
-    import os; os.close(fd)  # made, then not held open: where mkstemp and the parquet writer's open meet
+    os.close(fd)  # made, then not held open: where mkstemp and the parquet writer's open meet
     folder = tempfile.mkdtemp(prefix=local_temp_prefix("pileworks-shards-"))
     print(path, folder, flush=True)
     time.sleep(60)

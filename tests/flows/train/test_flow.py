@@ -11,6 +11,17 @@ from tests.fixtures.prefect_artifacts import artifacts_with_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
+# what prepare_and_train's build and training runs publish
+RUN_ARTIFACTS = (
+    "training-curve",
+    "training-final",
+    "training-progress",
+    "stage-stats",
+    "build-charts",
+    "manifest",
+    "build-progress",
+)
+
 TRAIN = {
     "max_steps": 6,
     "warmup_steps": 2,
@@ -78,26 +89,9 @@ def test_prepare_and_train_records_lineage_and_traces_steps(
         assert path.exists()
 
     with get_client(sync_client=True) as client:
-        artifacts = artifacts_with_keys(
-            client,
-            "training-curve",
-            "training-final",
-            "training-progress",
-            "stage-stats",
-            "build-charts",
-            "manifest",
-            "build-progress",
-        )
+        artifacts = artifacts_with_keys(client, *RUN_ARTIFACTS)
     keys = {a.key for a in artifacts}
-    assert {
-        "training-curve",
-        "training-final",
-        "training-progress",
-        "stage-stats",
-        "build-charts",
-        "manifest",
-        "build-progress",
-    } <= keys
+    assert set(RUN_ARTIFACTS) <= keys
     curve = next(a for a in artifacts if a.key == "training-curve")
     assert "loss" in str(curve.data)
     text = generate(ckpts, "the", max_new_tokens=5, seed=1)
