@@ -10,6 +10,10 @@ again: the same bodies with the same arguments, so the same units, profile recor
 the same task runs. A call the flow does not claim (its plan came out otherwise) is waited for before anything
 else runs, and its units are then simply reused.
 
+Nothing it imports imports Prefect (``tests/flows/cli/test_build.py`` checks the order in Python's import log).
+Workers as many as the command's CPUs stay off one of them until the flow runs
+(:func:`flows.runtime.pool.leave_a_core`): the command's Prefect import is the critical path then.
+
 With two or more workers the flow's task runner adopts the pool. One worker is a thread of the flow's process,
 which is busy importing Prefect meanwhile: its head start is one worker process, forked from the command, that
 computes the ingest on the other core and exits once the flow has its result (a thread beside the imports

@@ -31,7 +31,6 @@ from typing import Any
 from flows.build.inputs import build_key, corpus_config, keep_listing, list_and_plan, pin_model, take_listing
 from flows.runtime import profile
 from flows.runtime.profile import BuildProfile
-from flows.runtime.recorded_run import completed_run
 from flows.ui import build_artifacts, run_names
 from pipeline.corpus_config import CorpusConfig
 from pipeline.dataset.manifest import LATEST_KEY, MANIFEST_KEY, dataset_prefix, load_manifest, point_latest
@@ -206,6 +205,8 @@ def record_unchanged(
     """The flow run of a rebuild that found ``found``, recorded through Prefect's client as the flow would
     leave it (its name, parameters, artifacts and log line, Completed); returns the run's summary. Raises
     :class:`~flows.runtime.recorded_run.RunNotRecorded` when the API does not take it."""
+    from flows.runtime.recorded_run import completed_run  # Prefect's client: not imported by the head start
+
     name = run_names.unchanged_run_name(found.cfg.name, found.record["summary"]["dataset_id"])
     with completed_run(api_url, run_names.BUILD_FLOW, name, parameters) as run:
         summary = republished(found, build_profile, started, run.id, workers_started=0)

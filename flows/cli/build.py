@@ -70,6 +70,12 @@ def precheck(args: argparse.Namespace) -> None:
         restore_env()  # the command ends here
         raise
     args.abandon = abandon  # what the command undoes when it ends before :func:`run` (no Prefect API, say)
+    if local_workers(args):  # the first pass starts now, while the command imports Prefect and finds its API
+        from flows.build import head_start
+        from flows.runtime.local_server import check_environment_api
+
+        check_environment_api()  # a dead API fails in one line before any work
+        head_start.start(flow_parameters(args), local_workers(args))
 
 
 def abandon() -> None:
@@ -139,12 +145,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = unchanged_before_flow(args.api, parameters)
         if summary is None:
-            # the first pass starts while Prefect's flow engine imports; after the API is known, so that the
-            # workers forked now have its URL in their environment (a step that reaches Prefect from a worker
-            # would otherwise start a temporary server there: measured, 5 CPU-s)
-            if local_workers(args):
-                head_start.start(parameters, local_workers(args))
-            summary = run_flow(args, parameters)
+            summary = run_flow(args, parameters)  # on the head start :func:`precheck` made, if any
     except BaseException:
         head_start.close(wait=False)  # Ctrl-C or a failure: no waiting on the head start's queued calls
         raise
@@ -192,8 +193,10 @@ def unchanged_before_flow(api: Api, parameters: dict[str, Any]) -> dict[str, Any
 def run_flow(args: argparse.Namespace, parameters: dict[str, Any]) -> dict[str, Any]:
     from flows.build.flow import build_corpus
     from flows.cli.report import flow_run_outcome
+    from flows.runtime import shutdown
     from flows.runtime.runners import prefect_api, with_task_runner
 
+    shutdown.freeze_for_the_command()  # Prefect and the flow are imported: fewer objects for each collection
     flow = with_task_runner(build_corpus, args.task_runner, args.workers)
     with prefect_api():  # one API for the flow and every worker
         state = flow(**parameters, return_state=True)

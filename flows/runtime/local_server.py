@@ -417,6 +417,15 @@ def _refused(url: str) -> bool:
         return True
 
 
+def check_environment_api() -> None:
+    """Before a command starts work ahead of Prefect (the build's head start): the ``PREFECT_API_URL`` of the
+    environment, the setting that wins over every other source of Prefect's, answers. A URL from a profile or
+    ``prefect.toml`` is checked by :func:`resolve_api`, through Prefect."""
+    url = os.environ.get("PREFECT_API_URL")
+    if url:
+        check_answers(url)
+
+
 def _ui_url(api_url: str) -> str | None:
     ui = prefect_settings().ui_url
     if ui:

@@ -388,6 +388,9 @@ class Early:
     submitted: int = 0
     claimed: int = 0
     adopted: bool = False  # a task runner owns (and shuts down) the pool from then on
+    narrowed: set[int] | None = (
+        None  # the CPUs its workers may use again once the flow runs (:func:`leave_a_core`)
+    )
 
 
 @dataclass(frozen=True)
@@ -430,13 +433,42 @@ def start_early(size: int, calls: list[tuple[Callable[..., Any], tuple[Any, ...]
             if name not in ("flows.runtime.pool_env", "__main__"):  # not the workers' env: this process's
                 importlib.import_module(name)
     pool = start_pool(size, fork=forked)
-    early = Early(pool, size, time.time(), forked)
+    early = Early(pool, size, time.time(), forked, narrowed=leave_a_core(pool))
     for fn, args in calls:
         call = new_call()
         early.calls[call_key(fn, args)] = Claimed(pool.submit(fn, args, call), call, pool)
     early.submitted = len(calls)
     _EARLY = early
     return early
+
+
+def leave_a_core(pool: WorkerPool) -> set[int] | None:
+    """While the command imports Prefect and starts the flow (its critical path: about a second of one core),
+    workers as many as the CPUs it may run on would take turns with it on every core: they are kept off one
+    (``os.sched_setaffinity``) until the flow runs (:func:`widen`). Returns the CPUs they had, or None when they
+    leave one free already (fewer workers than CPUs) or the platform cannot say. On 2 cores, 2 workers, 39 MB:
+    the command reached the flow's first pass 0.25-0.35 s later than with 1 worker, its Prefect import taking
+    1.1 s of samples instead of 0.87 (py-spy), while the head start's ingest needs about 0.7 s of one core."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = os.sched_getaffinity(0)
+    if len(cpus) < 2 or pool.size < len(cpus):
+        return None
+    narrow = set(sorted(cpus)[1:])
+    for process in pool.processes:
+        with contextlib.suppress(OSError):  # one gone already: the flow finds it dead
+            os.sched_setaffinity(process.pid, narrow)
+    return cpus
+
+
+def widen(early: Early) -> None:
+    """The early pool's workers back on every CPU they had (:func:`leave_a_core`), once."""
+    cpus, early.narrowed = early.narrowed, None
+    if cpus is None:
+        return
+    for process in early.pool.processes:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(process.pid, cpus)
 
 
 def adopt_early(size: int) -> WorkerPool | None:
@@ -449,6 +481,7 @@ def adopt_early(size: int) -> WorkerPool | None:
         close_early()
         return None
     early.adopted = True
+    widen(early)
     return early.pool
 
 
@@ -462,6 +495,7 @@ def claim_early(fn: Callable[..., Any], args: tuple[Any, ...]) -> Claimed | None
         if early is None or not early.calls:
             return None
         claimed = early.calls.pop(call_key(fn, args), None)
+        widen(early)  # the flow runs: every core is the workers' again
         if claimed is not None:
             early.claimed += 1
         else:

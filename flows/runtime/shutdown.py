@@ -18,6 +18,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import contextvars
+import gc
 import logging
 import os
 import shutil
@@ -60,6 +61,22 @@ _finished = threading.Event()  # the stop was finished (children killed, holding
 _reported = threading.Event()  # the stop's one line was printed
 _interrupt_again = threading.Event()  # the main thread's interrupt was swallowed: raise it again
 _unraisable = [sys.unraisablehook]  # the hook the command's replaced (:func:`install_handler`)
+
+
+# True in the ``pileworks`` console script (``flows/cli/main.py:entry``), whose process ends with its one command;
+# False where a process that goes on runs commands (tests, another program).
+ENDS_WITH_COMMAND = False
+
+
+def freeze_for_the_command() -> None:
+    """In a process that ends with its command: the objects made so far (Prefect's, pydantic's, the stages'
+    modules), which it keeps to its end, frozen out of the cyclic collector's reach (``gc.freeze``), so its
+    collections scan only what the command makes from now on. A process that goes on would keep any garbage
+    frozen with them: nothing is done there. Measured on 2026-12-04, 39 MB build, 1 and 2 workers: collections
+    took 0.29-0.30 s of the flow's process (0.22 s in the oldest generation), 0.13-0.15 s frozen before the
+    flow; at the exit, 0.60-0.61 s went from the last pass to the exit, 0.20-0.28 s frozen."""
+    if ENDS_WITH_COMMAND:
+        gc.freeze()
 
 
 def begin_command(leave: Callable[[], None] | None = None) -> None:

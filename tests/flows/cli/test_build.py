@@ -252,6 +252,30 @@ def test_a_build_on_local_workers_starts_its_first_pass_before_prefect(
     assert alone["dataset_id"] == summaries[1]["dataset_id"]
 
 
+def test_the_head_start_is_at_work_before_the_command_imports_prefect(
+    server_home: Path, tmp_path: Path
+) -> None:
+    """The head start's workers ingest while the command imports Prefect (about a second of one core), not after:
+    Python's own import log (``PYTHONPROFILEIMPORTTIME``, on the same stderr as the command's log) shows its line
+    before the first Prefect module's."""
+    import re
+
+    from tests.flows.cli.conftest import cli_env, run_cli
+    from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
+
+    write_tiny_corpus(tmp_path / "raw")
+    sets = [f"--set={k}={v}" for k, v in TINY_OVERRIDES.items() if k != "name"]
+    argv = ["build", "--input", str(tmp_path / "raw"), "--output", str(tmp_path / "store"), "--name", "tiny"]
+    env = cli_env(server_home, PYTHONPROFILEIMPORTTIME="1", **MIN_TASK)
+    done = run_cli([*argv, *sets, "--json", "--workers", "2"], env, tmp_path)
+    assert done.code == 0, done.err[-3000:]
+    lines = done.err.splitlines()
+    head = [i for i, line in enumerate(lines) if "head start: " in line]
+    prefect = [i for i, line in enumerate(lines) if re.match(r"import time:.*\|\s+prefect(\.\S+)?$", line)]
+    assert len(head) == 1 and prefect, done.err[-3000:]
+    assert head[0] < prefect[0], "\n".join(lines[prefect[0] - 5 : prefect[0] + 1])
+
+
 def test_a_build_on_local_workers_sets_one_blas_thread_before_numpy_and_nothing_else(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

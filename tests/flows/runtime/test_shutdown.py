@@ -263,3 +263,23 @@ def test_an_interrupt_python_could_not_raise_is_raised_again(command: None) -> N
     finally:
         shutdown.restore_handlers(previous)
     assert sys.unraisablehook is not shutdown._lost_interrupt  # the command's hook is gone with it
+
+
+def test_only_a_process_that_ends_with_its_command_freezes_its_objects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``gc.freeze`` in the console script (its objects last to its end); never in a process that goes on, such
+    as this test's, which would keep its garbage frozen."""
+    import gc
+
+    from flows.runtime import shutdown
+
+    before = gc.get_freeze_count()
+    shutdown.freeze_for_the_command()
+    assert gc.get_freeze_count() == before
+    monkeypatch.setattr(shutdown, "ENDS_WITH_COMMAND", True)
+    try:
+        shutdown.freeze_for_the_command()
+        assert gc.get_freeze_count() > before
+    finally:
+        gc.unfreeze()

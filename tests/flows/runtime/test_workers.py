@@ -279,6 +279,37 @@ def test_one_worker_takes_the_early_calls_from_their_process_which_then_stops() 
     assert pool.early_summary() is None
 
 
+def cpus_of_this_process(_call: int = 0) -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def test_an_early_pool_as_wide_as_the_cpus_leaves_one_to_the_command_until_the_flow_runs() -> None:
+    """While the command imports Prefect, head-start workers as many as its CPUs stay off one of them (the
+    command's); the flow's first claim gives them every CPU back. Fewer workers than CPUs are never narrowed."""
+    from flows.runtime import pool
+
+    cpus = cpus_of_this_process()
+    early = pool.start_early(len(cpus), [(cpus_of_this_process, (k,)) for k in range(len(cpus))])
+    try:
+        seen = [c.future.result(timeout=60)["result"] for c in early.calls.values()]
+        if len(cpus) >= 2:
+            assert seen == [cpus[1:]] * len(cpus) and early.narrowed == set(cpus)
+        else:  # one CPU: nothing to leave
+            assert seen == [cpus] and early.narrowed is None
+        assert pool.claim_early(cpus_of_this_process, (0,)) is not None and early.narrowed is None
+        again = [early.pool.submit(cpus_of_this_process, ()) for _ in cpus]
+        assert [f.result(timeout=60)["result"] for f in again] == [cpus] * len(cpus)
+    finally:
+        pool.close_early()
+    if len(cpus) >= 2:  # one worker fewer than the CPUs: the command has its own already
+        early = pool.start_early(len(cpus) - 1, [(cpus_of_this_process, ())])
+        try:
+            assert early.narrowed is None
+            assert next(iter(early.calls.values())).future.result(timeout=60)["result"] == cpus
+        finally:
+            pool.close_early()
+
+
 def test_an_early_pool_of_another_size_is_closed_not_adopted() -> None:
     from flows.runtime import pool
 
