@@ -29,6 +29,14 @@ def unchunk(chunked: list[list[Any]]) -> list[Any]:
 # a task gets at least this much input, so a small build runs one task per pass on one worker.
 MIN_TASK_BYTES = 8 * 1024 * 1024
 
+# A heavy pass is dealt as one task per worker until each worker's share passes this many times the least task
+# input (:func:`min_task_bytes`: 128 MiB by default), then as up to four per worker (so a slow task leaves the
+# others less idle at the end). A task run costs the flow's process and the
+# Prefect server about 0.065 CPU-s between them, on the cores the workers use: at 150 MB on 2 workers (2026-12-05,
+# bench_scale's corpus, the tokenizer trained) one task per worker built in 14.3-14.5 s, two 14.5-15.0 s, four
+# 15.2-16.3 s (63 task runs against 39); at 400 MB the three were within the runs' spread (32.3-35.2 s).
+HEAVY_TASK_SHARE = 16
+
 
 def parts_per_task(
     num_parts: int, workers: int, max_parts: int = 64, per_worker: int = 4, min_parts: int = 1
@@ -73,13 +81,18 @@ def sizing(
     tells the task runner) turns the chunk count into the workers used; by default the smaller of the two.
     ``pileworks build`` computes it before Prefect (the head start) as the flow does after."""
     n = len(plans)
-    least = min_parts_per_task([sum(p["weight"] for p in plan["pieces"]) for plan in plans], min_task_bytes())
+    part_bytes = [sum(p["weight"] for p in plan["pieces"]) for plan in plans]
+    task_bytes = min_task_bytes()
+    least = min_parts_per_task(part_bytes, task_bytes)
     widest = len(chunks(list(range(n)), parts_per_task(n, workers, min_parts=least)))
     used = fit(widest) if fit is not None else max(1, min(workers, widest))
     # up to four heavy tasks per worker so none idles at the end, in as many whole rounds as tasks of the least
     # size fill (a small build: one round, not a second of tasks near the least size, each ~0.1 s of the pass's
-    # wall on two cores); one worker has nothing to balance, and each task run costs the flow's process ~25 ms of
-    # CPU and the Prefect server as much again
-    heavy = max(1, min(4, n // (used * max(1, min(least, n))))) if used > 1 else 1
+    # wall on two cores) and as each worker's share allows (:data:`HEAVY_TASK_SHARE`); one worker has nothing to
+    # balance, and each task run costs the flow's process ~25 ms of CPU and the Prefect server as much again
+    rounds = min(
+        4, n // (used * max(1, min(least, n))), sum(part_bytes) // (used * HEAVY_TASK_SHARE * task_bytes)
+    )
+    heavy = max(1, rounds) if used > 1 else 1
     size, light = (parts_per_task(n, used, per_worker=k, min_parts=least) for k in (heavy, 1))
     return used, size, light

@@ -63,18 +63,20 @@ def test_sizing_gives_one_worker_one_task_per_pass_and_several_workers_several_e
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """At one worker a heavy pass is one task (up to ``max_parts`` parts): there is nothing to balance and every
-    task run costs the flow and the server. At two, up to four tasks per worker, in whole rounds of tasks of the
-    least size (one round for a small build); the flow's ``fit`` decides
-    the workers from the widest pass's chunk count."""
+    task run costs the flow and the server. At two, one task per worker until a worker's share passes
+    ``HEAVY_TASK_SHARE`` least tasks' input, then up to four per worker, in whole rounds of tasks of the least size (one round for a
+    small build); the flow's ``fit`` decides the workers from the widest pass's chunk count."""
     monkeypatch.delenv("PILEWORKS_MIN_TASK_BYTES", raising=False)
     mib = 1024 * 1024
     plans = _plans([4 * mib] * 10)  # 40 MB: at least two parts a task
     assert sizing(plans, 1) == (1, 10, 10)
     used, size, light = sizing(plans, 2)
     assert used == 2 and light == 5
-    # two rounds of tasks of at least two parts: four tasks of 3, 3, 2 and 2 parts, each worker 5 (not five tasks
-    # of two parts, 6 and 4); 40 rounds' worth of parts, four tasks per worker, as many as it gets
-    assert [len(c) for c in chunks(list(range(10)), size)] == [3, 3, 2, 2]
+    # 20 MB a worker: one task each (not four of 3, 3, 2 and 2 parts, whose task runs cost more than they balance)
+    assert [len(c) for c in chunks(list(range(10)), size)] == [5, 5]
+    assert len(chunks(list(range(38)), sizing(_plans([4 * mib] * 38), 2)[1])) == 2  # 150 MB: still one each
+    # a share of twice 16 x 8 MiB: two each; 1.6 GB: four tasks per worker, as many as it gets
+    assert len(chunks(list(range(128)), sizing(_plans([4 * mib] * 128), 2)[1])) == 4
     assert len(chunks(list(range(400)), sizing(_plans([4 * mib] * 400), 2)[1])) == 8
     assert [len(c) for c in chunks(list(range(10)), sizing(_plans([3 * mib] * 10), 2)[1])] == [
         5,
