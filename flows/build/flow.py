@@ -276,7 +276,9 @@ def shard_and_publish(
     verify the shards under the dataset's prefix on the workers, then write the manifest last. Returns the
     manifest URI and whether a published dataset of the same content was reused (:func:`steps.commit`)."""
     counted = [u["stats"] for u in run.units.get("split counts", [])]
-    tasks = 1 if workers <= 1 else 2 * workers  # two runs of shards per worker: none idles at the end
+    # two runs of shards per worker, so none idles at the end; one where the heavy passes ran one task per worker
+    # (a small build, flows/build/plan.py: each task run costs more there than the balance gains)
+    tasks = 1 if workers <= 1 else workers * (1 if len(run.index_chunks()) <= workers else 2)
     plan = run.once("shard-plan", shard_plan_task, run.ctx, run.n, tok_key, tasks, counted)
     folder, tasks = plan["folder"], plan["tasks"]
     units = run.spread("write-shards", write_shards_task, tasks, folder=folder, dtype=plan["dtype"])

@@ -296,6 +296,9 @@ class WorkerPool:
         self.listener = _QueueListener(cast(Any, self.logs), ROUTER)
         self.listener.start()
         self.listening, self.stopping = True, threading.Lock()
+        # ``concurrent.futures``' shutdown, and the exit statuses it reaps, one thread at a time (:meth:`died`)
+        self.ending = threading.Lock()
+        self.dead: list[tuple[int, str]] | None = None
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], call: str = "") -> Future[Any]:
         """``fn(*args)`` as :func:`run_captured` in a worker; its log records go to ``call``'s sink. On a pool
@@ -315,17 +318,26 @@ class WorkerPool:
 
     def died(self) -> list[tuple[int, str]]:
         """The workers that ended abnormally: (pid, how), e.g. ``(1234, "SIGKILL")``. Once one dies,
-        ``concurrent.futures`` ends the others with SIGTERM: those are left out when another died otherwise."""
-        dead, deadline = [], time.monotonic() + 2.0
-        for process in self.processes:
-            # the pool's manager thread may be reaping it this moment: its exit code is there once it has
-            process.join(max(0.0, deadline - time.monotonic()))
-            code = process.exitcode
-            if code is not None and code != 0:
-                how = signal.Signals(-code).name if code < 0 else f"exit code {code}"
-                dead.append((process.pid or 0, how))
-        first = [d for d in dead if d[1] != "SIGTERM"]
-        return first or dead
+        ``concurrent.futures`` ends the others with SIGTERM: those are left out when another died otherwise.
+
+        The pool's manager thread reaps the processes of a broken pool; it is waited for first (a shutdown that
+        waits), so that only one thread reads each exit status: a fork server's child's status is one message on
+        a pipe, and a second reader at the same moment gets none and records exit code 255 over it (CI: a
+        SIGKILLed worker said "exit code 255", another none). Said once: every caller gets the same answer.
+        The others were ended with SIGTERM, or ran the command's handler of it (exit code 143)."""
+        with self.ending:
+            if self.dead is None:
+                self.executor.shutdown(wait=True, cancel_futures=True)
+                dead, deadline = [], time.monotonic() + 2.0
+                for process in self.processes:
+                    process.join(max(0.0, deadline - time.monotonic()))
+                    code = process.exitcode
+                    if code is not None and code != 0:
+                        how = signal.Signals(-code).name if code < 0 else f"exit code {code}"
+                        dead.append((process.pid or 0, how))
+                first = [d for d in dead if d[1] not in ("SIGTERM", f"exit code {128 + signal.SIGTERM}")]
+                self.dead = first or dead
+            return self.dead
 
     def gone(self) -> bool:
         """Whether a worker process has ended (before a shutdown: it died), as the system sees it: a zombie, or
@@ -351,7 +363,8 @@ class WorkerPool:
             for process in self.processes:
                 with contextlib.suppress(OSError, ValueError):
                     process.terminate()
-        self.executor.shutdown(wait=wait, cancel_futures=cancel_futures)
+        with self.ending:
+            self.executor.shutdown(wait=wait, cancel_futures=cancel_futures)
         if wait:
             self._stop_listener()
         else:
