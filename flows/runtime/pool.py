@@ -401,9 +401,8 @@ class Early:
     submitted: int = 0
     claimed: int = 0
     adopted: bool = False  # a task runner owns (and shuts down) the pool from then on
-    narrowed: set[int] | None = (
-        None  # the CPUs its workers may use again once the flow runs (:func:`leave_a_core`)
-    )
+    # the CPUs its workers may use again once the flow runs (:func:`leave_a_core`)
+    narrowed: set[int] | None = None
 
 
 @dataclass(frozen=True)
