@@ -39,7 +39,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.bench.bench_scale import corpus_for  # noqa: E402  (the script runs from anywhere)
+from tests.bench.bench_scale import corpus_for, cpu_floor  # noqa: E402  (the script runs from anywhere)
 
 SAMPLE = REPO / "pipeline" / "sample_corpus"
 
@@ -179,6 +179,8 @@ def print_table(results: dict[tuple[str, int], dict[str, dict[str, Any]]]) -> No
         if len(counts) > 1:
             one, many = results[label, counts[0]]["cold"], results[label, counts[-1]]["cold"]
             print(f"{label}: cold wall at W={counts[-1]} / W={counts[0]} = {many['wall'] / one['wall']:.2f}")
+            cpu = [r["cpu"] + r["server"] for r in (one, many)]
+            print(f"{label}: cold, {cpu_floor(one['wall'], cpu[0], cpu[1], counts[-1])}")
         fixed = ", ".join(
             f"W={w}: {results[label, w]['cold']['cpu'] - results[label, w]['cold']['stage']:.2f}"
             for w in counts

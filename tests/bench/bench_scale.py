@@ -18,7 +18,7 @@ start-up, Dask). The server runs whether or not a build does; its idle rate is m
 builds, and the share of orchestration is printed with and without the server's CPU. Printed per pass (each
 fan-out or global step): wall, tree CPU, stage CPU, orchestration CPU, task runs, parallel efficiency (wall at 1
 / (N x wall at N)); per step: CPU, MB/s per core, peak RSS of the process that ran it; per process and for the
-tree: peak RSS.
+tree: peak RSS. With both builds, the least wall ratio this machine's cores allow (:func:`cpu_floor`).
 
     .venv/bin/python tests/bench/bench_scale.py --mb 40 [--workers 2] [--only N] [--keep DIR]
 """
@@ -348,8 +348,22 @@ def compare(one: dict[str, Any], many: dict[str, Any], n: int) -> None:
         f"{'whole build':<20}{one['wall']:8.1f}{many['wall']:8.1f}{one['wall'] / (n * many['wall']):12.0%}"
         f"   wall ratio {many['wall'] / one['wall']:.2f}"
     )
+    print(cpu_floor(one["wall"], one["tree_cpu"], many["tree_cpu"], n))
     same = one["dataset_id"] == many["dataset_id"]
     print(f"dataset id: {one['dataset_id']} / {many['dataset_id']} ({'same' if same else 'DIFFERENT'})")
+
+
+def cpu_floor(one_wall: float, one_cpu: float, many_cpu: float, n: int) -> str:
+    """The least wall ratio (N workers / 1) this machine's cores allow, from the CPU the builds used (their
+    process trees and the Prefect server): the N-worker build's CPU spread evenly over every core, and the
+    1-worker build's own (a second worker that cost nothing). A 1-worker build already runs the flow's process
+    and the server beside its worker, so on 2 cores its wall is often below its CPU, and the floor above 0.5."""
+    cores = len(os.sched_getaffinity(0))
+    return (
+        f"floor on {cores} core(s): the {n}-worker build's {many_cpu:.1f} CPU-s need >= {many_cpu / cores:.2f} s "
+        f"(wall ratio >= {many_cpu / cores / one_wall:.2f}); the 1-worker build's {one_cpu:.1f} CPU-s >= "
+        f"{one_cpu / cores:.2f} s (>= {one_cpu / cores / one_wall:.2f})"
+    )
 
 
 def warm(folder: Path) -> None:
