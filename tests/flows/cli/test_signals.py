@@ -148,7 +148,7 @@ class Watch:
         self.proc, self.store = proc, store
         self.command = psutil.Process(proc.pid)
         self.seen: dict[int, psutil.Process] = {}
-        self.before_training: set[int] | None = None  # the processes when dedup was done
+        self.before_training: set[int] | None = None  # the processes while dedup ran (at_training)
 
     def poll(self) -> list[psutil.Process]:
         try:
@@ -184,10 +184,16 @@ def at_ingest(watch: Watch, children: list[psutil.Process]) -> bool:
 
 
 def at_training(watch: Watch, children: list[psutil.Process]) -> bool:
-    """Dedup is done and a process started since, which a worker forked (the tokenizer's training child)."""
-    if not watch.has("dedup/_SUCCESS") or watch.has("tokenizer.json"):
+    """Dedup is done and a process started since, which a worker forked (the tokenizer's training child). The
+    processes before it are the last poll's while dedup still ran (its children listed before the marker was
+    looked for): a first snapshot taken only once dedup was done held the child itself when the flow forked it
+    within the poll's gap, as it did once on a loaded machine."""
+    if not watch.has("dedup/_SUCCESS"):
+        watch.before_training = {c.pid for c in children}
         return False
-    if watch.before_training is None:
+    if watch.has("tokenizer.json"):
+        return False
+    if watch.before_training is None:  # dedup was done at the first poll (a resumed build)
         watch.before_training = {c.pid for c in children}
         return False
     return any(c.pid not in watch.before_training and c.ppid() != watch.proc.pid for c in children)
