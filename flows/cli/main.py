@@ -246,7 +246,11 @@ def entry() -> None:
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+    # A command that took the interrupt itself and returned (Prefect's `serve` catches KeyboardInterrupt, as
+    # `reap --watch` does) leaves the same way, with its own code: Ctrl-C about 0.5 s into `pileworks serve`
+    # left CPython holding the interrupt as unhandled, and after a normal exit it killed itself with SIGINT
+    # (exit -2; strace: rt_sigaction(SIGINT, SIG_DFL), then kill(self, SIGINT)).
+    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED) or shutdown.STOPPING.is_set():
         os._exit(code)
     shutdown.freeze_for_the_command()
     sys.exit(code)

@@ -45,6 +45,48 @@ def test_sigterm_is_one_line_and_exit_143(
     assert shutdown.STOPPING.is_set()  # until the next command begins
 
 
+# A command that takes Ctrl-C itself and returns (as `reap --watch` does, and Prefect's `serve`, inside which
+# CPython was once left holding the interrupt as unhandled): a KeyboardInterrupt that ends PyRun_SimpleString's
+# code sets the same flag, after which a normal exit of `python -m` kills the process with SIGINT.
+SWALLOWED_INTERRUPT = """
+import ctypes, os, signal, sys, time
+from flows.cli import janitor
+from flows.cli.main import entry
+
+def swallowing_run(args):
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    except KeyboardInterrupt:
+        ctypes.pythonapi.PyRun_SimpleString(b"raise KeyboardInterrupt")
+        return 0
+    return 3
+
+janitor.run = swallowing_run
+sys.argv = ["pileworks", "janitor", "--output", sys.argv[1]]
+entry()
+"""
+
+
+def test_a_command_that_takes_ctrl_c_itself_exits_with_its_own_code_not_by_the_signal(tmp_path: Path) -> None:
+    """Run as the console script runs (``python -m``: ``python -c`` leaves through another door, which does
+    not look at the flag)."""
+    import sys
+
+    (tmp_path / "swallowing.py").write_text(SWALLOWED_INTERRUPT)
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).parents[3])])}
+    done = subprocess.run(
+        [sys.executable, "-m", "swallowing", str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+
+
 def test_a_fork_of_the_command_is_not_the_command() -> None:
     """A worker forked from the command has the command's handler until it sets its own: SIGTERM from its pool
     (as a stop kills its siblings) ends it quietly, without stopping, killing or reporting anything."""
