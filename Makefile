@@ -38,22 +38,8 @@ demo: setup  ## prepare the bundled sample corpus and train the tiny model on 2 
 build: setup  ## only build the sample corpus into ./pileworks-store
 	$(BIN)/pileworks build
 
-# The tests marked `waits` spend their time waiting (retry back-off, throttling, servers' idle clocks: about 0.3
-# of a core over 7-8 minutes): a second pytest runs them beside the others, its output shown when it ends. Each
-# pytest has its own Prefect home and tmp folders (tests/conftest.py). Either one failing fails the target. It
-# starts WAITS_AFTER_S in, once CI's lowest-versions tests (beside make test's first 5.5 minutes) are done, so no
-# more than two suites share the 2 cores; the others take about 18 minutes, so it still ends first.
-WAITS_LOG ?= .test-waits.log
-WAITS_AFTER_S ?= 360
-
 test: setup  ## everything CI runs (fast + slow + distributed + s3 + ui)
-	@(sleep $(WAITS_AFTER_S) && exec $(BIN)/python -m pytest -q -p no:cacheprovider -m "waits and not gpu") \
-		>$(WAITS_LOG) 2>&1 & waits=$$!; \
-	rest=0; $(BIN)/python -m pytest -q -m "not waits and not gpu" || rest=$$?; \
-	waited=0; wait $$waits || waited=$$?; \
-	echo "== the tests that mostly wait (pytest -m waits, run beside the others): exit $$waited =="; \
-	cat $(WAITS_LOG); \
-	[ $$rest -eq 0 ] && [ $$waited -eq 0 ]
+	$(BIN)/python -m pytest -q
 
 test-fast: setup  ## unit tests, under a minute
 	$(BIN)/python -m pytest -q -m "not slow and not distributed and not ui"

@@ -17,13 +17,7 @@ from tests.fixtures.s3_corpus import FAST_BUILD, write_corpus
 from training.launch import run_local
 from training.metrics import read_metrics
 
-pytestmark = [
-    pytest.mark.gcs,
-    pytest.mark.azure,
-    pytest.mark.slow,
-    pytest.mark.distributed,
-    pytest.mark.waits,
-]
+pytestmark = [pytest.mark.gcs, pytest.mark.azure, pytest.mark.slow, pytest.mark.distributed]
 
 BUILD = FAST_BUILD | {
     "ingest.target_part_bytes": 150_000,  # 2 parts: every stage fans out

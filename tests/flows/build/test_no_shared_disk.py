@@ -28,7 +28,6 @@ from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.waits,
     pytest.mark.s3,
     pytest.mark.timeout(600),
     pytest.mark.skipif(

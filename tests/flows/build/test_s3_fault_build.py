@@ -9,7 +9,7 @@ import pytest
 from tests.fixtures.fault_proxy import FaultProxy
 from tests.fixtures.s3_corpus import FAST_BUILD, upload_corpus, write_corpus
 
-pytestmark = [pytest.mark.s3, pytest.mark.slow, pytest.mark.waits]
+pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
 
 def _build(inputs: str, output: str, endpoint: str) -> dict:

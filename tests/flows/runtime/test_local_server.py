@@ -22,9 +22,6 @@ from flows.runtime.local_server import (
 )
 from tests.flows.prefect_server import free_port
 
-# their servers start, idle and stop on the clock: they run in make test's second pytest (marker `waits`)
-pytestmark = [pytest.mark.waits]
-
 
 @pytest.fixture
 def private_home(tmp_path: Path):

@@ -18,7 +18,7 @@ from pipeline.storage.s3 import S3Store
 from pipeline.storage.uploads import UploadJournal
 from tests.fixtures.fault_proxy import FaultProxy
 
-pytestmark = [pytest.mark.s3, pytest.mark.waits]
+pytestmark = [pytest.mark.s3]
 MiB = 1 << 20
 
 
