@@ -238,7 +238,8 @@ def _leave_now(name: str) -> None:
 
 
 def entry() -> None:
-    """The console script: after Ctrl-C or SIGTERM, leave at once (threads of the stopped flow are not waited).
+    """The console script: after Ctrl-C or SIGTERM, leave at once (threads of the stopped flow are not waited),
+    with the command's code (130 or 143, or its own where it took the interrupt itself, as ``serve`` does).
     Otherwise it leaves as Python does, its objects frozen first (:func:`shutdown.freeze_for_the_command`): the
     interpreter's exit then spends no cyclic collection on the heap a build leaves. Every ``atexit`` handler and
     thread join still runs, and objects still go by their reference counts."""
@@ -247,7 +248,7 @@ def entry() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     # A command that took the interrupt itself and returned (Prefect's `serve` catches KeyboardInterrupt, as
-    # `reap --watch` does) leaves the same way, with its own code: Ctrl-C about 0.5 s into `pileworks serve`
+    # `reap --watch` does) leaves the same way, with its own code: Ctrl-C 0.15-0.5 s into `pileworks serve`
     # left CPython holding the interrupt as unhandled, and after a normal exit it killed itself with SIGINT
     # (exit -2; strace: rt_sigaction(SIGINT, SIG_DFL), then kill(self, SIGINT)).
     if code in (EXIT_INTERRUPTED, EXIT_TERMINATED) or shutdown.STOPPING.is_set():
