@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.prefect_runs import settled_task_runs
 from tests.flows.tiny_corpus import TINY_OVERRIDES
 
 pytestmark = [pytest.mark.slow]
@@ -44,7 +45,6 @@ def test_a_real_build_runs_and_its_runs_read_back_through_prefect(
     prefect_harness, tiny_corpus: Path, tmp_path: Path
 ) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     from flows.build.flow import build_corpus
     from pipeline.dataset.manifest import load_manifest
@@ -56,7 +56,7 @@ def test_a_real_build_runs_and_its_runs_read_back_through_prefect(
     run_id = manifest.lineage["prefect_flow_run_id"]
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(run_id)
-        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+        tasks = settled_task_runs(client, run.id)
     assert run.state is not None and run.state.is_completed(), run.state
     assert tasks, "the build's task runs must be recorded by Prefect's server"
     assert all(t.state is not None and t.state.is_completed() for t in tasks), [t.state for t in tasks]

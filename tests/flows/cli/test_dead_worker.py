@@ -23,6 +23,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.fixtures.prefect_runs import settled_task_runs
 from tests.flows.cli.conftest import Done, cli_env, start_cli
 from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
 
@@ -105,7 +106,7 @@ def test_a_worker_killed_during_the_head_start_or_mid_pass_costs_a_fresh_pool_no
     server_home: Path, corpus: Path
 ) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.runtime.local_server import read_state
@@ -155,7 +156,7 @@ def test_a_worker_killed_during_the_head_start_or_mid_pass_costs_a_fresh_pool_no
         # (no retry delay of 2 + 10 + 30 s on a pool that cannot recover), read back through Prefect's client
         with temporary_settings({PREFECT_API_URL: state.api_url}), get_client(sync_client=True) as client:
             run_id = summary["lineage"]["prefect_flow_run_id"]
-            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+            runs = settled_task_runs(client, run_id, summary["profile"]["task_runs"])
         assert len(runs) == summary["profile"]["task_runs"] > 0, (when, workers)
         retried = {r.name: r.run_count for r in runs if r.run_count != 1}
         assert not retried and all(r.state and r.state.is_completed() for r in runs), (when, workers, retried)

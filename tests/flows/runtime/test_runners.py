@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.prefect_runs import settled_task_runs
 from tests.flows.tiny_corpus import TINY_OVERRIDES, write_tiny_corpus
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -143,11 +144,9 @@ def test_one_worker_two_workers_and_an_external_scheduler_publish_the_same_datas
 
     # ... and they reported their task runs to this test's Prefect server (no server of their own).
     with get_client(sync_client=True) as client:
-        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
         for summary in (one, two, ext):
             run_id = summary["lineage"]["prefect_flow_run_id"]
-            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+            runs = settled_task_runs(client, run_id, summary["profile"]["task_runs"])
             assert len(runs) == summary["profile"]["task_runs"] > 0
             assert all(r.state is not None and r.state.is_completed() for r in runs)
 
