@@ -157,10 +157,12 @@ def test_a_build_on_a_ray_head_publishes_the_dataset_of_a_local_build(
         listening = listening_addresses(head.pid)
         assert listening <= LOOPBACK, listening  # a test's head: 127.0.0.1 only
         for attempt in range(3):
+            store = tmp_path / f"store-ray-{attempt}"
             try:
-                on_ray = build(f"ray://127.0.0.1:{client_port}", None, inputs, tmp_path / f"store-ray-{attempt}")
+                on_ray = build(f"ray://127.0.0.1:{client_port}", None, inputs, store)
                 break
-            except ConnectionError as e:  # ray.init's client: "Initialization failure from server", or no channel
+            except ConnectionError as e:
+                # ray.init's client: "Initialization failure from server", or no channel
                 reports.append(f"attempt {attempt}: {e!r}\n{ray_head_report(temp)}")
                 warnings.warn(f"the Ray head did not serve its client:\n{reports[-1]}", stacklevel=1)
     finally:
