@@ -13,22 +13,19 @@ import pytest
 
 from pipeline.storage import open_store
 from tests.fixtures.fault_proxy import FaultProxy
-from tests.fixtures.s3_corpus import FAST_BUILD, write_corpus
+from tests.fixtures.s3_corpus import FAST_BUILD, THROTTLED_RETRIES, write_corpus
 from training.launch import run_local
 from training.metrics import read_metrics
 
 pytestmark = [pytest.mark.gcs, pytest.mark.azure, pytest.mark.slow, pytest.mark.distributed]
 
-BUILD = FAST_BUILD | {
-    "ingest.target_part_bytes": 150_000,  # 2 parts: every stage fans out
-    # the generated words hold no stop word: with the rule on, clean drops every document (an empty dataset)
-    "clean.quality.min_stop_words": None,
-    # a whole build retries hundreds of throttled calls, one pass after another: backoffs of 0-20 ms (not
-    # 0-100 ms) keep each retried, and the test off the clock (the backoff itself: tests/pipeline/storage)
-    "s3.retry_base_s": 0.01,
-    "s3.retry_cap_s": 0.25,
-    "s3.retry_budget_s": 60,
-}
+BUILD = (
+    FAST_BUILD
+    | THROTTLED_RETRIES
+    | {
+        "ingest.target_part_bytes": 150_000,  # 2 parts: every stage fans out
+    }
+)
 
 
 def _build(inputs: str, output: str, **overrides: Any) -> dict:

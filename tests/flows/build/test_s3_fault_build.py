@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.fault_proxy import FaultProxy
-from tests.fixtures.s3_corpus import FAST_BUILD, upload_corpus, write_corpus
+from tests.fixtures.s3_corpus import FAST_BUILD, THROTTLED_RETRIES, upload_corpus, write_corpus
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
@@ -15,16 +15,15 @@ pytestmark = [pytest.mark.s3, pytest.mark.slow]
 def _build(inputs: str, output: str, endpoint: str) -> dict:
     from flows.build.flow import build_corpus
 
-    overrides = FAST_BUILD | {
-        "ingest.target_part_bytes": 400_000,  # ~8 parts: every stage fans out, hundreds of requests
-        "s3.endpoint_url": endpoint,
-        "s3.region": "us-east-1",
-        # a whole build retries hundreds of throttled calls, one pass after another: backoffs of 0-20 ms (not
-        # 0-100 ms) keep each retried, and the test off the clock (the backoff itself: tests/pipeline/storage)
-        "s3.retry_base_s": 0.01,
-        "s3.retry_cap_s": 0.25,
-        "s3.retry_budget_s": 60,
-    }
+    overrides = (
+        FAST_BUILD
+        | THROTTLED_RETRIES
+        | {
+            "ingest.target_part_bytes": 400_000,  # ~8 parts: every stage fans out, hundreds of requests
+            "s3.endpoint_url": endpoint,
+            "s3.region": "us-east-1",
+        }
+    )
     return build_corpus(inputs=[inputs], output=output, overrides=overrides)
 
 
