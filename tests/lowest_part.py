@@ -28,6 +28,7 @@ LOWEST_PART = (
     "flows/train/test_evaluate.py",  # evaluate
     "flows/train/test_ablate.py",  # ablate
     "training/test_export_fp32.py",  # export
+    "training/test_safe_load.py",  # the weights-only loader at torch's floor (every resume and export loads by it)
     "flows/runtime/test_reaper.py",  # reap
     "flows/runtime/test_local_server.py",  # the local server: started, reused, stopped when idle
     "flows/runtime/test_runners.py",  # local, thread and Dask runners (prefect-dask); Prefect's heartbeat setting

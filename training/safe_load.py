@@ -33,20 +33,34 @@ class UnsafeCheckpointError(CheckpointError):
 
 def allowed_globals() -> list[Any]:
     """The non-torch types DeepSpeed's checkpoints name: found with ``get_unsafe_globals_in_checkpoint`` over
-    ZeRO 0/1/2 saves. Imported here, not at module level: importing deepspeed picks its accelerator."""
+    ZeRO 0/1/2 saves, plus ``set``, which DeepSpeed 0.17's model states hold and which torch allows by itself
+    only from 2.5 on (2.4 refused every checkpoint of DeepSpeed 0.17.6 for it). Imported here, not at module
+    level: importing deepspeed picks its accelerator."""
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    return [ZeroStageEnum, LossScaler, fragment_address]
+    return [ZeroStageEnum, LossScaler, fragment_address, set]
+
+
+_ALLOWED: list[Any] = []  # allowed_globals(), once added to torch's list
+
+
+def allow_deepspeed_globals() -> None:
+    """Add :func:`allowed_globals` to the weights-only unpickler's list, once per process. This is
+    ``add_safe_globals``, which torch has had since 2.4 (our floor), not the ``safe_globals`` block of 2.5+; the
+    types are plain data, so leaving them allowed after a load widens nothing that runs code."""
+    if not _ALLOWED:
+        _ALLOWED.extend(allowed_globals())
+        torch.serialization.add_safe_globals(_ALLOWED)
 
 
 def safe_load(path: Any, map_location: Any = None, **kwargs: Any) -> Any:
     """``torch.load`` with ``weights_only=True`` and :func:`allowed_globals`; other keywords (mmap) pass on."""
     kwargs.pop("weights_only", None)
+    allow_deepspeed_globals()
     try:
-        with torch.serialization.safe_globals(allowed_globals()):
-            return torch.load(path, map_location=map_location, weights_only=True, **kwargs)
+        return torch.load(path, map_location=map_location, weights_only=True, **kwargs)
     except pickle.UnpicklingError as exc:
         raise UnsafeCheckpointError(
             f"{path}: refused by the weights-only loader ({_reason(exc)}); the file holds a type that is not plain "

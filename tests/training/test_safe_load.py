@@ -24,6 +24,8 @@ def tampered_tag(root: Path, marker: Path, *, zero_stage: int) -> Path:
     tag_dir.mkdir(parents=True)
     write_complete_record(tag_dir, step=3, meta={"dataset_id": "d", "zero_stage": zero_stage})
     plant_payload(tag_dir, "mp_rank_00_model_states.pt", marker, base={"module": {}})
+    if zero_stage:  # DeepSpeed 0.17's zero_to_fp32 lists the optimizer files before it loads the model's
+        plant_payload(tag_dir, "zero_pp_rank_0_mp_rank_00_optim_states.pt", marker)
     verify_tag(tag_dir)  # the rewritten record vouches for the planted file
     return tag_dir
 
@@ -40,8 +42,9 @@ def test_the_planted_payload_is_live(tmp_path: Path) -> None:
 def test_our_loader_refuses_the_payload(tmp_path: Path, zero_stage: int) -> None:
     marker = tmp_path / "pwned"
     tag_dir = tampered_tag(tmp_path / "ckpt", marker, zero_stage=zero_stage)
+    # torch 2.4 names the global "builtins.exec", 2.5 and later "exec"
     with pytest.raises(
-        UnsafeCheckpointError, match=r"weights-only loader \(Unsupported global: GLOBAL exec\)"
+        UnsafeCheckpointError, match=r"loader \(Unsupported global: GLOBAL (builtins\.)?exec\)"
     ):
         load_model(tag_dir)  # zero 0: our own torch.load; zero 2: DeepSpeed's zero_to_fp32, restricted
     with pytest.raises(UnsafeCheckpointError):
@@ -72,17 +75,24 @@ def test_the_allow_list_loads_deepspeed_optimizer_state(tmp_path: Path) -> None:
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    assert {t.__name__ for t in allowed_globals()} == {"ZeroStageEnum", "LossScaler", "fragment_address"}
+    assert {t.__name__ for t in allowed_globals()} == {
+        "ZeroStageEnum",
+        "LossScaler",
+        "fragment_address",
+        "set",
+    }
     state = {
         "optimizer_state_dict": {
             "zero_stage": ZeroStageEnum.gradients,
             "loss_scaler": LossScaler(1.0),
             "param_slice_mappings": [{"w": fragment_address(numel=4, start=0)}],
             "single_partition_of_fp32_groups": [torch.arange(4.0)],
-        }
+        },
+        "frozen_param_names": {"w"},  # DeepSpeed 0.17 saves sets; torch 2.4 refused them by itself
     }
     torch.save(state, tmp_path / "optim.pt")
     loaded = safe_load(tmp_path / "optim.pt")["optimizer_state_dict"]
     assert loaded["zero_stage"] is ZeroStageEnum.gradients
     assert loaded["loss_scaler"].cur_scale == 1.0
     assert loaded["param_slice_mappings"][0]["w"] == fragment_address(numel=4, start=0)
+    assert safe_load(tmp_path / "optim.pt")["frozen_param_names"] == {"w"}

@@ -50,6 +50,10 @@ BASE = {
     "record_samples": True,
 }
 RUN_TIMEOUT_S = 240
+# the refusal of a planted exec; torch 2.4 names the global "builtins.exec", 2.5 and later "exec"
+REFUSED_EXEC = re.compile(
+    r"refused by the weights-only loader \(Unsupported global: GLOBAL (builtins\.)?exec\)"
+)
 STEP_LINE = re.compile(r"^\[Rank (\d)\] .* step (\d+)/\d+ loss ([0-9.]+) \(this rank ([0-9.]+)\)")
 
 
@@ -336,6 +340,4 @@ def test_planted_payload_in_a_verifying_checkpoint_never_runs(
     # rank 0 refuses its planted shard (exit 2); torchrun then stops rank 1: the job fails
     assert train(manifest_uri, out, lines=lines, overrides={"max_steps": MAX_STEPS + 2}) != 0
     assert not marker.exists()
-    assert any("refused by the weights-only loader" in line and "GLOBAL exec)" in line for line in lines), (
-        "\n".join(lines[-30:])
-    )
+    assert any(REFUSED_EXEC.search(line) for line in lines), "\n".join(lines[-30:])
