@@ -133,6 +133,10 @@ def tokenizer_companions(
         )
     config = json.loads(files["tokenizer_config.json"])
     config["model_max_length"] = model_max_length
+    # what the model takes: transformers 4.56's fast tokenizer also returns token_type_ids, which generate()
+    # refuses (`model(**tok(text))` and `generate(**tok(text))` are how a user calls it); not in the dataset's
+    # own file, whose bytes its id hashes
+    config["model_input_names"] = ["input_ids", "attention_mask"]
     files["tokenizer_config.json"] = (json.dumps(config, indent=1, sort_keys=True) + "\n").encode("utf-8")
     return files
 

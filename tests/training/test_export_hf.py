@@ -88,6 +88,11 @@ def test_exported_model_generates_and_stops_at_eos(dataset, tmp_path: Path) -> N
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
     prompt = tok("The archive", return_tensors="pt")
+    # what the model takes, and no more: transformers 4.56 (the hf extra's floor) also gave token_type_ids,
+    # which generate() refused; 5.x gives none either way, so the file's field is checked too
+    assert sorted(prompt) == ["attention_mask", "input_ids"]
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["model_input_names"] == tok.model_input_names == ["input_ids", "attention_mask"]
     generated = hf.generate(**prompt, max_new_tokens=8, do_sample=False)
     ours = model.generate(prompt["input_ids"], 8, temperature=0, stop_token=manifest.tokenizer.eos_id)
     assert generated.shape[1] > prompt["input_ids"].shape[1]
