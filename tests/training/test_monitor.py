@@ -44,3 +44,39 @@ def test_monitor_estimates_comm_share_from_gradient_bytes(tmp_path: Path) -> Non
     report = summarize_run(tmp_path, busbw_gb_s=1.0)
     assert report.comm_share == pytest.approx(0.6) and report.comm_source.startswith("estimated")
     assert any("ZeRO stage 1/2 rather than 3" in tip and "(now 3)" in tip for tip in report.advice)
+
+
+def test_the_metrics_writer_feeds_tensorboard_and_an_offline_wandb_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``tensorboard: true`` and ``wandb: true`` write, read back with TensorBoard's own reader. wandb runs
+    offline (the default); a dead proxy on 127.0.0.1 stops any request it would send."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from training.metrics import MetricsWriter
+
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    writer = MetricsWriter(tmp_path, enabled=True, tensorboard=True, wandb=True, run_config={"lr": 0.1})
+    writer.log("start", world_size=2, params=100)  # a record, not a series
+    for step in (1, 2, 3):
+        writer.log("train", step=step, loss=5.0 - step, lr=0.5)
+    writer.log("eval", step=3, loss=2.5)
+    writer.close()
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert sorted(events.Tags()["scalars"]) == ["eval/loss", "train/loss", "train/lr"]
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 4.0), (2, 3.0), (3, 2.0)]
+    assert [(e.step, e.value) for e in events.Scalars("eval/loss")] == [(3, 2.5)]
+    (run,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")  # wandb's own record of the run
+    assert run.stat().st_size > 0
+    assert [json.loads(line)["kind"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [
+        "start",
+        "train",
+        "train",
+        "train",
+        "eval",
+    ]
