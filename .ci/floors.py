@@ -15,9 +15,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from pathlib import Path
-
 import tomllib  # Python 3.11+: CI and the lowest job run 3.11
+from pathlib import Path
 
 # name, then optional [extras], then the specifiers, then an optional environment marker (PEP 508, simplified to
 # what pyproject here writes: one requirement per string, no URLs)

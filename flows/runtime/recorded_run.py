@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -54,7 +54,7 @@ class RunRecorder:
     def log(self, message: str, level: int = logging.INFO) -> None:
         """A line of the run's log (sent when the run completes), under the flow run logger's name."""
         line = {"name": "prefect.flow_runs", "level": level, "message": message, "flow_run_id": self.id}
-        line["timestamp"] = datetime.now(timezone.utc)
+        line["timestamp"] = datetime.now(UTC)
         self.logs.append(LogCreate.model_validate(line))
 
 

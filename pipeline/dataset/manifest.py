@@ -16,7 +16,7 @@ import logging
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +133,7 @@ class Manifest:
         if not self.dataset_id:
             self.dataset_id = compute_dataset_id(self)
         if not self.created_at:
-            self.created_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            self.created_at = datetime.now(UTC).isoformat(timespec="seconds")
 
     def input_uri(self, source: str, root: str | None = None) -> str:
         """Where the input a document's ``source`` names lay when this dataset was built, or lies under ``root``
@@ -414,7 +414,7 @@ def point_latest(root_store: ObjectStore, name: str, dataset_id: str) -> None:
     pointer = {
         "dataset_id": dataset_id,
         "manifest": f"{dataset_id}/{MANIFEST_KEY}",
-        "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "updated_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     root_store.put_bytes(join_key("datasets", name, LATEST_KEY), json.dumps(pointer, indent=1).encode())
 

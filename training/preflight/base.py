@@ -16,7 +16,7 @@ from pipeline.storage import S3Options
 CHECK_NAMES = ("versions", "gpu", "network", "master", "hostfile", "allreduce", "store", "disk", "deepspeed")
 
 
-class Status(str, Enum):
+class Status(str, Enum):  # noqa: UP042  (StrEnum would change str() of a member, which reports print)
     PASS = "PASS"
     WARN = "WARN"
     FAIL = "FAIL"
