@@ -17,6 +17,7 @@ loss-scaler's attribute bag, a named tuple); tensors, containers, ``torch.Size``
 from __future__ import annotations
 
 import contextlib
+import functools
 import pickle
 import re
 from collections.abc import Iterator
@@ -43,16 +44,12 @@ def allowed_globals() -> list[Any]:
     return [ZeroStageEnum, LossScaler, fragment_address, set]
 
 
-_ALLOWED: list[Any] = []  # allowed_globals(), once added to torch's list
-
-
+@functools.cache
 def allow_deepspeed_globals() -> None:
     """Add :func:`allowed_globals` to the weights-only unpickler's list, once per process. This is
     ``add_safe_globals``, which torch has had since 2.4 (our floor), not the ``safe_globals`` block of 2.5+; the
     types are plain data, so leaving them allowed after a load widens nothing that runs code."""
-    if not _ALLOWED:
-        _ALLOWED.extend(allowed_globals())
-        torch.serialization.add_safe_globals(_ALLOWED)
+    torch.serialization.add_safe_globals(allowed_globals())
 
 
 def safe_load(path: Any, map_location: Any = None, **kwargs: Any) -> Any:
