@@ -28,6 +28,7 @@ LOWEST_PART = (
     "flows/train/test_evaluate.py",  # evaluate
     "flows/train/test_ablate.py",  # ablate
     "training/test_export_fp32.py",  # export
+    "flows/cli/test_train_stop.py::test_sigterm_saves_the_step_reached_and_the_rerun_resumes_from_it",  # train, stopped
     "training/test_safe_load.py",  # the weights-only loader at torch's floor (every resume and export loads by it)
     "flows/runtime/test_reaper.py",  # reap
     "flows/runtime/test_local_server.py",  # the local server: started, reused, stopped when idle

@@ -78,6 +78,12 @@ class TrainConfig:
     output_dir: str = "runs/train"
     checkpoint_interval: int = 100
     keep_last: int = 3
+    # SIGTERM (a scheduler's stop, a preemption): every rank finishes its step, then one checkpoint of that step
+    # is saved and the ranks exit 143 (training.preempt); false: the ranks die at once, as without a handler.
+    checkpoint_on_sigterm: bool = True
+    # How long ``pileworks train``/``run`` gives the ranks, once it is stopped (SIGTERM, Ctrl-C), to finish
+    # their step and save before it kills them: under the 30 s Kubernetes and Slurm give before their SIGKILL.
+    stop_grace_s: float = 20.0
     checkpoint_upload_uri: str | None = None
     # how to reach s3://, gs://, az:// (manifest, shards, checkpoint upload): the corpus config's s3: section
     s3: S3Options = field(default_factory=S3Options)
@@ -159,6 +165,12 @@ class TrainConfig:
             self.eval_batches >= 0, "eval_batches", "must be >= 0 (0 disables evaluation)", self.eval_batches
         )
         _require(self.num_workers >= 0, "num_workers", "must be >= 0", self.num_workers)
+        _require(
+            0 <= self.stop_grace_s <= 3600,
+            "stop_grace_s",
+            "must be in [0, 3600] seconds (keep it under the scheduler's own grace, 30 s by default)",
+            self.stop_grace_s,
+        )
         _require(self.cache_max_bytes > 0, "cache_max_bytes", "must be > 0", self.cache_max_bytes)
         _require(
             10 <= self.pg_timeout_s <= 3600,

@@ -27,6 +27,7 @@ from pipeline.dataset.manifest import Manifest
 from pipeline.dataset.shards import ShardInfo
 from pipeline.storage import ObjectStore
 from training.cache import ShardCache
+from training.preempt import loader_worker_init
 from training.sampler import samples_per_rank
 
 log = logging.getLogger(__name__)
@@ -352,6 +353,7 @@ def build_dataloader(
         prefetch_factor=prefetch_factor if workers else None,
         persistent_workers=workers if persistent_workers is None else persistent_workers,
         multiprocessing_context=multiprocessing_context if workers else None,
+        worker_init_fn=loader_worker_init if workers else None,  # a SIGTERM to the group spares them
     )
 
 

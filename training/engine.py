@@ -146,7 +146,14 @@ def build_engine(model: torch.nn.Module, cfg: TrainConfig, info: DistInfo) -> tu
 
 def average_across_ranks(value: torch.Tensor) -> float:
     """All-reduce SUM / world size, in float64 on CPU so the logged figure does not depend on the device."""
-    buf = value.detach().to(device="cpu", dtype=torch.float64).reshape(1).clone()
+    return reduce_step(value, stopping=False)[0]
+
+
+def reduce_step(value: torch.Tensor, *, stopping: bool) -> tuple[float, bool]:
+    """The step's loss averaged across ranks, and whether any rank is stopping (``training.preempt``): one
+    all-reduce of both (SUM, in float64 on CPU so the logged figure does not depend on the device)."""
+    loss = float(value.detach().to(device="cpu", dtype=torch.float64))
+    buf = torch.tensor([loss, float(stopping)], dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
         if dist.get_backend() == "nccl":
             buf = buf.cuda()
@@ -154,8 +161,8 @@ def average_across_ranks(value: torch.Tensor) -> float:
             buf = buf.cpu()
         else:
             dist.all_reduce(buf)
-        buf /= dist.get_world_size()
-    return float(buf.item())
+        buf[0] /= dist.get_world_size()
+    return float(buf[0].item()), bool(buf[1].item() > 0)
 
 
 def train_step(

@@ -8,6 +8,7 @@ hostfile (deepspeed) or a rendezvous endpoint (torchrun) on every node.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import psutil
 import torch
 
 logger = logging.getLogger(__name__)
@@ -155,22 +157,45 @@ def build_launch(
 
 
 def kill_process_group(proc: subprocess.Popen | int, grace_s: float = 10.0) -> None:
-    """SIGTERM the launcher's whole process group (every rank), then SIGKILL what is left after ``grace_s``."""
+    """SIGTERM the launcher's whole process group, then SIGKILL what is left after ``grace_s``: the group and
+    every process that descended from the launcher when it was signalled (torchrun starts each rank in a
+    session of its own, which the group's signal does not reach, and which outlives a killed torchrun).
+
+    The SIGTERM is the ranks' cue to save (``training.preempt``): torchrun and DeepSpeed's launcher forward it
+    to them and wait for them."""
     pid = proc if isinstance(proc, int) else proc.pid
     try:
         pgid = os.getpgid(pid)
     except ProcessLookupError:
         return
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if isinstance(proc, subprocess.Popen) and proc.poll() is not None:
-                return
-            time.sleep(0.1)
+    tree = launched_tree(pid)
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if isinstance(proc, subprocess.Popen) and proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    kill_now(pgid, tree)
+
+
+def launched_tree(pid: int) -> list[psutil.Process]:
+    """The launcher's descendants (the ranks, their DataLoader workers) as they are now."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def kill_now(pgid: int, tree: list[psutil.Process]) -> None:
+    """SIGKILL the launcher's group and ``tree`` (psutil checks that a pid was not reused by another process)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    for child in tree:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
 
 
 def start_local(
@@ -191,15 +216,24 @@ def start_local(
     )
 
 
-def stream_output(proc: subprocess.Popen, on_line: Callable[[str], None], timeout_s: float | None) -> int:
-    """Feed every output line to ``on_line`` until exit; on timeout kill the group and return 124."""
+def stream_output(
+    proc: subprocess.Popen,
+    on_line: Callable[[str], None],
+    timeout_s: float | None,
+    stop_grace_s: float = 10.0,
+) -> int:
+    """Feed every output line to ``on_line`` until exit; on timeout stop the job and return 124.
+
+    A timeout, or the caller's stop (an exception here: the command's Ctrl-C or SIGTERM), sends the job SIGTERM
+    and gives its ranks ``stop_grace_s`` to save their checkpoint (``training.preempt``), their lines still fed
+    to ``on_line``, before what is left is killed; then the stop goes on (the exception is raised again)."""
     timer = None
     timed_out = threading.Event()
     if timeout_s:
 
         def expire() -> None:
             timed_out.set()
-            kill_process_group(proc)
+            kill_process_group(proc, stop_grace_s)
 
         timer = threading.Timer(timeout_s, expire)
         timer.daemon = True
@@ -210,15 +244,28 @@ def stream_output(proc: subprocess.Popen, on_line: Callable[[str], None], timeou
             on_line(line.rstrip("\n"))
         code = proc.wait()
     except BaseException:
-        kill_process_group(proc)  # a cancelled caller must not leave ranks running
+        stop_job(proc, on_line, stop_grace_s)  # a stopped caller must not leave ranks running
         raise
     finally:
         if timer is not None:
             timer.cancel()
     if timed_out.is_set():
-        logger.error("training exceeded %.0fs: killed its process group", timeout_s)
+        logger.error("training exceeded %.0fs: stopped its process group", timeout_s)
         return EXIT_TIMEOUT
     return code
+
+
+def stop_job(proc: subprocess.Popen, on_line: Callable[[str], None], grace_s: float) -> None:
+    """:func:`kill_process_group` on a thread, while this one goes on feeding the job's lines to ``on_line``
+    (the ranks say which checkpoint they saved) until the output ends: the job has exited, or was killed."""
+    stopper = threading.Thread(target=kill_process_group, args=(proc, grace_s), name="stop-training-job")
+    stopper.start()
+    with contextlib.suppress(OSError, ValueError):  # the pipe closed under us
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            with contextlib.suppress(Exception):  # the caller is stopping: a logger may be gone
+                on_line(line.rstrip("\n"))
+    stopper.join()
 
 
 def run_local(
@@ -238,11 +285,13 @@ def run_local(
     cpu: bool | None = None,
     cwd: str | Path | None = None,
     on_start: Callable[[subprocess.Popen], None] | None = None,
+    stop_grace_s: float = 10.0,
 ) -> int:
     """Train on this machine with ``nproc`` ranks; returns the launcher's exit code (124 on timeout).
 
     ``overrides`` set TrainConfig fields (``--set``); ``env`` adds environment variables; ``on_start`` receives
-    the Popen (e.g. to keep it for :func:`kill_process_group`); ``on_line`` gets each output line (default: log).
+    the Popen (e.g. to keep it for :func:`kill_process_group`); ``on_line`` gets each output line (default: log);
+    ``stop_grace_s``: how long the ranks get to save once the job is stopped (:func:`stream_output`).
     """
     spec = LaunchSpec(
         launcher=launcher, nproc_per_node=nproc, max_restarts=max_restarts, cpu=cpu, extra_env=dict(env or {})
@@ -259,4 +308,4 @@ def run_local(
     proc = start_local(cmd, full_env, cwd)
     if on_start is not None:
         on_start(proc)
-    return stream_output(proc, on_line or (lambda line: logger.info("%s", line)), timeout_s)
+    return stream_output(proc, on_line or (lambda line: logger.info("%s", line)), timeout_s, stop_grace_s)

@@ -34,15 +34,16 @@ from training.config import TrainConfig, load_train_config
 from training.data import ShardDataset, build_dataloader, check_ranks_agree, preflight_steps
 from training.engine import (
     DistInfo,
-    average_across_ranks,
     build_engine,
     evaluate,
     init_distributed,
+    reduce_step,
     train_step,
 )
 from training.hf_init import check_dataset_tokenizer, load_hf_model
 from training.metrics import GpuMonitor, MetricsWriter, StepClock, peak_flops
 from training.model import GPT, count_params, flops_per_token, model_config_from_preset
+from training.preempt import EXIT_STOPPED, StopFlag
 from training.ranklog import setup_rank_logging
 from training.resume import ResumeState, parse_allowed
 from training.sampler import ResumableDistributedSampler
@@ -444,7 +445,9 @@ def maybe_evaluate(run: Run) -> None:
     run.metrics.log("eval", step=p.step, loss=loss, batches=batches)
 
 
-def train_loop(run: Run, stop_at: int) -> None:
+def train_loop(run: Run, stop_at: int, stop: StopFlag) -> bool:
+    """Train to ``stop_at``; True when the ranks stopped earlier on a SIGTERM (``training.preempt``), their
+    checkpoint of the last step saved."""
     cfg, info, p = run.cfg, run.info, run.progress
     clock = StepClock(
         tokens_per_step=cfg.seq_len * cfg.micro_batch_size * run.grad_accum * info.world_size,
@@ -456,30 +459,40 @@ def train_loop(run: Run, stop_at: int) -> None:
     gpu, batches = GpuMonitor(), batch_stream(run)
     uploads: list[threading.Thread] = []
     last_saved = p.step
+    stopping = False
     seen: list[torch.Tensor] | None = [] if cfg.record_samples else None
-    while p.step < stop_at:
+    while p.step < stop_at and not stopping:
         clock.start_step()
         lr = float(run.engine.get_lr()[0])  # the rate this step uses; the schedule advances inside the step
         local = train_step(
             run.engine, batches, grad_accum=run.grad_accum, device=info.device, clock=clock, seen=seen
         )
-        loss = average_across_ranks(local)
+        # any rank's SIGTERM, known to every rank after this same step
+        loss, stopping = reduce_step(local, stopping=stop.received)
         timing = clock.finish_step()
         p.step += 1
         if seen is not None:
             record_samples(run, seen)
         log_step(run, float(local), loss, lr, timing, gpu)
-        maybe_evaluate(run)
-        if p.step % cfg.checkpoint_interval == 0 or p.step == stop_at:
+        if stopping:  # the time left before the scheduler's SIGKILL goes to the checkpoint, not an evaluation
+            logger.info("SIGTERM: stopping after step %d; saving its checkpoint", p.step)
+        else:
+            maybe_evaluate(run)
+        if stopping or p.step % cfg.checkpoint_interval == 0 or p.step == stop_at:
             checkpoint(run, uploads)
             last_saved = p.step
     if last_saved != p.step:
         checkpoint(run, uploads)
     for thread in uploads:
         thread.join()
+    return stopping
 
 
-def run_training(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> int:
+def run_training(
+    args: argparse.Namespace, cfg: TrainConfig, info: DistInfo, stop: StopFlag | None = None
+) -> int:
+    """Train; 0 when done, :data:`~training.preempt.EXIT_STOPPED` when a SIGTERM stopped it (checkpoint saved)."""
+    stop = stop or StopFlag()
     run = build_run(args, cfg, info)
     allowed = parse_allowed(args.allow_change, allow_dataset_change=args.allow_dataset_change)
     resumed_from = resume(run, allowed)
@@ -503,8 +516,15 @@ def run_training(args: argparse.Namespace, cfg: TrainConfig, info: DistInfo) -> 
             thread.join()
     elif run.progress.step >= stop_at:
         logger.info("already at step %d (stop at %d): nothing to train", run.progress.step, stop_at)
-    else:
-        train_loop(run, stop_at)
+    elif train_loop(run, stop_at, stop):
+        run.metrics.log("stop", step=run.progress.step, signal="SIGTERM", seconds=time.perf_counter() - t0)
+        run.metrics.close()
+        logger.info(
+            "stopped by SIGTERM at step %d of %d: its checkpoint is saved, and a rerun resumes from it",
+            run.progress.step,
+            stop_at,
+        )
+        return EXIT_STOPPED
     run.metrics.log("end", step=run.progress.step, seconds=time.perf_counter() - t0)
     run.metrics.close()
     logger.info("done at step %d in %.1fs", run.progress.step, time.perf_counter() - t0)
@@ -519,6 +539,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         logger.error("bad training config: %s", exc)
         return EXIT_USER_ERROR
+    # Before the process group and the data: a SIGTERM during the start is kept for after the first step.
+    stop = StopFlag().install() if cfg.checkpoint_on_sigterm else StopFlag()
     info = init_distributed(cfg.pg_timeout_s)
     setup_rank_logging(info.rank)  # again: importing deepspeed installed its own unprefixed handler
     logger.info(
@@ -531,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
     )
     try:
-        code = run_training(args, cfg, info)
+        code = run_training(args, cfg, info, stop)
     except (CheckpointError, ValueError, FileNotFoundError) as exc:
         logger.error("%s", exc)
         code = EXIT_USER_ERROR
@@ -539,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.exception("training failed")
         code = 1
     if dist.is_initialized():
-        if code == 0:
+        if code in (0, EXIT_STOPPED):  # every rank got here: they stopped after the same step
             dist.barrier()
         dist.destroy_process_group()
     return code

@@ -219,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
 def stop_line(name: str) -> str:
     """The one line of a stopped command: what stopped it and how to go on."""
     said = "stopped by SIGTERM" if shutdown.stopped_by() == signal.SIGTERM else "interrupted"
-    return f"{name}: {said}; rerun the same command to resume from the completed units"
+    go_on = shutdown.how_to_go_on() or "rerun the same command to resume from the completed units"
+    return f"{name}: {said}; {go_on}"
 
 
 def _stopped(name: str) -> int:

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -53,10 +53,15 @@ TEMP_PREFIXES = ("pw-part-", "pw-fasttext-", "pileworks-shards-", "pileworks-tok
 _state: dict[str, int] = {"signal": 0, "pid": 0}  # the stop's signal, the command's process
 _before: set[tuple[int, float]] = set()  # the descendants this process had when the command began
 _at_stop: dict[str, Callable[[], None]] = {}
+_hurry: dict[str, Callable[[], None]] = {}  # what a second signal ends at once (:func:`on_second_signal`)
+_extra_s: dict[str, float] = {}  # more time the watchdog gives a stop, by holder (:func:`more_time`)
+_hint: list[
+    str
+] = []  # how to go on, where the work knows better than the default line (:func:`say_how_to_go_on`)
 # how the watchdog leaves the process (the command's, see begin_command)
 _leave: list[Callable[[], None]] = []
 _handler: list[Callable[[int, object], None]] = []  # the command's signal handler, while it runs
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entered by a second signal landing while the first one holds it
 _finished = threading.Event()  # the stop was finished (children killed, holdings released) once
 _reported = threading.Event()  # the stop's one line was printed
 _interrupt_again = threading.Event()  # the main thread's interrupt was swallowed: raise it again
@@ -88,6 +93,9 @@ def begin_command(leave: Callable[[], None] | None = None) -> None:
         event.clear()
     with _lock:
         _at_stop.clear()
+        _hurry.clear()
+        _extra_s.clear()
+        _hint.clear()
         _leave[:] = [leave] if leave is not None else []
         _state.update(signal=0, pid=os.getpid())
         _before.clear()
@@ -96,18 +104,60 @@ def begin_command(leave: Callable[[], None] | None = None) -> None:
 
 def request_stop(signum: int) -> bool:
     """The command was sent ``signum``: mark it stopping, kill its child processes now and start the watchdog.
-    True the first time; a second signal changes nothing, the stop being under way already."""
+    True the first time; a second signal ends at once what was given time to stop (:func:`on_second_signal`: a
+    training job saving its checkpoint), the stop being under way already."""
     with _lock:
         first = not STOPPING.is_set()
         if first:
             _state["signal"] = signum
             STOPPING.set()
         leave = list(_leave)
+        hurry = [] if first else list(_hurry.values())
     if first:
         kill_children()
         for call in leave:
             start_watchdog(call)
+    for end in hurry:
+        with contextlib.suppress(Exception):
+            end()
     return first
+
+
+def on_second_signal(key: str, end: Callable[[], None]) -> None:
+    """Call ``end`` (once per ``key``) if a second SIGINT or SIGTERM comes while the command stops: a person
+    pressing Ctrl-C again does not wait for what the first one gave time to finish."""
+    with _lock:
+        _hurry[key] = end
+
+
+@contextlib.contextmanager
+def more_time(key: str, seconds: float) -> Iterator[None]:
+    """While inside: a stop may take ``seconds`` more than :data:`WATCHDOG_S` before the watchdog ends it (the
+    training ranks saving their checkpoint, ``training.preempt``)."""
+    with _lock:
+        _extra_s[key] = seconds
+    try:
+        yield
+    finally:
+        with _lock:
+            _extra_s.pop(key, None)
+
+
+def extra_time() -> float:
+    with _lock:
+        return max(_extra_s.values(), default=0.0)
+
+
+def say_how_to_go_on(text: str) -> None:
+    """The stop's line ends with ``text`` instead of the build's "rerun the same command to resume from the
+    completed units" (the train flow: which checkpoint the ranks saved)."""
+    with _lock:
+        _hint[:] = [text]
+
+
+def how_to_go_on() -> str | None:
+    with _lock:
+        return _hint[0] if _hint else None
 
 
 def in_command() -> bool:
@@ -264,7 +314,7 @@ def start_watchdog(leave: Callable[[], None], seconds: float = WATCHDOG_S) -> th
     command reported its stop by then: the bound on a stop whose work would not end (a thread computing)."""
 
     def watch() -> None:
-        if not _reported.wait(seconds):
+        if not _reported.wait(seconds + extra_time()):
             leave()
 
     thread = threading.Thread(target=watch, name="pileworks-stop-watchdog", daemon=True)

@@ -23,6 +23,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.build.flow import build_corpus
+from flows.runtime import shutdown
 from flows.train.ablate_plan import (
     BASE,
     Variant,
@@ -197,25 +198,32 @@ def ablate(
     seed_values = seed_list(seeds, first_seed)
     run_dir = Path(workdir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
     results = build_variants(base_config, base_over, parsed, {"inputs": inputs, "output": output}, cfg)
-    for row in (r for r in results if r["status"] == "ok"):
-        for seed in seed_values:
-            out = str(run_dir / row["variant"] / f"seed-{seed}")
-            over = _train_overrides(dict(train_overrides or {}), cfg, n_steps, seed, out)
-            try:
-                _run_once(
-                    row,
-                    seed,
-                    out,
-                    eval_data,
-                    tasks,
-                    config_path=train_config,
-                    nproc=nproc,
-                    overrides=over,
-                    timeout_s=timeout_s,
-                )
-            except Exception as exc:  # one variant's failure is its row's status; the others still report
-                row.update(_failed(row, "train", exc) | {"runs": []})
-                break
+    try:
+        for row in (r for r in results if r["status"] == "ok"):
+            for seed in seed_values:
+                out = str(run_dir / row["variant"] / f"seed-{seed}")
+                over = _train_overrides(dict(train_overrides or {}), cfg, n_steps, seed, out)
+                try:
+                    _run_once(
+                        row,
+                        seed,
+                        out,
+                        eval_data,
+                        tasks,
+                        config_path=train_config,
+                        nproc=nproc,
+                        overrides=over,
+                        timeout_s=timeout_s,
+                    )
+                except Exception as exc:  # one variant's failure is its row's status; the others still report
+                    row.update(_failed(row, "train", exc) | {"runs": []})
+                    break
+    except BaseException:
+        if shutdown.STOPPING.is_set():  # each run's folder is new: a rerun trains its runs again
+            shutdown.say_how_to_go_on(
+                "rerun the same command to resume from the completed units (its training runs start again)"
+            )
+        raise
     rows = table_rows(results, tokens_seen=n_steps * per_step)
     said = budget_line(budget, n_steps, per_step, seed_values)
     markdown = publish_table(rows, said)

@@ -8,7 +8,9 @@ fails the run on a non-zero exit, and turns the rank-0 metrics JSONL into artifa
 from __future__ import annotations
 
 import logging
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.build.flow import build_corpus
+from flows.runtime import shutdown
 from flows.runtime.heartbeat import with_heartbeat
 from flows.runtime.runners import with_task_runner
 from flows.train.live import TrainingWatch
@@ -29,6 +32,7 @@ from training.ranklog import LOG_TIME_ENV
 
 DEFAULT_TRAIN_CONFIG = Path(launch.__file__).parent / "configs" / "tiny.yaml"
 FLOW_RUN_ENV = "PILEWORKS_FLOW_RUN_ID"
+STOP_MARGIN_S = 3.0  # on top of stop_grace_s: the launcher's own exit after its ranks', then the command's
 
 
 RANK_LINE = re.compile(r"^\[Rank (\d+)\] (?:\S+ \S+ )?(DEBUG|INFO|WARNING|ERROR|CRITICAL) (\S+): (.*)$")
@@ -91,6 +95,7 @@ def run_training_job(
     flow_run_id: str | None,
     allow_change: list[str] | None = None,
 ) -> int:
+    shutdown.reclaim_signals()  # the command's SIGTERM handler, not Prefect's: the stop below knows it stops
     log = get_run_logger()
     tail: list[str] = []
     cfg = resolved_train_config(config_path, overrides)
@@ -104,26 +109,49 @@ def run_training_job(
         _show_progress(line)
         watch.on_line(line)
 
+    def on_start(proc: subprocess.Popen) -> None:  # Ctrl-C twice: the ranks are not waited for
+        shutdown.on_second_signal(
+            "training job", lambda: launch.kill_now(os.getpgid(proc.pid), launch.launched_tree(proc.pid))
+        )
+
     display.stage(f"launching {nproc} rank(s)")
-    code = launch.run_local(
-        manifest_uri,
-        config_path or str(DEFAULT_TRAIN_CONFIG),
-        nproc,
-        overrides=overrides,
-        on_line=on_line,
-        timeout_s=timeout_s,
-        allow_dataset_change=allow_dataset_change,
-        max_restarts=max_restarts,
-        env={FLOW_RUN_ENV: flow_run_id or "", LOG_TIME_ENV: "0"},  # the flow's log line carries the time
-        allow_change=list(allow_change or []),
-    )
+    try:
+        # A stop (SIGTERM, Ctrl-C) gives the ranks stop_grace_s to save (training.preempt), the watchdog too.
+        with shutdown.more_time("training job", cfg.stop_grace_s + STOP_MARGIN_S):
+            code = launch.run_local(
+                manifest_uri,
+                config_path or str(DEFAULT_TRAIN_CONFIG),
+                nproc,
+                overrides=overrides,
+                on_line=on_line,
+                timeout_s=timeout_s,
+                allow_dataset_change=allow_dataset_change,
+                max_restarts=max_restarts,
+                env={
+                    FLOW_RUN_ENV: flow_run_id or "",
+                    LOG_TIME_ENV: "0",
+                },  # the flow's log line carries the time
+                allow_change=list(allow_change or []),
+                on_start=on_start,
+                stop_grace_s=cfg.stop_grace_s,
+            )
+    except BaseException:
+        if shutdown.STOPPING.is_set():
+            watch.poll()  # the ranks' stop record, if they saved in time
+            shutdown.say_how_to_go_on(how_to_resume(watch))
+        raise
     display.stage("after training: artifacts")
     watch.poll()  # the last evaluation, checkpoint and the end record
     if code != 0:
         detail = "\n".join(tail[-40:])
+        if watch.stopped_at is not None and code != launch.EXIT_TIMEOUT:
+            raise _failed(f"the ranks were sent SIGTERM: {how_to_resume(watch)}", detail)
         if code == launch.EXIT_TIMEOUT:
+            saved = "" if watch.stopped_at is None else f" (the ranks saved step {watch.stopped_at} first)"
             raise _failed(
-                f"training timed out after {timeout_s:.0f} s and was killed; raise --timeout", detail
+                f"training timed out after {timeout_s:.0f} s and was stopped{saved}; raise --timeout and rerun "
+                "to resume",
+                detail,
             )
         cause = (
             first_rank_error(tail)
@@ -131,6 +159,13 @@ def run_training_job(
         )
         raise _failed(f"training failed on {cause}", detail)
     return code
+
+
+def how_to_resume(watch: TrainingWatch) -> str:
+    """What a stopped training job left, and how to go on from it."""
+    if watch.stopped_at is not None:
+        return f"the ranks saved a checkpoint at step {watch.stopped_at}; rerun the same command to resume from it"
+    return "the ranks did not save in time; rerun the same command to resume from their last checkpoint"
 
 
 def train_run_name() -> str:

@@ -56,6 +56,7 @@ class TrainingWatch:
         )  # earlier runs' lines are not ours
         self.last_poll = 0.0
         self.last_train: dict[str, Any] | None = None
+        self.stopped_at: int | None = None  # the step the ranks saved on a SIGTERM (training.preempt)
         created = create_progress_artifact(
             0.0, key="training-progress", description=f"waiting for step 1 of {readable.count(max_steps)}"
         )
@@ -100,6 +101,9 @@ class TrainingWatch:
         elif kind == "start" and (rec.get("attempt") or rec.get("resumed_from") is not None):
             where = "from scratch" if rec.get("resumed_from") is None else f"from step {rec['resumed_from']}"
             training_event(f"restart {rec.get('attempt', 0)}: resumed {where}", rec, warning=True)
+        elif kind == "stop":
+            self.stopped_at = step
+            training_event(f"stopped by {rec.get('signal', 'SIGTERM')} at step {step}: checkpoint saved", rec)
         elif kind == "end":
             loss = self.last_train.get("loss") if self.last_train else None
             training_event(f"finished step {step}: loss {readable.sig(loss, 4)}", rec)

@@ -7,6 +7,7 @@ are written with full float precision.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -16,11 +17,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.fixtures.tiny_dataset import build_tiny_dataset
 from tests.training.tamper import plant_payload
-from training.checkpoint import CRASH_IN_SAVE_ENV, RECORD_NAME, list_tags, tag_for_step, verify_tag
+from training.checkpoint import (
+    CRASH_IN_SAVE_ENV,
+    RECORD_NAME,
+    list_tags,
+    step_of_tag,
+    tag_for_step,
+    verify_tag,
+)
 from training.generate import convert_to_fp32, generate, load_model
 from training.launch import run_local
 from training.metrics import read_metrics
@@ -303,6 +312,95 @@ def test_kill_9_of_a_rank_restarts_and_resumes_exactly(
     assert [r["step"] for r in records if r["kind"] == "end"] == [MAX_STEPS]
     assert {r["attempt"] for r in records if r["kind"] == "train" and r["step"] > 6} >= {1}
     assert losses(tmp_path) == reference
+
+
+def send_sigterm(how: str, launcher: int, rank_pids: dict[int, int]) -> None:
+    """SIGTERM as each sender sends it: ``pileworks`` (and a Kubernetes pod whose first process is the launcher)
+    to the launcher's process group; Slurm to every process of the job, the DataLoader workers included; a
+    single rank (one node of several drained, a rank signalled by hand)."""
+    if how == "launcher group":
+        os.killpg(launcher, signal.SIGTERM)
+    elif how == "every process":
+        for process in [psutil.Process(launcher), *psutil.Process(launcher).children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGTERM)
+    else:
+        os.kill(rank_pids[1], signal.SIGTERM)
+
+
+@pytest.mark.parametrize("how", ["launcher group", "every process", "one rank"])
+def test_sigterm_saves_the_step_every_rank_reached_and_the_rerun_resumes_exactly(
+    how: str,
+    manifest_uri: str,
+    reference: dict[int, float],
+    reference_run: tuple[Path, list[str]],
+    tmp_path: Path,
+) -> None:
+    """A SIGTERM after step 8 (between the periodic checkpoints of steps 6 and 12): every rank finishes its
+    step, they save that step's checkpoint, write a ``stop`` record and exit 143; the rerun resumes from that
+    step and reproduces the uninterrupted run's losses and samples bit for bit. The DataLoader workers
+    (``num_workers`` 1) get the signal too where the group or every process is sent it."""
+    launcher: list[int] = []
+    rank_pids: dict[int, int] = {}
+    sent: list[str] = []
+
+    def signaller(line: str) -> None:
+        match = re.match(r"^\[Rank (\d)\] .* pid (\d+), rank \d of 2", line)
+        if match:
+            rank_pids[int(match[1])] = int(match[2])
+        step = STEP_LINE.match(line)
+        if step and step[1] == "0" and int(step[2]) == 8 and not sent:
+            send_sigterm(how, launcher[0], rank_pids)
+            sent.append(how)
+
+    lines: list[str] = []
+    on_start = lambda proc: launcher.append(proc.pid)  # noqa: E731
+    code = train(manifest_uri, tmp_path, lines=lines, on_line=signaller, on_start=on_start)
+    text = "\n".join(lines[-60:])
+    assert sent, "the run never reached step 8"
+    assert code != 0, text  # the launcher reports the stop (torchrun: 1)
+    records = read_metrics_all(tmp_path)
+    stops = [r for r in records if r["kind"] == "stop"]
+    assert len(stops) == 1 and stops[0]["signal"] == "SIGTERM", text
+    stopped = stops[0]["step"]
+    assert 8 <= stopped < 12 and not [r for r in records if r["kind"] == "end"], text
+    assert max(r["step"] for r in records if r["kind"] == "train") == stopped
+    verify_tag(tmp_path / "checkpoints" / tag_for_step(stopped))  # complete: every file listed and intact
+    for rank in (0, 1):
+        assert re.search(rf"\[Rank {rank}\] .*stopped by SIGTERM at step {stopped} of {MAX_STEPS}", text), (
+            text
+        )
+    assert "DataLoader worker" not in text
+    lines.clear()
+    assert train(manifest_uri, tmp_path, lines=lines) == 0, "\n".join(lines[-40:])
+    assert any("resumed from" in line and tag_for_step(stopped) in line for line in lines)
+    assert losses(tmp_path) == reference  # every step, bit for bit
+    assert samples_seen(tmp_path) == samples_seen(reference_run[0])
+
+
+def test_without_checkpoint_on_sigterm_the_ranks_die_and_the_last_periodic_checkpoint_is_left(
+    manifest_uri: str, tmp_path: Path
+) -> None:
+    """``checkpoint_on_sigterm: false``: the ranks die of the signal; steps since the last periodic checkpoint
+    (step 6) are lost, as they were before the handler."""
+    launcher: list[int] = []
+    sent: list[bool] = []
+
+    def signaller(line: str) -> None:
+        step = STEP_LINE.match(line)
+        if step and step[1] == "0" and int(step[2]) == 8 and not sent:
+            os.killpg(launcher[0], signal.SIGTERM)
+            sent.append(True)
+
+    lines: list[str] = []
+    overrides = {"checkpoint_on_sigterm": False}
+    on_start = lambda proc: launcher.append(proc.pid)  # noqa: E731
+    code = train(
+        manifest_uri, tmp_path, lines=lines, on_line=signaller, on_start=on_start, overrides=overrides
+    )
+    assert sent and code != 0
+    assert [r for r in read_metrics_all(tmp_path) if r["kind"] == "stop"] == []
+    assert step_of_tag(list_tags(tmp_path / "checkpoints")[0]) == 6
 
 
 def test_rank_killed_mid_save_resumes_from_previous_complete(

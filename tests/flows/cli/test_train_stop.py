@@ -1,0 +1,236 @@
+"""``pileworks train`` stopped as schedulers and people stop it: SIGTERM to the command (Kubernetes, Slurm, systemd)
+and Ctrl-C on a terminal (SIGINT to the command's process group; the ranks run in a session of their own).
+
+The ranks save the step they reached (``training.preempt``) within ``stop_grace_s``; ranks that do not answer
+(frozen here, as a hung collective leaves them) are killed when it runs out, and a second Ctrl-C kills them at
+once. Either way the command ends with one line naming what was saved, and no process of the job outlives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from tests.fixtures.tiny_dataset import build_tiny_dataset
+from training.checkpoint import list_tags, step_of_tag, tag_for_step, verify_tag
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(600)]
+
+CONFIG = {
+    "preset": "tiny",
+    "model": {"d_model": 64, "n_layer": 2},
+    "seq_len": 64,
+    "micro_batch_size": 4,
+    "max_steps": 400,
+    "warmup_steps": 3,
+    "checkpoint_interval": 1000,  # no periodic checkpoint: what is saved, the stop saved
+    "eval_interval": 1000,
+    "eval_batches": 1,
+    "log_interval": 1,
+    "num_workers": 1,
+    "tensorboard": False,
+    "pg_timeout_s": 60,
+}
+STEP = re.compile(r"\[Rank 0\] .*\bstep (\d+)/\d+ loss")
+RANK_PID = re.compile(r"\[Rank \d\] .*\bpid (\d+), rank \d of 2")
+REACH_S = 240  # the ranks' start: DeepSpeed's import and the process group
+GONE_S = 5.0
+
+
+@pytest.fixture(scope="module")
+def manifest_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return build_tiny_dataset(tmp_path_factory.mktemp("train-stop-store"))
+
+
+class Job:
+    """A running ``pileworks train`` in a session of its own (a terminal's foreground job): its stderr lines as
+    they come, the ranks' pids, and every process of it seen."""
+
+    def __init__(self, manifest_uri: str, out: Path, env: dict[str, str], *args: str, **sets: object) -> None:
+        config = out.parent / f"{out.name}.yaml"
+        config.write_text(yaml.safe_dump({**CONFIG, "output_dir": str(out), **sets}))
+        command = ["train", "--manifest", manifest_uri, "--config", str(config), *args]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", *command],
+            env=env,
+            cwd=out.parent,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.lines: list[str] = []
+        self.rank_pids: set[int] = set()
+        self.step = 0
+        self.seen: dict[int, psutil.Process] = {}
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+            if m := RANK_PID.search(line):
+                self.rank_pids.add(int(m[1]))
+            if m := STEP.search(line):
+                self.step = int(m[1])
+
+    def reach_step(self, step: int) -> None:
+        deadline = time.monotonic() + REACH_S
+        while self.step < step and time.monotonic() < deadline and self.proc.poll() is None:
+            time.sleep(0.02)
+        assert self.step >= step, "\n".join(self.lines[-40:])
+        self.poll()
+
+    def poll(self) -> None:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                self.seen.setdefault(child.pid, child)
+
+    def freeze_ranks(self) -> None:
+        """SIGSTOP the ranks (and their DataLoader workers): they hear nothing until killed, as a hung rank."""
+        assert len(self.rank_pids) == 2, self.lines[-40:]
+        for pid in self.rank_pids:
+            rank = psutil.Process(pid)
+            for process in [rank, *rank.children(recursive=True)]:
+                process.suspend()
+
+    def finish(self, timeout_s: float = 120) -> tuple[int, str]:
+        try:
+            code = self.proc.wait(timeout_s)
+        finally:
+            self.proc.kill()
+        self.reader.join(10)
+        return code, "\n".join(self.lines)
+
+    def alive(self) -> list[str]:
+        deadline = time.monotonic() + GONE_S
+        while True:
+            running = []
+            for process in self.seen.values():
+                with contextlib.suppress(psutil.Error):
+                    if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                        running.append(f"{process.pid} {' '.join(process.cmdline())[:80]}")
+            if not running or time.monotonic() > deadline:
+                return running
+            time.sleep(0.1)
+
+
+def env_for(server_home: Path) -> dict[str, str]:
+    from tests.flows.cli.conftest import cli_env
+
+    return cli_env(server_home)
+
+
+def the_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.startswith("pileworks train:")]
+    assert len(lines) == 1 and text.strip().splitlines()[-1] == lines[0], text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    return lines[0]
+
+
+def stop_records(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if r["kind"] == "stop"]
+
+
+def test_sigterm_saves_the_step_reached_and_the_rerun_resumes_from_it(
+    manifest_uri: str, server_home: Path, tmp_path: Path
+) -> None:
+    """SIGTERM to the command at step 5 of 400, no periodic checkpoint due: exit 143 with one line naming the
+    step saved, its checkpoint complete, no process left; the same command resumes from that step."""
+    out, env = tmp_path / "run", env_for(server_home)
+    job = Job(manifest_uri, out, env)
+    job.reach_step(5)
+    sent = time.monotonic()
+    job.proc.send_signal(signal.SIGTERM)
+    code, text = job.finish()
+    took = time.monotonic() - sent
+    print(f"SIGTERM to exit: {took:.2f} s")  # the figure, with -s
+    assert code == 143, text[-3000:]
+    [stop] = stop_records(out)
+    saved = stop["step"]
+    assert the_line(text) == (
+        f"pileworks train: stopped by SIGTERM; the ranks saved a checkpoint at step {saved}; "
+        "rerun the same command to resume from it"
+    )
+    assert 5 <= saved < 400 and took < 20
+    assert [step_of_tag(t) for t in list_tags(out / "checkpoints")] == [saved]
+    verify_tag(out / "checkpoints" / tag_for_step(saved))
+    assert job.alive() == []
+    job = Job(manifest_uri, out, env, max_steps=saved + 2)
+    code, text = job.finish(300)
+    assert code == 0, text[-3000:]
+    assert re.search(rf"\[Rank 1\] .*resumed from .*{tag_for_step(saved)}", text), text[-3000:]
+    assert re.search(rf"\[Rank 0\] .*\bstep {saved + 1}/{saved + 2} loss", text), text[-3000:]
+
+
+# (how the command is stopped, stop_grace_s, its exit code and word, the seconds the exit takes)
+FROZEN = {
+    "SIGTERM": ("SIGTERM", 3, 143, "stopped by SIGTERM", (3, 15)),
+    "Ctrl-C twice": ("Ctrl-C twice", 60, 130, "interrupted", (1, 10)),
+}
+
+
+@pytest.mark.parametrize("case", list(FROZEN))
+def test_ranks_that_do_not_answer_are_killed_after_the_grace_or_a_second_ctrl_c(
+    case: str, manifest_uri: str, server_home: Path, tmp_path: Path
+) -> None:
+    """Frozen ranks cannot save. SIGTERM: the command waits ``stop_grace_s`` (3 s) for them, then kills every
+    process of the job (the ranks too, in their own sessions) and exits 143. Ctrl-C (SIGINT to the terminal's
+    foreground group: the command, not the ranks' sessions) gives them a minute, and a second Ctrl-C a second
+    later ends the job at once: exit 130. Either way one line says nothing was saved."""
+    how, grace, exit_code, said, (least, most) = FROZEN[case]
+    out = tmp_path / "run"
+    job = Job(manifest_uri, out, env_for(server_home), stop_grace_s=grace)
+    job.reach_step(3)
+    job.freeze_ranks()
+    sent = time.monotonic()
+    if how == "SIGTERM":
+        job.proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(job.proc.pid, signal.SIGINT)
+        time.sleep(1.0)
+        assert job.proc.poll() is None, "the first Ctrl-C did not wait for the ranks"
+        os.killpg(job.proc.pid, signal.SIGINT)
+    code, text = job.finish()
+    took = time.monotonic() - sent
+    print(f"{case}, ranks frozen, grace {grace} s: exit after {took:.2f} s")  # the figure, with -s
+    assert code == exit_code, text[-3000:]
+    assert the_line(text) == (
+        f"pileworks train: {said}; the ranks did not save in time; "
+        "rerun the same command to resume from their last checkpoint"
+    )
+    assert least <= took < most
+    assert job.alive() == []
+    assert stop_records(out) == [] and list_tags(out / "checkpoints") == []
+
+
+def test_a_timeout_stops_the_job_as_sigterm_does(
+    manifest_uri: str, server_home: Path, tmp_path: Path
+) -> None:
+    """``--timeout``: the job gets SIGTERM, its ranks save the step they reached, and the failure says so."""
+    out = tmp_path / "run"
+    job = Job(manifest_uri, out, env_for(server_home), "--timeout", "30", max_steps=100_000)
+    code, text = job.finish(180)
+    assert code == 1, text[-3000:]
+    [stop] = stop_records(out)
+    assert the_line(text) == (
+        f"pileworks train: error: training timed out after 30 s and was stopped (the ranks saved step "
+        f"{stop['step']} first); raise --timeout and rerun to resume"
+    )
+    verify_tag(out / "checkpoints" / tag_for_step(stop["step"]))
