@@ -1,5 +1,6 @@
-"""``pileworks train`` stopped as schedulers and people stop it: SIGTERM to the command (Kubernetes, Slurm, systemd)
-and Ctrl-C on a terminal (SIGINT to the command's process group; the ranks run in a session of their own).
+"""``pileworks train`` stopped as schedulers and people stop it: SIGTERM to the command (Kubernetes, Slurm, systemd),
+Ctrl-C on a terminal (SIGINT to the command's process group; the ranks run in a session of their own), a
+``--timeout``, and the UI's Cancel on a run of ``pileworks serve`` (Prefect's runner sends the flow SIGTERM).
 
 The ranks save the step they reached (``training.preempt``) within ``stop_grace_s``; ranks that do not answer
 (frozen here, as a hung collective leaves them) are killed when it runs out, and a second Ctrl-C kills them at
@@ -117,16 +118,21 @@ class Job:
         return code, "\n".join(self.lines)
 
     def alive(self) -> list[str]:
-        deadline = time.monotonic() + GONE_S
-        while True:
-            running = []
-            for process in self.seen.values():
-                with contextlib.suppress(psutil.Error):
-                    if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                        running.append(f"{process.pid} {' '.join(process.cmdline())[:80]}")
-            if not running or time.monotonic() > deadline:
-                return running
-            time.sleep(0.1)
+        return left_running(list(self.seen.values()))
+
+
+def left_running(processes: list[psutil.Process]) -> list[str]:
+    """Those of ``processes`` still running after up to :data:`GONE_S` (a zombie has ended)."""
+    deadline = time.monotonic() + GONE_S
+    while True:
+        running = []
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    running.append(f"{process.pid} {' '.join(process.cmdline())[:80]}")
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.1)
 
 
 def env_for(server_home: Path) -> dict[str, str]:
@@ -234,3 +240,59 @@ def test_a_timeout_stops_the_job_as_sigterm_does(
         f"{stop['step']} first); raise --timeout and rerun to resume"
     )
     verify_tag(out / "checkpoints" / tag_for_step(stop["step"]))
+
+
+def test_cancelling_a_served_one_click_run_saves_the_step_reached(server_home: Path, tmp_path: Path) -> None:
+    """The one-click deployment of ``pileworks serve`` (the bundled sample built, then trained), cancelled as the
+    UI's Cancel button does (the run set ``Cancelling``): Prefect's runner sends the flow's process SIGTERM, the
+    ranks save the step they reached, the run ends ``Cancelled``, and no process of it is left."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.states import Cancelling
+
+    from flows.runtime.local_server import read_state
+    from tests.flows.cli.conftest import start_cli
+
+    state = read_state(server_home)
+    assert state is not None
+    out = tmp_path / "run"
+    sets = {"max_steps": 100_000, "checkpoint_interval": 1000, "eval_interval": 1000, "log_interval": 1}
+    args = ["serve", "--output", str(tmp_path / "store"), f"--set=train.output_dir={out}"]
+    serve = start_cli(
+        args + [f"--set=train.{k}={v}" for k, v in sets.items()], env_for(server_home), tmp_path
+    )
+    seen: dict[int, psutil.Process] = {}
+    try:
+        with (
+            temporary_settings(updates={PREFECT_API_URL: state.api_url}),
+            get_client(sync_client=True) as client,
+        ):
+            deadline = time.monotonic() + REACH_S
+            while time.monotonic() < deadline and serve.poll() is None:
+                with contextlib.suppress(Exception):  # not registered yet
+                    deployment = client.read_deployment_by_name("prepare_and_train/one-click")
+                    break
+                time.sleep(0.5)
+            run = client.create_flow_run_from_deployment(deployment.id)
+            while time.monotonic() < deadline and serve.poll() is None:
+                if (out / "metrics.jsonl").exists() and '"train"' in (out / "metrics.jsonl").read_text():
+                    break
+                time.sleep(0.2)
+            for child in psutil.Process(serve.pid).children(recursive=True):
+                seen.setdefault(child.pid, child)
+            assert any("training.train" in " ".join(p.cmdline()) for p in seen.values())
+            sent = time.monotonic()
+            client.set_flow_run_state(run.id, Cancelling())
+            while time.monotonic() - sent < 90 and not client.read_flow_run(run.id).state.is_final():
+                time.sleep(0.5)
+            final = client.read_flow_run(run.id).state
+            took = time.monotonic() - sent
+        print(f"Cancel of a served training run to its final state: {took:.2f} s")
+        assert final.is_cancelled(), final
+        [stop] = stop_records(out)
+        verify_tag(out / "checkpoints" / tag_for_step(stop["step"]))
+        assert [step_of_tag(t) for t in list_tags(out / "checkpoints")] == [stop["step"]]
+        assert left_running(list(seen.values())) == []
+    finally:
+        serve.send_signal(signal.SIGINT)
+        serve.communicate(timeout=120)
