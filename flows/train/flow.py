@@ -127,10 +127,7 @@ def run_training_job(
                 timeout_s=timeout_s,
                 allow_dataset_change=allow_dataset_change,
                 max_restarts=max_restarts,
-                env={
-                    FLOW_RUN_ENV: flow_run_id or "",
-                    LOG_TIME_ENV: "0",
-                },  # the flow's log line carries the time
+                env={FLOW_RUN_ENV: flow_run_id or "", LOG_TIME_ENV: "0"},  # the flow's line has the time
                 allow_change=list(allow_change or []),
                 on_start=on_start,
                 stop_grace_s=cfg.stop_grace_s,
@@ -145,7 +142,8 @@ def run_training_job(
     if code != 0:
         detail = "\n".join(tail[-40:])
         if watch.stopped_at is not None and code != launch.EXIT_TIMEOUT:
-            raise _failed(f"the ranks were sent SIGTERM: {how_to_resume(watch)}", detail)
+            # the job was signalled, not the command (its launcher by hand, a Slurm step's processes)
+            raise _failed(f"training was stopped by a SIGTERM to its job: {how_to_resume(watch)}", detail)
         if code == launch.EXIT_TIMEOUT:
             saved = "" if watch.stopped_at is None else f" (the ranks saved step {watch.stopped_at} first)"
             raise _failed(

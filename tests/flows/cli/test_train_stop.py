@@ -185,6 +185,27 @@ def test_sigterm_saves_the_step_reached_and_the_rerun_resumes_from_it(
     assert re.search(rf"\[Rank 0\] .*\bstep {saved + 1}/{saved + 2} loss", text), text[-3000:]
 
 
+def test_a_sigterm_to_the_launcher_alone_fails_the_command_naming_the_step_saved(
+    manifest_uri: str, server_home: Path, tmp_path: Path
+) -> None:
+    """SIGTERM to torchrun only (by hand, or a scheduler that signals the job's processes but not the command):
+    the ranks save, and the command fails with one line that says the job was stopped and where to resume."""
+    out = tmp_path / "run"
+    job = Job(manifest_uri, out, env_for(server_home))
+    job.reach_step(3)
+    [launcher] = [p for p in job.seen.values() if "torch.distributed.run" in " ".join(p.cmdline())]
+    launcher.send_signal(signal.SIGTERM)
+    code, text = job.finish()
+    assert code == 1, text[-3000:]
+    [stop] = stop_records(out)
+    assert the_line(text) == (
+        "pileworks train: error: training was stopped by a SIGTERM to its job: the ranks saved a checkpoint at "
+        f"step {stop['step']}; rerun the same command to resume from it"
+    )
+    verify_tag(out / "checkpoints" / tag_for_step(stop["step"]))
+    assert job.alive() == []
+
+
 # (how the command is stopped, stop_grace_s, its exit code and word, the seconds the exit takes)
 FROZEN = {
     "SIGTERM": ("SIGTERM", 3, 143, "stopped by SIGTERM", (3, 15)),
