@@ -289,11 +289,15 @@ def test_cancelling_a_served_one_click_run_saves_the_step_reached(server_home: P
             get_client(sync_client=True) as client,
         ):
             deadline = time.monotonic() + REACH_S
-            while time.monotonic() < deadline and serve.poll() is None:
+            deployment = None
+            while deployment is None and time.monotonic() < deadline and serve.poll() is None:
                 with contextlib.suppress(Exception):  # not registered yet
-                    deployment = client.read_deployment_by_name("prepare_and_train/one-click")
-                    break
+                    found = client.read_deployment_by_name("prepare_and_train/one-click")
+                    # this serve's, not one an earlier serve left under the same name
+                    if found.parameters["train_overrides"].get("output_dir") == str(out):
+                        deployment = found
                 time.sleep(0.5)
+            assert deployment is not None, "serve did not register its one-click deployment"
             run = client.create_flow_run_from_deployment(deployment.id)
             while time.monotonic() < deadline and serve.poll() is None:
                 if (out / "metrics.jsonl").exists() and '"train"' in (out / "metrics.jsonl").read_text():
