@@ -30,24 +30,37 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 STOP_SIGNAL = signal.SIGTERM
-EXIT_STOPPED = 128 + int(STOP_SIGNAL)  # 143
+EXIT_STOPPED = 128 + int(STOP_SIGNAL)  # 143, whichever signal stopped the ranks: they saved and stopped
+# SIGHUP too: a launcher run from a terminal that closes (``python -m training.launch``, torchrun) forwards it to
+# the ranks as it forwards SIGTERM. Not where it was ignored when the rank started (``nohup``: it goes on).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 class StopFlag:
-    """Whether this rank was sent SIGTERM; the handler notes it and nothing else (it runs between bytecodes of
-    the main thread, wherever that is: inside a logging call, a save)."""
+    """Whether this rank was sent SIGTERM (or SIGHUP); the handler notes it and nothing else (it runs between
+    bytecodes of the main thread, wherever that is: inside a logging call, a save)."""
 
     def __init__(self) -> None:
         self.received = False
+        self.signal = STOP_SIGNAL  # the first one received
 
     def install(self) -> StopFlag:
-        signal.signal(STOP_SIGNAL, self._note)
+        for signum in STOP_SIGNALS:
+            if signal.getsignal(signum) != signal.SIG_IGN:
+                signal.signal(signum, self._note)
         return self
 
+    def said(self) -> str:
+        """What stopped the ranks, as this rank knows it (the flag of another rank came in the all-reduce)."""
+        return self.signal.name if self.received else "another rank's signal"
+
     def _note(self, signum: int, frame: Any) -> None:
+        if not self.received:
+            self.signal = signal.Signals(signum)
         self.received = True
 
 
 def loader_worker_init(worker_id: int) -> None:
-    """A DataLoader worker ignores SIGTERM (see the module's note): its rank decides when it stops."""
-    signal.signal(STOP_SIGNAL, signal.SIG_IGN)
+    """A DataLoader worker ignores SIGTERM and SIGHUP (see the module's note): its rank decides when it stops."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)

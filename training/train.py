@@ -475,7 +475,7 @@ def train_loop(run: Run, stop_at: int, stop: StopFlag) -> bool:
             record_samples(run, seen)
         log_step(run, float(local), loss, lr, timing, gpu)
         if stopping:  # the time left before the scheduler's SIGKILL goes to the checkpoint, not an evaluation
-            logger.info("SIGTERM: stopping after step %d; saving its checkpoint", p.step)
+            logger.info("%s: stopping after step %d; saving its checkpoint", stop.said(), p.step)
         else:
             maybe_evaluate(run)
         if stopping or p.step % cfg.checkpoint_interval == 0 or p.step == stop_at:
@@ -517,10 +517,12 @@ def run_training(
     elif run.progress.step >= stop_at:
         logger.info("already at step %d (stop at %d): nothing to train", run.progress.step, stop_at)
     elif train_loop(run, stop_at, stop):
-        run.metrics.log("stop", step=run.progress.step, signal="SIGTERM", seconds=time.perf_counter() - t0)
+        name = stop.said()
+        run.metrics.log("stop", step=run.progress.step, signal=name, seconds=time.perf_counter() - t0)
         run.metrics.close()
         logger.info(
-            "stopped by SIGTERM at step %d of %d: its checkpoint is saved, and a rerun resumes from it",
+            "stopped by %s at step %d of %d: its checkpoint is saved, and a rerun resumes from it",
+            name,
             run.progress.step,
             stop_at,
         )

@@ -7,13 +7,14 @@ prefect) inside their ``run`` functions so that ``pileworks --help`` stays fast.
 
 How a command ends: expected failures (our errors, bad input, a missing file) are one line on stderr naming what
 failed and the fix, exit 1 (2 for usage errors), the traceback only with ``-v``; anything else keeps its
-traceback. Ctrl-C is one line and exit 130, SIGTERM one line and exit 143, both within seconds: the work is
-stopped, not waited for (``flows/runtime/shutdown.py``).
+traceback. Ctrl-C is one line and exit 130, SIGTERM one line and exit 143, a terminal that hung up (SIGHUP) exit
+129, all within seconds: the work is stopped, not waited for (``flows/runtime/shutdown.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import functools
 import logging
@@ -70,7 +71,10 @@ COMMANDS = (
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 EXIT_INTERRUPTED, EXIT_TERMINATED = shutdown.EXIT_CODES[signal.SIGINT], shutdown.EXIT_CODES[signal.SIGTERM]
-INTERRUPTED = shutdown.STOPPING  # set by Ctrl-C (SIGINT) or SIGTERM during a command
+EXIT_HUNG_UP = shutdown.EXIT_CODES[signal.SIGHUP]
+INTERRUPTED = shutdown.STOPPING  # set by Ctrl-C (SIGINT), SIGTERM or SIGHUP during a command
+# What stopped the command, in its one line (an interrupt: Ctrl-C, or nothing received)
+STOPPED_BY = {signal.SIGTERM: "stopped by SIGTERM", signal.SIGHUP: "stopped by SIGHUP (its terminal hung up)"}
 
 
 # Loggers whose shutdown noise follows a Ctrl-C (a Dask cluster torn down mid-pass: "Error in batched write",
@@ -85,8 +89,8 @@ def _on_stop_signal(signum: int, frame: object) -> None:
     not set"); the flag still reports a stop. A second signal changes nothing: the stop is under way. A build's
     flow run takes SIGTERM back from Prefect (``shutdown.reclaim_signals``)."""
     if not shutdown.in_command():  # a fork of the command, before its own handlers: Ctrl-C is the command's
-        if signum == signal.SIGTERM:
-            os._exit(EXIT_TERMINATED)
+        if signum != signal.SIGINT:
+            os._exit(shutdown.EXIT_CODES[signal.Signals(signum)])
         return
     if not shutdown.request_stop(signum) and not shutdown.interrupt_again():
         return
@@ -218,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def stop_line(name: str) -> str:
     """The one line of a stopped command: what stopped it and how to go on."""
-    said = "stopped by SIGTERM" if shutdown.stopped_by() == signal.SIGTERM else "interrupted"
+    said = STOPPED_BY.get(signal.Signals(shutdown.stopped_by() or signal.SIGINT), "interrupted")
     go_on = shutdown.how_to_go_on() or "rerun the same command to resume from the completed units"
     return f"{name}: {said}; {go_on}"
 
@@ -234,7 +238,8 @@ def _leave_now(name: str) -> None:
     """The watchdog's end of a stop whose work would not end in time: the same, then leave the process."""
     shutdown.finish_stop()
     shutdown.report_once(stop_line(name))
-    sys.stdout.flush()
+    with contextlib.suppress(OSError, ValueError):  # a terminal that hung up
+        sys.stdout.flush()
     os._exit(shutdown.exit_code())
 
 
@@ -246,13 +251,14 @@ def entry() -> None:
     thread join still runs, and objects still go by their reference counts."""
     shutdown.ENDS_WITH_COMMAND = True
     code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a terminal that hung up: the exit code still says it
+            stream.flush()
     # A command that took the interrupt itself and returned (Prefect's `serve` catches KeyboardInterrupt, as
     # `reap --watch` does) leaves the same way, with its own code: Ctrl-C 0.15-0.5 s into `pileworks serve`
     # left CPython holding the interrupt as unhandled, and after a normal exit it killed itself with SIGINT
     # (exit -2; strace: rt_sigaction(SIGINT, SIG_DFL), then kill(self, SIGINT)).
-    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED) or shutdown.STOPPING.is_set():
+    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_HUNG_UP) or shutdown.STOPPING.is_set():
         os._exit(code)
     shutdown.freeze_for_the_command()
     sys.exit(code)

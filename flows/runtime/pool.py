@@ -126,16 +126,20 @@ def init_worker(
     logs: Any = None,
     levels: dict[str, int] | None = None,
 ) -> None:
-    """In each worker process, first: Ctrl-C reaches the whole process group, and the flow's process handles it
-    (it shuts the pool down); a worker finishes or drops the call at hand instead of printing a traceback. The
-    process is marked as a worker (:func:`in_pool_worker`), with ``env``, the environment of the process that
-    started its pool then (a fork server started earlier has an older one: credentials set since would be
-    missing). Its logging is one handler that sends every record to ``logs`` (the command routes it to the
-    call's task run), at the ``levels`` of the command: a forked worker drops the handlers it inherited, which
-    would write to the command's terminal as well."""
+    """In each worker process, first: Ctrl-C (and a closed terminal's SIGHUP, as a shell sends it) reaches the whole
+    process group, and the flow's process handles it (it shuts the pool down); a worker finishes or drops the call
+    at hand instead of printing a traceback. The process is marked as a worker (:func:`in_pool_worker`), with
+    ``env``, the environment of the process that started its pool then (a fork server started earlier has an
+    older one: credentials set since would be missing). Its logging is one handler that sends every record to
+    ``logs`` (the command routes it to the call's task run), at the ``levels`` of the command: a forked worker
+    drops the handlers it inherited, which would write to the command's terminal as well."""
     global _worker_pid, _log_queue
     die_with_parent(parent)  # ``parent``: the command, for a pool forked from it (else the fork server)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in (
+        signal.SIGINT,
+        signal.SIGHUP,
+    ):  # a terminal's, sent to the whole group: the command's to take
+        signal.signal(signum, signal.SIG_IGN)
     if env is not None:
         os.environ.clear()
         os.environ.update(env)

@@ -1,13 +1,16 @@
-"""The command is stopping: what Ctrl-C (SIGINT) and SIGTERM share, and how the command leaves at once.
+"""The command is stopping: what Ctrl-C (SIGINT), SIGTERM and a hang-up (SIGHUP) share, and how the command
+leaves at once.
 
 Kubernetes, Slurm and systemd send SIGTERM and wait about 30 s before SIGKILL; a person at a terminal presses
-Ctrl-C and waits for the prompt. Either way a build stops its work instead of waiting for it: :func:`request_stop`
-sets :data:`STOPPING` (a worker pool that lost a worker does not retry on a fresh one then) and kills the
-command's child processes at once (:func:`kill_children`: the local workers, the multiprocessing fork server and
-resource tracker, a tokenizer's training child), so the threads of the flow that waited for them return. The
-command then releases what it holds (:func:`at_stop`: the build's lease), removes the temp files its killed
-children held open, prints one line and exits 130 (SIGINT) or 143 (SIGTERM). A watchdog (:func:`start_watchdog`)
-does the same after :data:`WATCHDOG_S` whatever still runs (a step computing in a thread of the command).
+Ctrl-C and waits for the prompt, or closes the terminal (or loses its SSH connection), which sends SIGHUP. Either
+way a build stops its work instead of waiting for it: :func:`request_stop` sets :data:`STOPPING` (a worker pool
+that lost a worker does not retry on a fresh one then) and kills the command's child processes at once
+(:func:`kill_children`: the local workers, the multiprocessing fork server and resource tracker, a tokenizer's
+training child), so the threads of the flow that waited for them return. The command then releases what it holds
+(:func:`at_stop`: the build's lease), removes the temp files its killed children held open, prints one line
+(where the terminal is still there) and exits 130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP). A watchdog
+(:func:`start_watchdog`) does the same after :data:`WATCHDOG_S` whatever still runs (a step computing in a thread
+of the command).
 
 The detached local Prefect server runs in a session of its own (``flows/runtime/local_server.py``) and is never
 killed here: only this process's descendants in its own session, started since the command began.
@@ -40,8 +43,12 @@ R = TypeVar("R")
 
 log = logging.getLogger(__name__)
 
-STOPPING = threading.Event()  # set by SIGINT or SIGTERM: the command is stopping, nothing new starts
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}  # 128 + the signal, as a shell reports it
+STOPPING = threading.Event()  # set by SIGINT, SIGTERM or SIGHUP: the command is stopping, nothing new starts
+# 128 + the signal, as a shell reports it. SIGHUP: the terminal closed (a window, a dropped SSH connection), which
+# killed the command at once and left a training job it had started running on, orphaned in its own sessions.
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+# Left as they are where the command started with them ignored: ``nohup pileworks ...`` goes on after a hang-up.
+KEPT_IF_IGNORED = (signal.SIGHUP,)
 WATCHDOG_S = 6.0  # the command leaves by then, whatever still runs (Kubernetes and Slurm give 30 s)
 KILL_WAIT_S = 2.0  # how long the killed children get to be gone (SIGKILL: milliseconds)
 # What our code names its temp files and folders (``pipeline/records.py``, ``pipeline/dataset/publish.py``,
@@ -61,6 +68,7 @@ _hint: list[
 # how the watchdog leaves the process (the command's, see begin_command)
 _leave: list[Callable[[], None]] = []
 _handler: list[Callable[[int, object], None]] = []  # the command's signal handler, while it runs
+_taken: list[int] = []  # the signals it took (:func:`install_handler`)
 _lock = threading.RLock()  # re-entered by a second signal landing while the first one holds it
 _finished = threading.Event()  # the stop was finished (children killed, holdings released) once
 _reported = threading.Event()  # the stop's one line was printed
@@ -124,7 +132,7 @@ def request_stop(signum: int) -> bool:
 
 
 def on_second_signal(key: str, end: Callable[[], None]) -> None:
-    """Call ``end`` (once per ``key``) if a second SIGINT or SIGTERM comes while the command stops: a person
+    """Call ``end`` (once per ``key``) if a second signal (SIGINT, SIGTERM, SIGHUP) comes while the command stops: a person
     pressing Ctrl-C again does not wait for what the first one gave time to finish."""
     with _lock:
         _hurry[key] = end
@@ -301,12 +309,14 @@ def finish_stop() -> bool:
 
 
 def report_once(line: str) -> None:
-    """Print the stop's one line on stderr, once (the command's own path and the watchdog race to it)."""
+    """Print the stop's one line on stderr, once (the command's own path and the watchdog race to it). A terminal
+    that hung up (EIO), or a pipe whose reader is gone (EPIPE), does not take it: the stop goes on to its exit."""
     with _lock:
         if _reported.is_set():
             return
         _reported.set()
-    print(line, file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError, ValueError):
+        print(line, file=sys.stderr, flush=True)
 
 
 def start_watchdog(leave: Callable[[], None], seconds: float = WATCHDOG_S) -> threading.Thread:
@@ -349,18 +359,21 @@ def until_stopped(work: Callable[[], R], step: str, poll_s: float = 0.1) -> R:
 
 
 def install_handler(handler: Callable[[int, object], None]) -> dict[int, Any]:
-    """From the main thread: ``handler`` takes SIGINT and SIGTERM for the command, and an interrupt that Python
-    could not raise comes back (:func:`_lost_interrupt`); returns what it replaced (for
-    :func:`restore_handlers`)."""
-    previous: dict[int, Any] = {s: signal.signal(s, handler) for s in EXIT_CODES}
+    """From the main thread: ``handler`` takes SIGINT, SIGTERM and SIGHUP for the command (SIGHUP not where it
+    was ignored: ``nohup``), and an interrupt that Python could not raise comes back (:func:`_lost_interrupt`);
+    returns what it replaced (for :func:`restore_handlers`)."""
+    taken = [s for s in EXIT_CODES if not (s in KEPT_IF_IGNORED and signal.getsignal(s) == signal.SIG_IGN)]
+    previous: dict[int, Any] = {s: signal.signal(s, handler) for s in taken}
     previous[0] = _unraisable[0] = sys.unraisablehook
     sys.unraisablehook = _lost_interrupt
     _handler[:] = [handler]
+    _taken[:] = taken
     return previous
 
 
 def restore_handlers(previous: dict[int, Any]) -> None:
     _handler.clear()
+    _taken.clear()
     sys.unraisablehook = previous.pop(0, sys.__unraisablehook__)
     for signum, handler in previous.items():
         signal.signal(signum, handler)
@@ -392,7 +405,7 @@ def reclaim_signals() -> None:
     39.6 s during tokenizer training); the command's handler kills the work first. The flow run is still
     marked crashed (an interrupt). Nothing changes outside a command (a flow that Prefect's runner started)."""
     if _handler and threading.current_thread() is threading.main_thread():
-        for signum in EXIT_CODES:
+        for signum in _taken:
             if signal.getsignal(signum) is not _handler[0]:
                 signal.signal(signum, _handler[0])
 

@@ -1,4 +1,5 @@
-"""A Dask worker preload: worker processes ignore Ctrl-C, which the flow's process handles.
+"""A Dask worker preload: worker processes ignore Ctrl-C (and a closed terminal's SIGHUP), which the flow's process
+handles.
 
 A terminal sends SIGINT to its whole foreground process group, and the local cluster's worker processes are in
 it: each would die with a ``KeyboardInterrupt`` traceback (dozens of lines) before the command's one-line
@@ -23,5 +24,6 @@ def _not_a_cancelled_task(record: logging.LogRecord) -> bool:
 def dask_setup(worker: Any) -> None:
     """Called by Dask in the worker process at start-up, on its main thread (the only one that may set it)."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for signum in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
     logging.getLogger("distributed.worker.state_machine").addFilter(_not_a_cancelled_task)

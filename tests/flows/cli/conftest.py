@@ -6,10 +6,13 @@ Commands that reach Prefect share one local background server per session, start
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -69,6 +72,68 @@ def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout_s: float = 
         out, err = proc.communicate()
         raise AssertionError(f"pileworks {' '.join(args)} ran past {timeout_s} s:\n{err[-3000:]}") from None
     return Done(proc.returncode, out, err, time.monotonic() - started)
+
+
+# A terminal's job starts with SIGHUP's default action, whatever the tests' runner ignores (``nohup``): this
+# sets it and becomes the next program (the same process, not a child).
+DEFAULT_HANGUP = "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
+
+
+class Terminal:
+    """``pileworks ARGS`` on a pseudo-terminal that is its controlling terminal, as a shell's window or an SSH
+    session gives it: its session leader (``setsid --ctty``), the terminal its stdin, stdout and stderr.
+    :meth:`hang_up` closes the terminal's other end, as closing the window or a dropped connection does: the
+    kernel sends the command SIGHUP, and what it writes afterwards fails (EIO)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
+        self.master, terminal = pty.openpty()
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                DEFAULT_HANGUP,
+                "setsid",
+                "--ctty",
+                sys.executable,
+                "-m",
+                "flows.cli",
+                *args,
+            ],
+            env=env | {"TERM": "xterm", "COLUMNS": "150"},
+            cwd=cwd,
+            stdin=terminal,
+            stdout=terminal,
+            stderr=terminal,
+        )
+        os.close(terminal)
+        self.shown: list[bytes] = []
+        self.open = True
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := os.read(self.master, 65536):
+                self.shown.append(chunk)
+
+    def hang_up(self) -> None:
+        if self.open:
+            self.open = False
+            os.close(self.master)
+
+    def finish(self, timeout_s: float = 120) -> int:
+        try:
+            return self.proc.wait(timeout_s)
+        finally:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.hang_up()
+
+    def screen(self) -> str:
+        """What the terminal showed until it hung up, rich's colours out."""
+        import re
+
+        return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(self.shown).decode(errors="replace"))
 
 
 @pytest.fixture

@@ -1,8 +1,10 @@
-"""SIGTERM like Ctrl-C, and both prompt: one line, exit 143 (130), the work stopped rather than waited for.
+"""SIGTERM and SIGHUP like Ctrl-C, and all prompt: one line, exit 143 (129, 130), the work stopped rather than
+waited for; under ``nohup`` SIGHUP stays ignored.
 
 In-process: the command's own handling. Slow (``test_stops_*``): real ``pileworks build`` subprocesses stopped at
 three points (ingest, tokenizer training, tokenize), each a rerun of the one before, the last of which publishes
-the dataset of an uninterrupted build; and a build on a pseudo-terminal killed with SIGKILL leaves no process.
+the dataset of an uninterrupted build; a build on a pseudo-terminal that hangs up stops as SIGTERM stops it; and
+one killed with SIGKILL leaves no process.
 """
 
 from __future__ import annotations
@@ -20,29 +22,76 @@ import psutil
 import pytest
 
 
-def test_sigterm_is_one_line_and_exit_143(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("sig", "said"),
+    [(signal.SIGTERM, "stopped by SIGTERM"), (signal.SIGHUP, "stopped by SIGHUP (its terminal hung up)")],
+    ids=["SIGTERM", "SIGHUP"],
+)
+def test_sigterm_and_sighup_are_one_line_and_exit_128_plus_the_signal(
+    sig: signal.Signals,
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from flows.cli import janitor
-    from flows.cli.main import EXIT_TERMINATED, main
+    from flows.cli.main import main
     from flows.runtime import shutdown
 
     def terminated_run(args: object) -> int:
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), sig)
         time.sleep(5)  # the handler interrupts this at once
-        raise AssertionError("no SIGTERM arrived")
+        raise AssertionError(f"no {sig.name} arrived")
 
-    before = signal.getsignal(signal.SIGTERM)
+    def not_the_command(signum: int, frame: object) -> None:  # a signal the command did not take lands here
+        pass
+
+    before = signal.signal(
+        sig, not_the_command
+    )  # SIGHUP not ignored, as on a terminal (whatever the runner's)
     monkeypatch.setattr(janitor, "run", terminated_run)
     started = time.monotonic()
-    assert main(["janitor", "--output", str(tmp_path)]) == EXIT_TERMINATED
-    assert time.monotonic() - started < 4
-    err = capsys.readouterr().err
-    assert err == (
-        "pileworks janitor: stopped by SIGTERM; rerun the same command to resume from the completed units\n"
-    )
-    assert signal.getsignal(signal.SIGTERM) is before  # the command's handler is gone with it
-    assert shutdown.STOPPING.is_set()  # until the next command begins
+    try:
+        assert main(["janitor", "--output", str(tmp_path)]) == 128 + sig
+        assert time.monotonic() - started < 4
+        err = capsys.readouterr().err
+        assert (
+            err == f"pileworks janitor: {said}; rerun the same command to resume from the completed units\n"
+        )
+        assert signal.getsignal(sig) is not_the_command  # the command's handler is gone with it
+        assert shutdown.STOPPING.is_set()  # until the next command begins
+    finally:
+        signal.signal(sig, before)
+
+
+def test_a_command_under_nohup_leaves_sighup_ignored() -> None:
+    """``nohup pileworks ...`` starts with SIGHUP ignored: the command does not take it, nor the ranks, so the
+    run goes on after its terminal closes. SIGINT and SIGTERM are the command's all the same."""
+    from flows.cli.main import _on_stop_signal
+    from flows.runtime import shutdown
+    from training.preempt import StopFlag
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        shutdown.begin_command()
+        previous = shutdown.install_handler(_on_stop_signal)
+        try:
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is signal.getsignal(signal.SIGINT) is _on_stop_signal
+            shutdown.reclaim_signals()
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        finally:
+            shutdown.restore_handlers(previous)
+        flag = StopFlag().install()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGHUP)  # ignored: nothing noted
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert flag.received and flag.said() == "SIGTERM"
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
 
 
 # A command that takes Ctrl-C itself and returns (as `reap --watch` does, and Prefect's `serve`, inside which
@@ -323,6 +372,37 @@ def test_stops_at_three_points_then_resumes_to_the_same_dataset(
     done = run_cli(args, env, tmp_path)
     assert done.code == 0, done.err[-3000:]
     assert json.loads(done.out)["dataset_id"] == baseline
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_terminal_that_hangs_up_stops_the_build_as_sigterm_does(
+    corpus: Path, server_home: Path, tmp_path: Path
+) -> None:
+    """On a pseudo-terminal that closes during tokenizer training (the window closed, the SSH connection
+    dropped): the kernel sends the command SIGHUP, and the build stops as SIGTERM stops it: exit 129 within
+    10 s, no process of it left, its lease released, its temp files gone, though every line it writes to the gone
+    terminal fails (EIO)."""
+    from tests.flows.cli.conftest import Terminal
+
+    store, tmp = tmp_path / "store", tmp_path / "tmp"
+    args = [a for a in build_args(corpus, store) if a != "--json"]
+    terminal = Terminal(args, private_env(server_home, tmp), tmp_path)
+    watch = Watch(terminal.proc, store)
+    try:
+        reach(watch, at_training)
+        sent = time.monotonic()
+        terminal.hang_up()
+        code = terminal.finish(60)
+        took = time.monotonic() - sent
+    finally:
+        terminal.finish(10)
+    print(f"hang-up during tokenizer training to exit: {took:.2f} s")  # the figure, with -s
+    assert code == 129 and took < STOP_S, (code, took, terminal.screen()[-3000:])
+    assert not watch.has("tokenizer.json")
+    assert watch.wait_until_gone(GONE_S) == [], "processes of the build outlived it"
+    assert list((store / "work" / "leases").glob("*")) == [], "its lease was not released"
+    assert our_temp_files(tmp) == []
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """``pileworks train`` stopped as schedulers and people stop it: SIGTERM to the command (Kubernetes, Slurm, systemd),
-Ctrl-C on a terminal (SIGINT to the command's process group; the ranks run in a session of their own), a
-``--timeout``, and the UI's Cancel on a run of ``pileworks serve`` (Prefect's runner sends the flow SIGTERM).
+Ctrl-C on a terminal (SIGINT to the command's process group; the ranks run in a session of their own), a terminal
+that hangs up (SIGHUP to the command), a ``--timeout``, and the UI's Cancel on a run of ``pileworks serve`` (Prefect's runner sends the flow SIGTERM).
 
 The ranks save the step they reached (``training.preempt``) within ``stop_grace_s``; ranks that do not answer
 (frozen here, as a hung collective leaves them) are killed when it runs out, and a second Ctrl-C kills them at
@@ -55,14 +55,19 @@ def manifest_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
     return build_tiny_dataset(tmp_path_factory.mktemp("train-stop-store"))
 
 
+def train_args(manifest_uri: str, out: Path, *args: str, **sets: object) -> list[str]:
+    """``train`` on the tiny dataset, its config written beside ``out`` (the run's folder)."""
+    config = out.parent / f"{out.name}.yaml"
+    config.write_text(yaml.safe_dump({**CONFIG, "output_dir": str(out), **sets}))
+    return ["train", "--manifest", manifest_uri, "--config", str(config), *args]
+
+
 class Job:
     """A running ``pileworks train`` in a session of its own (a terminal's foreground job): its stderr lines as
     they come, the ranks' pids, and every process of it seen."""
 
     def __init__(self, manifest_uri: str, out: Path, env: dict[str, str], *args: str, **sets: object) -> None:
-        config = out.parent / f"{out.name}.yaml"
-        config.write_text(yaml.safe_dump({**CONFIG, "output_dir": str(out), **sets}))
-        command = ["train", "--manifest", manifest_uri, "--config", str(config), *args]
+        command = train_args(manifest_uri, out, *args, **sets)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "flows.cli", *command],
             env=env,
@@ -183,6 +188,46 @@ def test_sigterm_saves_the_step_reached_and_the_rerun_resumes_from_it(
     assert code == 0, text[-3000:]
     assert re.search(rf"\[Rank 1\] .*resumed from .*{tag_for_step(saved)}", text), text[-3000:]
     assert re.search(rf"\[Rank 0\] .*\bstep {saved + 1}/{saved + 2} loss", text), text[-3000:]
+
+
+def test_a_terminal_that_hangs_up_stops_the_job_as_sigterm_does(
+    manifest_uri: str, server_home: Path, tmp_path: Path
+) -> None:
+    """The command on a terminal that closes at step 5 (a window closed, an SSH connection dropped): the kernel
+    sends it SIGHUP, it stops the job as SIGTERM does and exits 129, its writes to the gone terminal failing
+    (EIO) on the way. Before, SIGHUP ended the command at once, and the ranks, in sessions of their own, trained
+    on without it."""
+    from tests.flows.cli.conftest import Terminal
+
+    out = tmp_path / "run"
+    terminal = Terminal(train_args(manifest_uri, out), env_for(server_home), tmp_path)
+    seen: dict[int, psutil.Process] = {}
+    deadline = time.monotonic() + REACH_S
+    while time.monotonic() < deadline and terminal.proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(terminal.proc.pid).children(recursive=True):
+                seen.setdefault(child.pid, child)
+        metrics = out / "metrics.jsonl"
+        if metrics.exists() and metrics.read_text().count('"kind": "train"') >= 5 and len(seen) >= 5:
+            break
+        time.sleep(0.1)
+    try:
+        assert terminal.proc.poll() is None and len(seen) >= 5, terminal.screen()[-3000:]  # torchrun, ranks…
+        sent = time.monotonic()
+        terminal.hang_up()
+        code = terminal.finish()
+        took = time.monotonic() - sent
+        print(f"hang-up to exit: {took:.2f} s")  # the figure, with -s
+        assert code == 129, terminal.screen()[-3000:]
+        [stop] = stop_records(out)
+        assert [step_of_tag(t) for t in list_tags(out / "checkpoints")] == [stop["step"]] and took < 20
+        verify_tag(out / "checkpoints" / tag_for_step(stop["step"]))
+        assert left_running(list(seen.values())) == []
+    finally:  # what a failure left training (none where it passed)
+        terminal.finish(10)
+        for process in seen.values():
+            with contextlib.suppress(psutil.Error):
+                process.kill()
 
 
 def test_a_sigterm_to_the_launcher_alone_fails_the_command_naming_the_step_saved(
