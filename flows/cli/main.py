@@ -83,16 +83,20 @@ QUIET_AFTER_INTERRUPT = ("distributed", "tornado", "asyncio")
 
 
 def _on_stop_signal(signum: int, frame: object) -> None:
-    """Ctrl-C or SIGTERM: kill the command's child processes now (their work stops, the flow's threads waiting
-    for it return), quiet the loggers of the teardown, start the watchdog, then interrupt as Python does. A
-    flow interrupted at the wrong moment can surface it as another error (Prefect's task engine: "Task run is
-    not set"); the flag still reports a stop. A second signal changes nothing: the stop is under way. A build's
-    flow run takes SIGTERM back from Prefect (``shutdown.reclaim_signals``)."""
+    """Ctrl-C, SIGTERM or SIGHUP: kill the command's child processes now (their work stops, the flow's threads
+    waiting for it return), quiet the loggers of the teardown, start the watchdog, then interrupt as Python
+    does. A flow interrupted at the wrong moment can surface it as another error (Prefect's task engine: "Task
+    run is not set"); the flag still reports a stop. A second signal only ends at once what the first gave time
+    to stop (``shutdown.on_second_signal``: a training job's save), a hang-up's aside. A build's flow run takes
+    SIGTERM back from Prefect (``shutdown.reclaim_signals``)."""
     if not shutdown.in_command():  # a fork of the command, before its own handlers: Ctrl-C is the command's
         if signum != signal.SIGINT:
             os._exit(shutdown.EXIT_CODES[signal.Signals(signum)])
         return
-    if not shutdown.request_stop(signum) and not shutdown.interrupt_again():
+    # Our own interrupt raised again (``shutdown._lost_interrupt``) is not a second signal: a second one ends at
+    # once what the first gave time to stop (a training job's save; measured: the ranks killed mid-save after a
+    # hang-up, the interrupt lost and raised again 40 ms later).
+    if not shutdown.interrupt_again() and not shutdown.request_stop(signum):
         return
     for logger_name in QUIET_AFTER_INTERRUPT:
         logging.getLogger(logger_name).setLevel(logging.CRITICAL + 1)

@@ -109,15 +109,26 @@ def run_training_job(
         _show_progress(line)
         watch.on_line(line)
 
+    job: list[subprocess.Popen] = []
+
     def on_start(proc: subprocess.Popen) -> None:  # Ctrl-C twice: the ranks are not waited for
+        job.append(proc)
         shutdown.on_second_signal(
             "training job", lambda: launch.kill_now(os.getpgid(proc.pid), launch.launched_tree(proc.pid))
         )
 
+    def stop_job() -> None:  # as the stop begins, wherever its interrupt lands
+        if job:
+            launch.stop_in_background(job[0], cfg.stop_grace_s)
+
     display.stage(f"launching {nproc} rank(s)")
     try:
-        # A stop (SIGTERM, Ctrl-C) gives the ranks stop_grace_s to save (training.preempt), the watchdog too.
-        with shutdown.more_time("training job", cfg.stop_grace_s + STOP_MARGIN_S):
+        # A stop (SIGTERM, Ctrl-C, SIGHUP) gives the ranks stop_grace_s to save (training.preempt), the watchdog
+        # too; the job is sent SIGTERM as the stop begins.
+        with (
+            shutdown.more_time("training job", cfg.stop_grace_s + STOP_MARGIN_S),
+            shutdown.when_stopping("training job", stop_job),
+        ):
             code = launch.run_local(
                 manifest_uri,
                 config_path or str(DEFAULT_TRAIN_CONFIG),
@@ -132,6 +143,9 @@ def run_training_job(
                 on_start=on_start,
                 stop_grace_s=cfg.stop_grace_s,
             )
+            if shutdown.STOPPING.is_set() and job:  # the stop ended the job; its interrupt has not come (yet)
+                launch.stop_in_background(job[0], cfg.stop_grace_s).join()  # what is left of the job, killed
+                raise KeyboardInterrupt
     except BaseException:
         if shutdown.STOPPING.is_set():
             watch.poll()  # the ranks' stop record, if they saved in time

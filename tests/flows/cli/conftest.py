@@ -6,9 +6,10 @@ Commands that reach Prefect share one local background server per session, start
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pty
+import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -81,25 +82,19 @@ DEFAULT_HANGUP = "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SI
 
 class Terminal:
     """``pileworks ARGS`` on a pseudo-terminal that is its controlling terminal, as a shell's window or an SSH
-    session gives it: its session leader (``setsid --ctty``), the terminal its stdin, stdout and stderr.
-    :meth:`hang_up` closes the terminal's other end, as closing the window or a dropped connection does: the
-    kernel sends the command SIGHUP, and what it writes afterwards fails (EIO)."""
+    session gives it, the terminal its stdin, stdout and stderr. :meth:`hang_up` closes the terminal's other
+    end, as closing the window or a dropped connection does: the session's leader gets SIGHUP, and what the
+    command writes afterwards fails (EIO)."""
 
-    def __init__(self, args: list[str], env: dict[str, str], cwd: Path) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path, *, shell: bool = False) -> None:
+        """``shell``: the command typed into an interactive bash that leads the session (``setsid --ctty``) and
+        passes the hang-up on to its job, as a terminal window's shell does; else the command leads it."""
         self.master, terminal = pty.openpty()
+        command = [sys.executable, "-m", "flows.cli", *args]
+        leader = ["bash", "--norc", "--noprofile", "-i"] if shell else command
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                DEFAULT_HANGUP,
-                "setsid",
-                "--ctty",
-                sys.executable,
-                "-m",
-                "flows.cli",
-                *args,
-            ],
-            env=env | {"TERM": "xterm", "COLUMNS": "150"},
+            [sys.executable, "-c", DEFAULT_HANGUP, "setsid", "--ctty", *leader],
+            env=env | {"TERM": "xterm", "COLUMNS": "150", "HISTFILE": "/dev/null", "PS1": "$ "},
             cwd=cwd,
             stdin=terminal,
             stdout=terminal,
@@ -110,20 +105,35 @@ class Terminal:
         self.open = True
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        if shell:
+            os.write(self.master, shlex.join(command).encode() + b"\n")
 
     def _read(self) -> None:
-        with contextlib.suppress(OSError):
-            while chunk := os.read(self.master, 65536):
+        while self.open:
+            ready, _, _ = select.select([self.master], [], [], 0.05)
+            if ready:
+                try:
+                    chunk = os.read(self.master, 65536)
+                except OSError:  # EIO: every process of the terminal's side has closed it
+                    return
+                if not chunk:
+                    return
                 self.shown.append(chunk)
 
     def hang_up(self) -> None:
+        """Close the terminal's end, the reader stopped first: a ``read`` blocked on it in another thread would
+        hold the terminal open (Linux releases it, and hangs up, when the last use ends)."""
         if self.open:
             self.open = False
+            self.reader.join(5)
             os.close(self.master)
 
-    def finish(self, timeout_s: float = 120) -> int:
+    def finish(self, timeout_s: float = 120) -> int | None:
+        """The exit code of the terminal's session leader (None: still running after ``timeout_s``, killed)."""
         try:
             return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
         finally:
             self.proc.kill()
             self.proc.wait(10)

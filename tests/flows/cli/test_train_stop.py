@@ -126,18 +126,38 @@ class Job:
         return left_running(list(self.seen.values()))
 
 
-def left_running(processes: list[psutil.Process]) -> list[str]:
-    """Those of ``processes`` still running after up to :data:`GONE_S` (a zombie has ended)."""
-    deadline = time.monotonic() + GONE_S
+def left_running(processes: list[psutil.Process], within_s: float = GONE_S) -> list[str]:
+    """Those of ``processes`` still running after up to ``within_s`` (a zombie has ended)."""
+    deadline = time.monotonic() + within_s
     while True:
-        running = []
-        for process in processes:
-            with contextlib.suppress(psutil.Error):
-                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                    running.append(f"{process.pid} {' '.join(process.cmdline())[:80]}")
-        if not running or time.monotonic() > deadline:
-            return running
+        left = [p for p in processes if running(p)]
+        if not left or time.monotonic() > deadline:
+            return [label(p) for p in left]
         time.sleep(0.1)
+
+
+def ends(processes: list[psutil.Process], within_s: float) -> dict[int, float | None]:
+    """When each of ``processes`` ended, in seconds from now (None: still running after ``within_s``)."""
+    started, ended = time.monotonic(), dict.fromkeys((p.pid for p in processes), None)
+    while None in ended.values() and time.monotonic() - started < within_s:
+        for process in processes:  # the same process may be listed twice
+            if ended[process.pid] is None and not running(process):
+                ended[process.pid] = time.monotonic() - started
+        time.sleep(0.02)
+    return ended
+
+
+def label(process: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return f"{process.pid} {' '.join(process.cmdline())[:80]}"
+    return f"{process.pid} (ended)"
+
+
+def running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def env_for(server_home: Path) -> dict[str, str]:
@@ -190,17 +210,21 @@ def test_sigterm_saves_the_step_reached_and_the_rerun_resumes_from_it(
     assert re.search(rf"\[Rank 0\] .*\bstep {saved + 1}/{saved + 2} loss", text), text[-3000:]
 
 
+@pytest.mark.parametrize("leader", ["command", "shell"])
 def test_a_terminal_that_hangs_up_stops_the_job_as_sigterm_does(
-    manifest_uri: str, server_home: Path, tmp_path: Path
+    leader: str, manifest_uri: str, server_home: Path, tmp_path: Path
 ) -> None:
-    """The command on a terminal that closes at step 5 (a window closed, an SSH connection dropped): the kernel
-    sends it SIGHUP, it stops the job as SIGTERM does and exits 129, its writes to the gone terminal failing
-    (EIO) on the way. Before, SIGHUP ended the command at once, and the ranks, in sessions of their own, trained
-    on without it."""
+    """The command on a terminal that closes at step 5 (a window closed, an SSH connection dropped): it gets
+    SIGHUP, from the kernel where it leads the terminal's session, or from the interactive bash it was typed
+    into, which passes it on to its job (the kernel's own may follow in the same millisecond, and a SIGINT),
+    stops the job as SIGTERM does and exits 129, its writes to the gone terminal failing (EIO) on the way. The
+    ranks' save is not cut short by the signals that follow a hang-up. Before, SIGHUP ended the command at
+    once, and the ranks, in sessions of their own, trained on without it."""
     from tests.flows.cli.conftest import Terminal
 
     out = tmp_path / "run"
-    terminal = Terminal(train_args(manifest_uri, out), env_for(server_home), tmp_path)
+    args, env = train_args(manifest_uri, out), env_for(server_home)
+    terminal = Terminal(args, env, tmp_path, shell=leader == "shell")
     seen: dict[int, psutil.Process] = {}
     deadline = time.monotonic() + REACH_S
     while time.monotonic() < deadline and terminal.proc.poll() is None:
@@ -213,16 +237,21 @@ def test_a_terminal_that_hangs_up_stops_the_job_as_sigterm_does(
         time.sleep(0.1)
     try:
         assert terminal.proc.poll() is None and len(seen) >= 5, terminal.screen()[-3000:]  # torchrun, ranks…
-        sent = time.monotonic()
+        command = [p for p in seen.values() if "flows.cli" in label(p)] or [psutil.Process(terminal.proc.pid)]
+        [launcher] = [p for p in seen.values() if "torch.distributed.run" in label(p)]
+        ranks = [p for p in seen.values() if running(p) and p.ppid() == launcher.pid]
+        assert len(command) == 1 and len(ranks) == 2, [label(p) for p in seen.values()]
         terminal.hang_up()
-        code = terminal.finish()
-        took = time.monotonic() - sent
-        print(f"hang-up to exit: {took:.2f} s")  # the figure, with -s
-        assert code == 129, terminal.screen()[-3000:]
+        ended = ends([*command, *ranks, *seen.values()], within_s=60)  # the command's stop bounds itself
+        code = terminal.finish()  # the shell's: it leaves at the hang-up, the command's exit is unseen
+        took = ended[command[0].pid]
+        print(f"hang-up ({leader}) to the command's exit: {took:.2f} s")  # the figure, with -s
+        assert code == 129 or leader == "shell", terminal.screen()[-3000:]
+        assert None not in ended.values(), ended  # every process of the job has ended
+        assert took >= max(ended[r.pid] for r in ranks) - 0.1, ended  # the command waited for the ranks
         [stop] = stop_records(out)
         assert [step_of_tag(t) for t in list_tags(out / "checkpoints")] == [stop["step"]] and took < 20
         verify_tag(out / "checkpoints" / tag_for_step(stop["step"]))
-        assert left_running(list(seen.values())) == []
     finally:  # what a failure left training (none where it passed)
         terminal.finish(10)
         for process in seen.values():

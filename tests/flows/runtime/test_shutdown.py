@@ -283,3 +283,57 @@ def test_only_a_process_that_ends_with_its_command_freezes_its_objects(
         assert gc.get_freeze_count() > before
     finally:
         gc.unfreeze()
+
+
+def test_what_a_stop_starts_runs_at_the_first_signal_and_a_hang_up_is_not_hurried(command: None) -> None:
+    """``when_stopping``: called once, from the first signal (the training job's SIGTERM, sent before the
+    interrupt reaches any code). ``on_second_signal``: a second SIGINT or SIGTERM ends it at once, but nothing
+    after a hang-up does (the shell's SIGHUP and the kernel's come together by themselves)."""
+    started: list[int] = []
+    hurried: list[int] = []
+    for first, then, hurries in [
+        (signal.SIGHUP, [signal.SIGHUP, signal.SIGINT, signal.SIGTERM], False),
+        (signal.SIGTERM, [signal.SIGHUP], False),
+        (signal.SIGTERM, [signal.SIGINT], True),
+        (signal.SIGINT, [signal.SIGINT], True),
+    ]:
+        shutdown.begin_command()
+        started.clear()
+        hurried.clear()
+        shutdown.on_second_signal("job", lambda: hurried.append(1))
+        with shutdown.when_stopping("job", lambda: started.append(1)):
+            assert shutdown.request_stop(first) is True
+            assert started == [1], first
+            for signum in then:
+                assert shutdown.request_stop(signum) is False
+            assert started == [1] and hurried == ([1] if hurries else []), (first, then)
+    shutdown.begin_command()
+    with shutdown.when_stopping("job", lambda: started.append(2)):
+        pass
+    shutdown.request_stop(signal.SIGTERM)
+    assert 2 not in started  # only while inside
+
+
+def test_an_interrupt_raised_again_is_not_a_second_signal(command: None) -> None:
+    """The stop's own interrupt, lost where Python could not raise it and raised again by the command's hook,
+    runs the handler as a SIGINT would: it must not end at once what the first signal gave time to stop (the
+    ranks' save). A real second Ctrl-C still does."""
+    import logging
+
+    from flows.cli.main import QUIET_AFTER_INTERRUPT, _on_stop_signal
+
+    levels = {name: logging.getLogger(name).level for name in QUIET_AFTER_INTERRUPT}
+    hurried: list[int] = []
+    shutdown.on_second_signal("job", lambda: hurried.append(1))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _on_stop_signal(signal.SIGTERM, None)
+        shutdown._interrupt_again.set()  # as _lost_interrupt sets it before raising it again
+        with pytest.raises(KeyboardInterrupt):
+            _on_stop_signal(signal.SIGINT, None)
+        assert hurried == []
+        _on_stop_signal(signal.SIGINT, None)  # a person's second Ctrl-C: the stop is under way, it hurries
+        assert hurried == [1]
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
