@@ -124,9 +124,9 @@ def request_stop(signum: int) -> bool:
         leave = list(_leave)
         starts = list(_starting.values()) if first else []
         # Nothing hurries a hang-up's stop: no person is at a terminal that is gone, and its signals come in
-        # bursts by themselves (measured: SIGHUP from the shell passing it on to its job, SIGHUP from the kernel as
-        # the shell left the terminal, in the same millisecond, then SIGINT 40 ms later, in 3 of 6 closes of a
-        # terminal running `pileworks train` in an interactive bash; the second killed the ranks mid-save).
+        # bursts by themselves (measured: SIGHUP from the shell passing it on to its job and SIGHUP from the
+        # kernel in the same millisecond, in 3 of 6 closes of a terminal running `pileworks train` in an
+        # interactive bash; the second killed the ranks mid-save).
         hurry = [] if first or signal.SIGHUP in (signum, _state["signal"]) else list(_hurry.values())
     if first:
         for start in starts:
