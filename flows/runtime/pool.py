@@ -135,10 +135,8 @@ def init_worker(
     drops the handlers it inherited, which would write to the command's terminal as well."""
     global _worker_pid, _log_queue
     die_with_parent(parent)  # ``parent``: the command, for a pool forked from it (else the fork server)
-    for signum in (
-        signal.SIGINT,
-        signal.SIGHUP,
-    ):  # a terminal's, sent to the whole group: the command's to take
+    # a terminal's signals, sent to the whole group: the command's to take
+    for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
     if env is not None:
         os.environ.clear()
